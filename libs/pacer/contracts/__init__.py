@@ -1,0 +1,9 @@
+"""Wire contracts: every message that crosses the bus.
+
+Importing this package registers every message class with the codec, which
+is what ``pacer schemas export`` and the round-trip test iterate over.
+"""
+
+from pacer.contracts import common, nodes, shards
+
+__all__ = ["common", "nodes", "shards"]

@@ -1,0 +1,67 @@
+"""The error hierarchy shared by services and clients.
+
+Every error says whether it is *temporary* (retry later: JetStream ``nak``
+with a delay, client retries) or *permanent* (the request or message is wrong:
+JetStream ``term`` plus a dead-letter event, a clear error reply).  Each error
+has a stable ``code`` that goes on the wire in ``ErrorReply``.
+"""
+
+from __future__ import annotations
+
+
+class PacerError(Exception):
+    """Base of all Pacer errors."""
+
+    code = "internal"
+    temporary = False
+
+    def __init__(self, message: str, *, code: str | None = None, temporary: bool | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        if temporary is not None:
+            self.temporary = temporary
+
+
+class DecodeError(PacerError):
+    """A message could not be decoded or does not follow its schema."""
+
+    code = "bad_message"
+
+
+class ValidationError(PacerError):
+    """A well-formed message carries a value that is not allowed (names the field)."""
+
+    code = "invalid"
+
+
+class NotFound(PacerError):
+    """The request names a job, dataset or checkpoint that does not exist."""
+
+    code = "not_found"
+
+
+class Conflict(PacerError):
+    """The request contradicts existing state (e.g. re-registering with another spec)."""
+
+    code = "conflict"
+
+
+class Unavailable(PacerError):
+    """The service cannot answer now (starting, rebuilding, bus down); retry."""
+
+    code = "unavailable"
+    temporary = True
+
+
+class RemoteError(PacerError):
+    """An error reply received from another service, re-raised in the caller."""
+
+
+def remote_error(code: str, message: str, temporary: bool) -> PacerError:
+    """Rebuild the most specific local error class for a wire error."""
+    for cls in (DecodeError, ValidationError, NotFound, Conflict, Unavailable):
+        if cls.code == code:
+            return cls(message, temporary=temporary)
+    return RemoteError(message, code=code, temporary=temporary)

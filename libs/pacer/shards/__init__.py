@@ -1,0 +1,1 @@
+"""Worker-side access to the shard service."""

@@ -1,0 +1,112 @@
+"""Every NATS subject and JetStream name Pacer uses, in one place.
+
+The hierarchy is meant to be guessed by a dashboard author:
+
+* ``pacer.rpc.<service>.<job>.<op>``   request/reply into a service
+* ``pacer.events.<domain>.<job>.<kind>`` events, all kept in the
+  ``PACER_EVENTS`` stream (subscribe to ``pacer.events.>`` for everything)
+* ``pacer.shardlog.<job>``              the durable shard log of one job
+* ``pacer.svc.<service>.health``        health of a running service instance
+* ``pacer.deadletter.<service>``        messages a service refused for good
+
+Builders check that ids are single subject tokens (no ``.``, ``*`` or ``>``),
+so a hostile job id can never subscribe or publish outside its own subtree.
+"""
+
+from __future__ import annotations
+
+from pacer.errors import ValidationError
+from pacer.ids import is_token
+
+PREFIX = "pacer"
+
+# JetStream streams and buckets.
+SHARD_LOG_STREAM = "PACER_SHARDLOG"
+SHARD_LOG_SUBJECTS = f"{PREFIX}.shardlog.>"
+EVENTS_STREAM = "PACER_EVENTS"
+EVENTS_SUBJECTS = f"{PREFIX}.events.>"
+SNAPSHOT_BUCKET = "pacer-shard-snapshots"
+
+# Services.
+SHARD_SERVICE = "shard"
+
+
+def _tok(value: str, what: str) -> str:
+    if not is_token(value):
+        raise ValidationError(
+            f"{what} {value!r} is not a valid id: use 1-64 of [A-Za-z0-9_-]", code="invalid"
+        )
+    return value
+
+
+def rpc(service: str, job: str, op: str) -> str:
+    """Request subject of ``op`` on ``service`` for one job."""
+    return f"{PREFIX}.rpc.{service}.{_tok(job, 'job')}.{op}"
+
+
+def rpc_wildcard(service: str) -> str:
+    """What a service instance subscribes to: every job, every op."""
+    return f"{PREFIX}.rpc.{service}.*.*"
+
+
+def parse_rpc(subject: str) -> tuple[str, str]:
+    """``pacer.rpc.<svc>.<job>.<op>`` -> (job, op)."""
+    parts = subject.split(".")
+    if len(parts) != 5:
+        raise ValidationError(f"not an rpc subject: {subject!r}")
+    return parts[3], parts[4]
+
+
+def shard_log(job: str) -> str:
+    return f"{PREFIX}.shardlog.{_tok(job, 'job')}"
+
+
+def job_of_shard_log(subject: str) -> str:
+    return subject.rsplit(".", 1)[-1]
+
+
+def event(domain: str, job: str, kind: str) -> str:
+    return f"{PREFIX}.events.{domain}.{_tok(job, 'job')}.{kind}"
+
+
+def events_of(domain: str, job: str = "*", kind: str = "*") -> str:
+    """A filter over events, e.g. ``events_of('node', kind='died')``."""
+    return f"{PREFIX}.events.{domain}.{job}.{kind}"
+
+
+def health(service: str) -> str:
+    return f"{PREFIX}.svc.{service}.health"
+
+
+def dead_letter(service: str) -> str:
+    return f"{PREFIX}.deadletter.{service}"
+
+
+# Shard-service operations (the ``<op>`` level of ``rpc``).
+class ShardOp:
+    REGISTER = "register"
+    LEASE = "lease"  # combined report-and-get, also the heartbeat
+    STATUS = "status"
+    CHECKPOINT = "checkpoint"
+    RESTORE = "restore"
+    APPEND = "append"
+    RETRY_FAILED = "retry_failed"
+    ALL = (REGISTER, LEASE, STATUS, CHECKPOINT, RESTORE, APPEND, RETRY_FAILED)
+
+
+# Event kinds published by the shard service under ``pacer.events.shard.<job>.<kind>``.
+class ShardEventKind:
+    REGISTERED = "registered"
+    EPOCH_STARTED = "epoch_started"
+    REQUEUED = "requeued"
+    PARKED = "parked"
+    FINISHED = "finished"
+    CHECKPOINTED = "checkpointed"
+    RESTORED = "restored"
+    PROGRESS = "progress"
+    ERROR = "error"
+
+
+# Node events (published by the pod-executor) under ``pacer.events.node.<job>.<kind>``.
+class NodeEventKind:
+    DIED = "died"

@@ -1,0 +1,1 @@
+"""Pacer's services (installed as the ``pacer_services`` package): one folder each."""

@@ -1,0 +1,1 @@
+"""shard-service: durable, leased, lossless dynamic data sharding (see ``core``)."""

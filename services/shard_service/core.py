@@ -1,0 +1,643 @@
+"""Pure core of the shard service: dataset shard state as a fold of a log.
+
+AntDT §IV (Stateful Dynamic Data Sharding: TODO/DOING/DONE, at-least-once)
+and DLRover 2023 §3.3 (dynamic sharding with TODO/DOING queues), hardened:
+leases, a DONE state, FAILED parking instead of silent drops, splits for
+straggler-sized shards (DLRover-RM §5.1), streaming datasets, checkpoints.
+
+Every change of state is a *log record* (a short list).  Decision methods
+(``register``, ``lease``, ``expire``, ``node_died``, ...) build records and
+apply each at once through :meth:`JobShards.apply`; replaying the durable log
+calls the very same ``apply``, so the state rebuilt after a restart equals the
+state before it by construction.
+
+No IO, no clock, no global randomness: time comes in as ``now`` and every
+random choice is seeded from the dataset spec.  Not thread-safe: the service
+calls one job's core from one task at a time.
+
+Lease deadlines are deliberately *not* logged (a heartbeat would otherwise
+cost an append); after a rebuild every holder gets a fresh lease, which can
+only delay, never lose, a shard.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pacer.codec import from_dict, to_dict
+from pacer.contracts.shards import (
+    DatasetMode,
+    DatasetSpec,
+    DatasetStatus,
+    LeaseReply,
+    LeaseRequest,
+    NodeShardStats,
+    Rejected,
+    ShardLease,
+)
+from pacer.errors import Conflict, NotFound, PacerError, ValidationError
+from pacer.ids import is_token
+
+# Most shards a single lease request may ask for; more is a client bug.
+MAX_WANT = 64
+
+
+class ShardState(str, enum.Enum):
+    """Lifecycle of a shard.
+
+    TODO -> DOING (granted to a node, under lease) -> DONE (reported consumed).
+    A DOING shard whose holder dies, whose lease expires or whose holder fails
+    to read it goes back to TODO; once its failures reach ``max_failures`` it
+    is parked FAILED instead (never dropped) until an operator retries it.
+    DONE is terminal.
+    """
+
+    TODO = "todo"
+    DOING = "doing"
+    DONE = "done"
+    FAILED = "failed"
+
+
+S = ShardState
+# The legal transitions, each with why it happens.  Everything else is
+# rejected in ``_move``.
+TRANSITIONS: dict[tuple[ShardState, ShardState], str] = {
+    (S.TODO, S.DOING): "granted to a node under a lease",
+    (S.DOING, S.DONE): "its holder reported it consumed (or consumed all of it, then was lost)",
+    (S.DOING, S.TODO): "holder died, lease expired, holder failed or released it; failures below the limit",
+    (S.DOING, S.FAILED): "failures reached max_failures: parked, reported, never dropped",
+    (S.FAILED, S.TODO): "an operator asked to retry parked shards",
+}
+_STATE_CODE = {S.TODO: 0, S.DOING: 1, S.DONE: 2, S.FAILED: 3}
+_CODE_STATE = {v: k for k, v in _STATE_CODE.items()}
+
+# Why a DOING shard was lost; only ``released`` does not count as a failure.
+LOSS_REASONS = frozenset({"died", "expired", "failed", "released"})
+
+
+class IllegalTransition(PacerError):
+    """A state change not in TRANSITIONS was attempted (a bug or a corrupt log)."""
+
+    code = "illegal_transition"
+
+
+class Shard:
+    """Mutable per-shard state inside the core (never leaves it as-is)."""
+
+    __slots__ = ("consumed", "epoch", "failures", "grants", "id", "length", "node", "offset", "seed", "state")
+
+    def __init__(self, sid: int, epoch: int, offset: int, length: int, seed: int) -> None:
+        self.id = sid
+        self.epoch = epoch
+        self.offset = offset
+        self.length = length
+        self.seed = seed
+        self.state = S.TODO
+        self.node = ""
+        self.consumed = 0  # records consumed, from offset; a re-grant resumes here
+        self.failures = 0
+        self.grants = 0
+
+
+@dataclass(slots=True)
+class ShardEventOut:
+    """An event the shell should publish (without its timestamp)."""
+
+    kind: str
+    dataset: str
+    shard: int = -1
+    node: str = ""
+    epoch: int = -1
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a decision produced: log records to append, events, and a reply."""
+
+    records: list[list[Any]] = field(default_factory=list)
+    events: list[ShardEventOut] = field(default_factory=list)
+    reply: Any = None
+
+
+class Dataset:
+    """The shard state of one dataset."""
+
+    def __init__(self, spec: DatasetSpec) -> None:
+        self.spec = spec
+        self.shard_records = spec.batch_size * spec.batches_per_shard
+        self.shards: dict[int, Shard] = {}
+        self.todo: deque[int] = deque()
+        self.doing: dict[str, set[int]] = {}  # node -> DOING shard ids
+        self.failed: set[int] = set()
+        self.epoch = -1
+        self.records_known = 0  # records of one epoch known so far (streaming grows it)
+        self.closed = spec.mode is DatasetMode.FINITE
+        self.next_id = 0
+        self.done_count = 0
+        self.records_done = 0
+        self.records_duplicated = 0
+        self.node_records: dict[str, int] = {}
+        self.node_done: dict[str, int] = {}
+        self.was_finished = False
+
+    # ------------------------------------------------------------ queries
+    @property
+    def doing_count(self) -> int:
+        return sum(len(s) for s in self.doing.values())
+
+    def finished(self) -> bool:
+        last_epoch = self.spec.epochs - 1 if self.spec.mode is DatasetMode.FINITE else 0
+        return (
+            self.closed
+            and self.epoch >= last_epoch
+            and not self.todo
+            and not self.failed
+            and not any(self.doing.values())
+        )
+
+    def status(self, job: str, name: str) -> DatasetStatus:
+        nodes = sorted(set(self.node_records) | set(self.doing))
+        return DatasetStatus(
+            job=job,
+            dataset=name,
+            mode=self.spec.mode,
+            epoch=self.epoch,
+            epochs=self.spec.epochs,
+            todo=len(self.todo),
+            doing=self.doing_count,
+            done=self.done_count,
+            failed=len(self.failed),
+            records_total=self.records_known * (self.spec.epochs if self.closed else max(self.epoch + 1, 1)),
+            records_done=self.records_done,
+            records_duplicated=self.records_duplicated,
+            finished=self.finished(),
+            closed=self.closed,
+            failed_shards=sorted(self.failed),
+            nodes=[
+                NodeShardStats(
+                    node=n,
+                    doing=len(self.doing.get(n, ())),
+                    records=self.node_records.get(n, 0),
+                    shards_done=self.node_done.get(n, 0),
+                )
+                for n in nodes
+            ],
+        )
+
+    def lease_of(self, sh: Shard) -> ShardLease:
+        return ShardLease(
+            shard=sh.id,
+            epoch=sh.epoch,
+            start=sh.offset + sh.consumed,
+            end=sh.offset + sh.length,
+            offset=sh.offset,
+            seed=sh.seed,
+            attempt=sh.grants - 1,
+        )
+
+    # ------------------------------------------------------------ mutation helpers
+    def move(self, sh: Shard, to: ShardState) -> None:
+        if (sh.state, to) not in TRANSITIONS:
+            raise IllegalTransition(f"shard {sh.id}: {sh.state.value} -> {to.value} is not a legal transition")
+        frm = sh.state
+        if frm is S.DOING:
+            held = self.doing.get(sh.node)
+            if held is not None:
+                held.discard(sh.id)
+                if not held:
+                    del self.doing[sh.node]
+        elif frm is S.FAILED:
+            self.failed.discard(sh.id)
+        sh.state = to
+        if to is S.DONE:
+            self.done_count += 1
+            self.records_done += sh.length
+        elif to is S.FAILED:
+            self.failed.add(sh.id)
+
+    def add_shards(self, epoch: int, start: int, count: int, shuffle: bool) -> None:
+        """Create shards over records [start, start + count) in ``epoch``."""
+        size = self.shard_records
+        n = (count + size - 1) // size
+        base_seed = self.spec.seed * 1_000_003 + epoch
+        ids = []
+        for i in range(n):
+            off = start + i * size
+            sid = self.next_id + i
+            seed = (base_seed * 1_000_033 + sid) & 0x7FFFFFFF
+            self.shards[sid] = Shard(sid, epoch, off, min(size, start + count - off), seed)
+            ids.append(sid)
+        self.next_id += n
+        if shuffle:
+            random.Random(base_seed).shuffle(ids)
+        self.todo.extend(ids)
+
+
+def validate_spec(spec: DatasetSpec) -> None:
+    """Raise :class:`ValidationError` naming the first bad field."""
+    if not is_token(spec.job):
+        raise ValidationError(f"job: {spec.job!r} is not a valid id (1-64 of [A-Za-z0-9_-])")
+    if not is_token(spec.dataset):
+        raise ValidationError(f"dataset: {spec.dataset!r} is not a valid id (1-64 of [A-Za-z0-9_-])")
+    if spec.batch_size <= 0:
+        raise ValidationError(f"batch_size: must be > 0, got {spec.batch_size}")
+    if spec.batches_per_shard <= 0:
+        raise ValidationError(f"batches_per_shard: must be > 0, got {spec.batches_per_shard}")
+    if spec.records < 0 or (spec.mode is DatasetMode.FINITE and spec.records == 0):
+        raise ValidationError(f"records: must be > 0 for a finite dataset, >= 0 for a stream, got {spec.records}")
+    if spec.epochs < 1:
+        raise ValidationError(f"epochs: must be >= 1, got {spec.epochs}")
+    if spec.mode is DatasetMode.STREAMING and spec.epochs != 1:
+        raise ValidationError("epochs: a streaming dataset has exactly one epoch")
+    if spec.max_failures < 1:
+        raise ValidationError(f"max_failures: must be >= 1, got {spec.max_failures}")
+    if not 0 < spec.lease_s <= 86_400:
+        raise ValidationError(f"lease_s: must be in (0, 86400], got {spec.lease_s}")
+
+
+class JobShards:
+    """All datasets of one job, with leases.  The unit the service keeps per job."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.datasets: dict[str, Dataset] = {}
+        self.node_deadline: dict[str, float] = {}  # lease per node, renewed by any request
+        self.transitions = 0  # records applied since start (live + replay)
+
+    # ================================================================ the fold
+    def apply(self, rec: list[Any], checkpoint: dict[str, Any] | None = None) -> None:
+        """Apply one log record.  ``checkpoint`` carries the data of a ``restore``."""
+        op = rec[0]
+        self.transitions += 1
+        if op == "reg":
+            spec = from_dict(DatasetSpec, rec[1])
+            self.datasets[spec.dataset] = Dataset(spec)
+            return
+        ds = self.datasets[rec[1]]
+        if op == "grant":
+            sh = ds.shards[rec[2]]
+            if not ds.todo or ds.todo[0] != sh.id:
+                ds.todo.remove(sh.id)  # not at the head: only possible in an old log
+            else:
+                ds.todo.popleft()
+            ds.move(sh, S.DOING)
+            sh.node = rec[3]
+            ds.doing.setdefault(sh.node, set()).add(sh.id)
+            if sh.grants:
+                ds.records_duplicated += sh.length - sh.consumed
+            sh.grants += 1
+        elif op == "done":
+            sh = ds.shards[rec[2]]
+            node = sh.node
+            ds.node_records[node] = ds.node_records.get(node, 0) + sh.length - sh.consumed
+            ds.node_done[node] = ds.node_done.get(node, 0) + 1
+            sh.consumed = sh.length
+            ds.move(sh, S.DONE)
+        elif op == "prog":
+            sh = ds.shards[rec[2]]
+            ds.node_records[sh.node] = ds.node_records.get(sh.node, 0) + rec[3] - sh.consumed
+            sh.consumed = rec[3]
+        elif op == "lost":
+            sh = ds.shards[rec[2]]
+            if sh.consumed >= sh.length:
+                ds.move(sh, S.DONE)  # every record was consumed before the loss
+            else:
+                if rec[3] != "released":
+                    sh.failures += 1
+                if sh.failures >= ds.spec.max_failures:
+                    ds.move(sh, S.FAILED)
+                else:
+                    ds.move(sh, S.TODO)
+                    ds.todo.appendleft(sh.id)  # serve lost work first
+            sh.node = ""
+        elif op == "split":
+            # [offset, offset+keep) stays with the shard, the rest becomes a new
+            # TODO shard right behind it (DLRover-RM §5.1 straggler-sized shards).
+            sh = ds.shards[rec[2]]
+            keep, new_id = rec[3], rec[4]
+            if sh.state is not S.TODO or not sh.consumed < keep < sh.length or new_id != ds.next_id:
+                raise IllegalTransition(f"bad split of shard {sh.id} at {keep}")
+            part = Shard(new_id, sh.epoch, sh.offset + keep, sh.length - keep, (sh.seed * 31 + new_id) & 0x7FFFFFFF)
+            part.grants = sh.grants  # the moved records were handed out as often as the parent's
+            sh.length = keep
+            ds.shards[new_id] = part
+            ds.next_id += 1
+            pos = ds.todo.index(sh.id) if ds.todo[0] != sh.id else 0
+            ds.todo.insert(pos + 1, new_id)
+        elif op == "epoch":
+            ds.epoch = rec[2]
+            if ds.spec.mode is DatasetMode.FINITE:
+                ds.records_known = ds.spec.records
+                ds.add_shards(rec[2], 0, ds.spec.records, ds.spec.shuffle)
+            else:
+                ds.records_known = 0
+                self._append(ds, ds.spec.records)
+        elif op == "append":
+            self._append(ds, rec[2])
+        elif op == "close":
+            ds.closed = True
+        elif op == "retry":
+            for sid in sorted(ds.failed):
+                sh = ds.shards[sid]
+                ds.move(sh, S.TODO)
+                sh.failures = 0
+                ds.todo.appendleft(sid)
+        elif op == "restore":
+            if checkpoint is None:
+                raise IllegalTransition("a restore record needs its checkpoint data")
+            self.datasets[rec[1]] = dataset_from_snapshot(checkpoint)
+        else:
+            raise IllegalTransition(f"unknown log record {op!r}")
+
+    @staticmethod
+    def _append(ds: Dataset, count: int) -> None:
+        if count > 0:
+            ds.add_shards(0, ds.records_known, count, shuffle=False)
+            ds.records_known += count
+
+    # ================================================================ decisions
+    def _do(self, out: Outcome, rec: list[Any]) -> None:
+        self.apply(rec)
+        out.records.append(rec)
+
+    def _dataset(self, name: str) -> Dataset:
+        try:
+            return self.datasets[name]
+        except KeyError:
+            raise NotFound(f"job {self.job!r} has no dataset {name!r}") from None
+
+    def register(self, spec: DatasetSpec) -> Outcome:
+        validate_spec(spec)
+        if spec.job != self.job:
+            raise ValidationError(f"job: spec names job {spec.job!r}, request was for {self.job!r}")
+        out = Outcome()
+        old = self.datasets.get(spec.dataset)
+        if old is not None:
+            if old.spec != spec:
+                raise Conflict(f"dataset {spec.dataset!r} of job {self.job!r} is registered with another spec")
+        else:
+            self._do(out, ["reg", to_dict(spec)])
+            self._do(out, ["epoch", spec.dataset, 0])
+            out.events.append(ShardEventOut("registered", spec.dataset, epoch=0))
+        out.reply = self.datasets[spec.dataset].status(self.job, spec.dataset)
+        return out
+
+    def lease(self, req: LeaseRequest, now: float) -> Outcome:
+        """Combined report-and-get; see :class:`LeaseRequest` for the order."""
+        ds = self._dataset(req.dataset)
+        node = req.node
+        if not is_token(node):
+            raise ValidationError(f"node: {node!r} is not a valid id (1-64 of [A-Za-z0-9_-])")
+        if not 0 <= req.want <= MAX_WANT:
+            raise ValidationError(f"want: must be in [0, {MAX_WANT}], got {req.want}")
+        if req.max_records < 0:
+            raise ValidationError(f"max_records: must be >= 0, got {req.max_records}")
+        out = Outcome()
+        rejected: list[Rejected] = []
+        self.node_deadline[node] = now + ds.spec.lease_s
+        shards = ds.shards
+
+        def holder_check(sid: int) -> Shard | None:
+            sh = shards.get(sid)
+            if sh is None:
+                rejected.append(Rejected(sid, "unknown_shard"))
+            elif sh.state is not S.DOING:
+                rejected.append(Rejected(sid, f"not_doing:{sh.state.value}"))
+            elif sh.node != node:
+                rejected.append(Rejected(sid, "not_holder"))
+            else:
+                return sh
+            return None
+
+        for sid in req.done:
+            if holder_check(sid) is not None:
+                self._do(out, ["done", req.dataset, sid])
+        for p in req.progress:
+            sh = holder_check(p.shard)
+            if sh is not None:
+                if not 0 <= p.consumed <= sh.length:
+                    rejected.append(Rejected(p.shard, "bad_progress"))
+                elif p.consumed > sh.consumed:
+                    self._do(out, ["prog", req.dataset, p.shard, p.consumed])
+        for reason, sids in (("failed", req.failed), ("released", req.released)):
+            for sid in sids:
+                if holder_check(sid) is not None:
+                    self._lose(out, ds, req.dataset, sid, reason)
+
+        granted: list[ShardLease] = []
+        # Shards this node holds but does not know of: a reply was lost.
+        mine = ds.doing.get(node)
+        if mine:
+            known = set(req.held)
+            granted.extend(ds.lease_of(shards[s]) for s in sorted(mine) if s not in known)
+        want = req.want - len(granted)
+        while want > 0:
+            if not ds.todo and not self._next_epoch(out, ds, req.dataset):
+                break
+            sh = shards[ds.todo[0]]
+            if req.max_records and sh.length - sh.consumed > req.max_records:
+                self._do(out, ["split", req.dataset, sh.id, sh.consumed + req.max_records, ds.next_id])
+            self._do(out, ["grant", req.dataset, sh.id, node])
+            granted.append(ds.lease_of(sh))
+            want -= 1
+        if not ds.todo:
+            self._next_epoch(out, ds, req.dataset)
+        finished = self._check_finished(out, ds, req.dataset)
+        out.reply = LeaseReply(
+            shards=granted,
+            lease_s=ds.spec.lease_s,
+            finished=finished,
+            exhausted=not granted and not finished and req.want > 0,
+            rejected=rejected,
+        )
+        return out
+
+    def _next_epoch(self, out: Outcome, ds: Dataset, name: str) -> bool:
+        """Create the next epoch's shards once the current TODO queue is empty."""
+        if ds.spec.mode is DatasetMode.FINITE and ds.epoch < ds.spec.epochs - 1:
+            self._do(out, ["epoch", name, ds.epoch + 1])
+            out.events.append(ShardEventOut("epoch_started", name, epoch=ds.epoch))
+            return True
+        return False
+
+    def _lose(self, out: Outcome, ds: Dataset, name: str, sid: int, reason: str) -> None:
+        sh = ds.shards[sid]
+        node = sh.node
+        self._do(out, ["lost", name, sid, reason])
+        if sh.state is S.FAILED:
+            out.events.append(
+                ShardEventOut("parked", name, sid, node, sh.epoch, f"{reason}; {sh.failures} failures")
+            )
+        elif sh.state is S.TODO:
+            out.events.append(ShardEventOut("requeued", name, sid, node, sh.epoch, reason))
+
+    def _check_finished(self, out: Outcome, ds: Dataset, name: str) -> bool:
+        fin = ds.finished()
+        if fin and not ds.was_finished:
+            out.events.append(ShardEventOut("finished", name, epoch=ds.epoch))
+        ds.was_finished = fin
+        return fin
+
+    def _lose_node(self, out: Outcome, node: str, reason: str) -> None:
+        for name, ds in self.datasets.items():
+            for sid in sorted(ds.doing.get(node, ())):
+                self._lose(out, ds, name, sid, reason)
+            self._check_finished(out, ds, name)
+
+    def expire(self, now: float) -> Outcome:
+        """Return the shards of every node whose lease ran out to TODO."""
+        out = Outcome()
+        for node in [n for n, t in self.node_deadline.items() if t < now]:
+            del self.node_deadline[node]
+            self._lose_node(out, node, "expired")
+        return out
+
+    def node_died(self, node: str) -> Outcome:
+        """A node-death event: its DOING shards go back at once."""
+        out = Outcome()
+        self.node_deadline.pop(node, None)
+        self._lose_node(out, node, "died")
+        return out
+
+    def renew_all(self, now: float) -> None:
+        """After a rebuild: every holder gets a fresh lease (deadlines are not logged)."""
+        for ds in self.datasets.values():
+            for node in ds.doing:
+                self.node_deadline[node] = max(self.node_deadline.get(node, 0.0), now + ds.spec.lease_s)
+
+    def append(self, name: str, records: int, close: bool) -> Outcome:
+        ds = self._dataset(name)
+        if ds.spec.mode is not DatasetMode.STREAMING:
+            raise ValidationError(f"dataset {name!r} is finite: only streaming datasets take appends")
+        if records < 0:
+            raise ValidationError(f"records: must be >= 0, got {records}")
+        if ds.closed and (records or not close):
+            raise Conflict(f"dataset {name!r} is closed: no more records can be appended")
+        out = Outcome()
+        if records:
+            self._do(out, ["append", name, records])
+        if close and not ds.closed:
+            self._do(out, ["close", name])
+        self._check_finished(out, ds, name)
+        out.reply = ds.status(self.job, name)
+        return out
+
+    def retry_failed(self, name: str) -> Outcome:
+        ds = self._dataset(name)
+        out = Outcome()
+        if ds.failed:
+            self._do(out, ["retry", name])
+        out.reply = ds.status(self.job, name)
+        return out
+
+    def status(self, name: str) -> DatasetStatus:
+        return self._dataset(name).status(self.job, name)
+
+    def checkpoint(self, name: str) -> dict[str, Any]:
+        """A consistent snapshot of one dataset in which DOING shards are TODO again.
+
+        Taken between two decisions, so it is consistent by construction; the
+        model checkpoint saved beside it covers what DONE and progress say.
+        """
+        snap = dataset_snapshot(self._dataset(name))
+        codes = snap["state"]
+        requeue = [snap["id"][i] for i, c in enumerate(codes) if c == _STATE_CODE[S.DOING]]
+        for i, c in enumerate(codes):
+            if c == _STATE_CODE[S.DOING]:
+                codes[i] = _STATE_CODE[S.TODO]
+                snap["node"][i] = ""
+        snap["todo"] = requeue + snap["todo"]
+        return snap
+
+    def restore(self, name: str, checkpoint_id: str, snap: dict[str, Any]) -> Outcome:
+        self._dataset(name)
+        if snap.get("spec", {}).get("dataset") != name:
+            raise ValidationError(f"checkpoint {checkpoint_id!r} is not of dataset {name!r}")
+        out = Outcome()
+        rec = ["restore", name, checkpoint_id]
+        self.apply(rec, checkpoint=snap)
+        out.records.append(rec)
+        out.events.append(ShardEventOut("restored", name, detail=checkpoint_id))
+        out.reply = self.datasets[name].status(self.job, name)
+        return out
+
+    # ================================================================ snapshots
+    def snapshot(self) -> dict[str, Any]:
+        return {"v": 1, "job": self.job, "datasets": {n: dataset_snapshot(d) for n, d in self.datasets.items()}}
+
+    @classmethod
+    def from_snapshot(cls, snap: dict[str, Any]) -> JobShards:
+        js = cls(snap["job"])
+        for name, d in snap["datasets"].items():
+            js.datasets[name] = dataset_from_snapshot(d)
+        return js
+
+
+def dataset_snapshot(ds: Dataset) -> dict[str, Any]:
+    """Columnar plain-data form of a dataset (compact in msgpack)."""
+    sh = list(ds.shards.values())
+    return {
+        "spec": to_dict(ds.spec),
+        "epoch": ds.epoch,
+        "records_known": ds.records_known,
+        "closed": ds.closed,
+        "next_id": ds.next_id,
+        "records_duplicated": ds.records_duplicated,
+        "node_records": dict(ds.node_records),
+        "node_done": dict(ds.node_done),
+        "id": [s.id for s in sh],
+        "epoch_of": [s.epoch for s in sh],
+        "offset": [s.offset for s in sh],
+        "length": [s.length for s in sh],
+        "seed": [s.seed for s in sh],
+        "state": [_STATE_CODE[s.state] for s in sh],
+        "node": [s.node for s in sh],
+        "consumed": [s.consumed for s in sh],
+        "failures": [s.failures for s in sh],
+        "grants": [s.grants for s in sh],
+        "todo": list(ds.todo),
+    }
+
+
+def dataset_from_snapshot(d: dict[str, Any]) -> Dataset:
+    ds = Dataset(from_dict(DatasetSpec, d["spec"]))
+    ds.epoch = d["epoch"]
+    ds.records_known = d["records_known"]
+    ds.closed = d["closed"]
+    ds.next_id = d["next_id"]
+    ds.records_duplicated = d["records_duplicated"]
+    ds.node_records = dict(d["node_records"])
+    ds.node_done = dict(d["node_done"])
+    cols = zip(
+        d["id"], d["epoch_of"], d["offset"], d["length"], d["seed"], d["state"], d["node"],
+        d["consumed"], d["failures"], d["grants"], strict=True,
+    )
+    for sid, ep, off, ln, seed, code, node, cons, fails, grants in cols:
+        sh = Shard(sid, ep, off, ln, seed)
+        sh.state = _CODE_STATE[code]
+        sh.node, sh.consumed, sh.failures, sh.grants = node, cons, fails, grants
+        ds.shards[sid] = sh
+        if sh.state is S.DOING:
+            ds.doing.setdefault(node, set()).add(sid)
+        elif sh.state is S.DONE:
+            ds.done_count += 1
+            ds.records_done += ln
+        elif sh.state is S.FAILED:
+            ds.failed.add(sid)
+    ds.todo = deque(d["todo"])
+    ds.was_finished = ds.finished()
+    return ds
+
+
+def fold(job: str, records: Iterable[list[Any]]) -> JobShards:
+    """Rebuild a job's state from its whole log (tests and tools)."""
+    js = JobShards(job)
+    for rec in records:
+        js.apply(rec)
+    return js
