@@ -1,0 +1,191 @@
+"""The bus: one NATS connection with JetStream, request/reply and events.
+
+* ``Bus.connect`` reconnects forever (a restarted nats-server is picked up
+  again; nats-py buffers publishes while reconnecting).
+* ``ensure_streams`` creates, idempotently, the streams every service relies
+  on: the shard log (file storage, no age limit: it is the state) and the
+  events stream (bounded by age and size: it is history for dashboards).
+* ``request`` sends a message and decodes the typed reply, retrying on
+  timeouts, missing responders and *temporary* error replies with capped
+  exponential backoff; permanent errors are raised at once.
+* Trace context travels in the W3C ``traceparent`` header when a span is
+  recording, so a worker's request and the service's handling are one trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from opentelemetry import propagate, trace
+
+from pacer import subjects
+from pacer.codec import encode
+from pacer.contracts.common import decode_reply, encode_error
+from pacer.errors import PacerError, Unavailable
+
+log = logging.getLogger("pacer.bus")
+T = TypeVar("T")
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How ``Bus.request`` retries: attempts, first delay, cap (seconds)."""
+
+    attempts: int = 5
+    first_delay: float = 0.05
+    max_delay: float = 2.0
+
+    def delays(self) -> list[float]:
+        out, d = [], self.first_delay
+        for _ in range(self.attempts - 1):
+            out.append(d * (0.5 + random.random()))  # jitter: clients restarting together spread out
+            d = min(d * 2, self.max_delay)
+        return out
+
+
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+def trace_headers() -> dict[str, str] | None:
+    """W3C trace headers of the current span, or None when nothing is traced."""
+    if not trace.get_current_span().is_recording():
+        return None
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier or None
+
+
+class Bus:
+    """A connected NATS client with JetStream; one per process."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, replicas: int = 1) -> None:
+        self.nc = nc
+        self.js = js
+        self.replicas = replicas
+
+    @classmethod
+    async def connect(
+        cls, url: str = DEFAULT_URL, name: str = "pacer", replicas: int = 1, connect_timeout: float = 5.0
+    ) -> Bus:
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error: %s", exc)
+
+        async def on_disconnect() -> None:
+            log.warning("nats disconnected")
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected")
+
+        nc = await nats.connect(
+            servers=[url],
+            name=name,
+            connect_timeout=connect_timeout,
+            reconnect_time_wait=0.2,
+            max_reconnect_attempts=-1,
+            allow_reconnect=True,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+            pending_size=64 * 1024 * 1024,
+        )
+        return cls(nc, nc.jetstream(timeout=5.0), replicas)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            try:
+                await asyncio.wait_for(self.nc.drain(), 5.0)
+            except (TimeoutError, nats.errors.Error):
+                await self.nc.close()
+
+    # ------------------------------------------------------------ streams
+    async def ensure_streams(self) -> None:
+        await self._ensure(
+            StreamConfig(
+                name=subjects.SHARD_LOG_STREAM,
+                subjects=[subjects.SHARD_LOG_SUBJECTS],
+                storage=StorageType.FILE,
+                retention=RetentionPolicy.LIMITS,
+                num_replicas=self.replicas,
+                allow_direct=True,
+                description="Pacer shard logs: one subject per job, the source of truth of shard state",
+            )
+        )
+        await self._ensure(
+            StreamConfig(
+                name=subjects.EVENTS_STREAM,
+                subjects=[subjects.EVENTS_SUBJECTS],
+                storage=StorageType.FILE,
+                retention=RetentionPolicy.LIMITS,
+                discard=DiscardPolicy.OLD,
+                max_age=7 * 24 * 3600.0,
+                max_bytes=1 << 30,
+                num_replicas=self.replicas,
+                description="Pacer events for dashboards and services",
+            )
+        )
+
+    async def _ensure(self, cfg: StreamConfig) -> None:
+        try:
+            await self.js.add_stream(cfg)
+        except nats.js.errors.BadRequestError:
+            # Exists with another config (e.g. replicas changed): update it in place.
+            await self.js.update_stream(cfg)
+
+    # ------------------------------------------------------------ request/reply
+    async def request(
+        self,
+        subject: str,
+        msg: Any,
+        reply_cls: type[T],
+        timeout: float = 5.0,
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> T:
+        """Send ``msg`` and return the decoded reply, retrying what may succeed later."""
+        payload = b"" if msg is None else encode(msg)
+        last: Exception | None = None
+        delays = retry.delays()
+        for attempt in range(retry.attempts):
+            try:
+                resp = await self.nc.request(subject, payload, timeout=timeout, headers=trace_headers())
+                return decode_reply(reply_cls, resp.data)
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError) as exc:
+                last = Unavailable(f"{subject}: {type(exc).__name__}")
+            except PacerError as exc:
+                if not exc.temporary:
+                    raise
+                last = exc
+            if attempt < len(delays):
+                await asyncio.sleep(delays[attempt])
+        assert last is not None
+        raise last
+
+    async def respond(self, msg: Msg, reply: Any) -> None:
+        if msg.reply:
+            await self.nc.publish(msg.reply, encode(reply))
+
+    async def respond_error(self, msg: Msg, exc: PacerError) -> None:
+        if msg.reply:
+            await self.nc.publish(msg.reply, encode_error(exc))
+
+    # ------------------------------------------------------------ events
+    async def publish(self, subject: str, msg: Any) -> None:
+        """Fire-and-forget publish (events land in PACER_EVENTS without an ack wait)."""
+        await self.nc.publish(subject, encode(msg), headers=trace_headers())
+
+    async def publish_durable(self, subject: str, msg: Any, timeout: float = 5.0) -> int:
+        """Publish to JetStream and wait until it is stored; returns the stream sequence."""
+        ack = await self.js.publish(subject, encode(msg), timeout=timeout, headers=trace_headers())
+        return int(ack.seq)

@@ -1,0 +1,123 @@
+"""The service runtime: how every Pacer service starts, runs and stops.
+
+One root ``asyncio.TaskGroup`` per service.  SIGTERM/SIGINT set a stop event;
+shutdown then (1) stops consuming, (2) lets the service drain in-flight work
+within ``drain_s``, (3) cancels what is left, (4) drains and closes the bus.
+Long-lived loops run inside :func:`guard`, which logs an unexpected exit and
+restarts the loop after a pause instead of letting one bad cycle kill the
+service; ``CancelledError`` is always re-raised.
+
+Every service answers ``pacer.svc.<service>.health`` with a ``Health`` reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nats.aio.msg import Msg
+
+from pacer import subjects, telemetry
+from pacer.bus import Bus
+from pacer.contracts.common import Health
+
+log = logging.getLogger("pacer.runtime")
+
+
+class Service(Protocol):
+    """What the runtime needs of a service's app object."""
+
+    name: str
+    counters: telemetry.Counters
+
+    async def start(self, tg: asyncio.TaskGroup) -> None:
+        """Subscribe and spawn loops in ``tg``; return once the service is ready."""
+
+    async def drain(self) -> None:
+        """Stop taking new work and finish what is in flight."""
+
+
+@dataclass
+class RuntimeConfig:
+    nats_url: str = field(default_factory=lambda: os.environ.get("PACER_NATS_URL", "nats://127.0.0.1:4222"))
+    replicas: int = field(default_factory=lambda: int(os.environ.get("PACER_REPLICAS", "1")))
+    drain_s: float = 10.0
+    instance: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+
+
+async def guard(name: str, loop: Callable[[], Awaitable[None]], pause: float = 1.0) -> None:
+    """Run a long-lived loop forever; log and restart it if it ever exits or raises."""
+    while True:
+        try:
+            await loop()
+            log.error("loop %s exited unexpectedly; restarting", name)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("loop %s crashed; restarting in %.1fs", name, pause)
+        await asyncio.sleep(pause)
+
+
+async def run_service(
+    factory: Callable[[Bus, RuntimeConfig], Awaitable[Service]],
+    cfg: RuntimeConfig,
+    stop: asyncio.Event | None = None,
+    install_signals: bool = True,
+) -> None:
+    """Connect, build the service with ``factory``, run until ``stop`` or a signal."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if install_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    bus = await Bus.connect(cfg.nats_url, name=cfg.instance, replicas=cfg.replicas)
+    uptime = telemetry.Stopwatch()
+    status = "starting"
+    svc: Service | None = None
+
+    async def on_health(msg: Msg) -> None:
+        counters = svc.counters.snapshot() if svc else {}
+        name = svc.name if svc else "?"
+        await bus.respond(msg, Health(name, cfg.instance, status, uptime.elapsed(), counters))
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            svc = await factory(bus, cfg)
+            health_sub = await bus.nc.subscribe(subjects.health(svc.name), cb=on_health)
+            await svc.start(tg)
+            status = "ready"
+            log.info("service ready", extra={"fields": {"service": svc.name, "instance": cfg.instance}})
+            await stop.wait()
+            status = "draining"
+            log.info("service draining", extra={"fields": {"service": svc.name}})
+            try:
+                await asyncio.wait_for(svc.drain(), cfg.drain_s)
+            except TimeoutError:
+                log.warning("drain deadline passed; cancelling in-flight work")
+            await health_sub.unsubscribe()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task() and task.get_name().startswith("pacer:"):
+                    task.cancel()
+    finally:
+        await bus.close()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+
+def main_entry(name: str, factory: Callable[[Bus, RuntimeConfig], Awaitable[Service]]) -> None:
+    """What a service's ``main`` calls: telemetry, uvloop when available, run."""
+    telemetry.setup(name)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        pass
+    asyncio.run(run_service(factory, RuntimeConfig()))

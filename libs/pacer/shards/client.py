@@ -1,0 +1,295 @@
+"""Worker-side shard client: prefetch, combined report-and-get, lease renewal.
+
+Usage (async)::
+
+    client = ShardClient(bus, job, dataset, node, prefetch=4)
+    await client.start()
+    while (shard := await client.next()) is not None:
+        for i, record in enumerate(read(shard.start, shard.end)):
+            ...
+            client.progress(shard, done_records)   # optional, cheap
+        client.done(shard)
+    await client.close()
+
+Every request to the service carries the reports queued since the last one
+and tops the prefetch window up, so a steady worker costs about one request
+per ``prefetch / 2`` shards.  A heartbeat task renews the lease when the
+worker is busy with one long shard.  Across a shard-service restart or a
+lost reply, requests are retried; the service re-sends the shards it believes
+this node holds but the client does not list (``held``), so a lost reply
+loses nothing and a retried request grants nothing twice.
+
+:class:`BlockingShardClient` offers the same API to threads (TensorFlow input
+pipelines) by running the async client on a private event loop thread.
+
+Concurrency: ``ShardClient`` is used from one event loop; ``done`` and
+``progress`` only queue and never block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from pacer import subjects
+from pacer.bus import Bus, RetryPolicy
+from pacer.contracts.shards import (
+    AppendRequest,
+    CheckpointReply,
+    CheckpointRequest,
+    DatasetRef,
+    DatasetSpec,
+    DatasetStatus,
+    LeaseReply,
+    LeaseRequest,
+    ShardLease,
+    ShardProgress,
+)
+from pacer.errors import PacerError
+from pacer.subjects import ShardOp
+
+log = logging.getLogger("pacer.shards.client")
+T = TypeVar("T")
+
+# Workers ride out a shard-service restart: retry for about a minute.
+WORKER_RETRY = RetryPolicy(attempts=60, first_delay=0.05, max_delay=1.0)
+
+
+class ShardAdmin:
+    """Dataset-level operations (register, status, checkpoint, ...), for jobs and tools."""
+
+    def __init__(self, bus: Bus, timeout: float = 5.0, retry: RetryPolicy = RetryPolicy()) -> None:
+        self.bus = bus
+        self.timeout = timeout
+        self.retry = retry
+
+    async def _call(self, job: str, op: str, msg: Any, reply: type[T]) -> T:
+        return await self.bus.request(subjects.rpc(subjects.SHARD_SERVICE, job, op), msg, reply, self.timeout, self.retry)
+
+    async def register(self, spec: DatasetSpec) -> DatasetStatus:
+        return await self._call(spec.job, ShardOp.REGISTER, spec, DatasetStatus)
+
+    async def status(self, job: str, dataset: str) -> DatasetStatus:
+        return await self._call(job, ShardOp.STATUS, DatasetRef(job, dataset), DatasetStatus)
+
+    async def checkpoint(self, job: str, dataset: str, checkpoint: str) -> CheckpointReply:
+        return await self._call(job, ShardOp.CHECKPOINT, CheckpointRequest(job, dataset, checkpoint), CheckpointReply)
+
+    async def restore(self, job: str, dataset: str, checkpoint: str) -> DatasetStatus:
+        return await self._call(job, ShardOp.RESTORE, CheckpointRequest(job, dataset, checkpoint), DatasetStatus)
+
+    async def append(self, job: str, dataset: str, records: int, close: bool = False) -> DatasetStatus:
+        return await self._call(job, ShardOp.APPEND, AppendRequest(job, dataset, records, close), DatasetStatus)
+
+    async def retry_failed(self, job: str, dataset: str) -> DatasetStatus:
+        return await self._call(job, ShardOp.RETRY_FAILED, DatasetRef(job, dataset), DatasetStatus)
+
+
+class ShardClient:
+    """One worker's view of one dataset."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        job: str,
+        dataset: str,
+        node: str,
+        prefetch: int = 4,
+        max_records: int = 0,
+        timeout: float = 2.0,
+        retry: RetryPolicy = WORKER_RETRY,
+        poll_s: float = 0.2,
+    ) -> None:
+        if not 1 <= prefetch <= 64:
+            raise ValueError("prefetch must be in [1, 64]")
+        self.bus = bus
+        self.job, self.dataset, self.node = job, dataset, node
+        self.prefetch = prefetch
+        self.max_records = max_records  # the controller may shrink it for a straggler
+        self.timeout = timeout
+        self.retry = retry
+        self.poll_s = poll_s
+        self._subject = subjects.rpc(subjects.SHARD_SERVICE, job, ShardOp.LEASE)
+        self._ready: deque[ShardLease] = deque()  # granted, not yet handed out
+        self._held: dict[int, ShardLease] = {}  # granted and not reported done
+        self._done: list[int] = []
+        self._failed: list[int] = []
+        self._progress: dict[int, int] = {}
+        self._lock = asyncio.Lock()
+        self._lease_s = 30.0
+        self._since_sync = 0.0
+        self._hb: asyncio.Task[None] | None = None
+        self._bg: asyncio.Task[None] | None = None
+        self.finished = False
+        self.requests = 0
+        self.rejected = 0
+
+    async def start(self) -> None:
+        self._hb = asyncio.create_task(self._heartbeat(), name=f"pacer:shard-client:hb:{self.node}")
+
+    async def close(self, release: bool = True) -> None:
+        """Flush reports; hand back unread shards (``release``) so others get them now."""
+        for t in (self._hb, self._bg):
+            if t is not None:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+        self._hb = self._bg = None
+        released = [s.shard for s in self._ready] if release else []
+        if self._done or self._progress or self._failed or released:
+            with contextlib.suppress(PacerError):
+                await self._sync(0, released=released)
+        self._ready.clear()
+
+    # ------------------------------------------------------------ the worker API
+    async def next(self) -> ShardLease | None:
+        """The next shard to read, or None once the dataset is finished."""
+        while True:
+            if self._ready:
+                shard = self._ready.popleft()
+                if len(self._ready) <= self.prefetch // 2 and not self.finished:
+                    self._kick()
+                return shard
+            if self.finished:
+                return None
+            if self._bg is not None and not self._bg.done():
+                await asyncio.shield(self._bg)
+                continue
+            reply = await self._sync(self._want())
+            if not reply.shards and not reply.finished:
+                await asyncio.sleep(self.poll_s)  # others hold the rest, or a stream awaits data
+
+    def done(self, shard: ShardLease) -> None:
+        self._held.pop(shard.shard, None)
+        self._progress.pop(shard.shard, None)
+        self._done.append(shard.shard)
+
+    def progress(self, shard: ShardLease, consumed: int) -> None:
+        """Records of ``shard`` consumed so far, counted from ``shard.offset``."""
+        self._progress[shard.shard] = consumed
+
+    def failed(self, shard: ShardLease) -> None:
+        """The shard could not be read: it goes back (and counts one failure)."""
+        self._held.pop(shard.shard, None)
+        self._progress.pop(shard.shard, None)
+        self._failed.append(shard.shard)
+
+    # ------------------------------------------------------------ internals
+    def _want(self) -> int:
+        return max(0, self.prefetch - len(self._held))
+
+    def _kick(self) -> None:
+        if self._bg is None or self._bg.done():
+            self._bg = asyncio.create_task(self._sync_quietly(), name=f"pacer:shard-client:sync:{self.node}")
+
+    async def _sync_quietly(self) -> None:
+        try:
+            await self._sync(self._want())
+        except PacerError as exc:
+            log.warning("shard prefetch failed: %s", exc)
+
+    async def _heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(max(self._lease_s / 4, 0.05))
+            if loop.time() - self._since_sync >= self._lease_s / 4:
+                try:
+                    await self._sync(0)
+                except PacerError as exc:
+                    log.warning("shard heartbeat failed: %s", exc)
+
+    async def _sync(self, want: int, released: list[int] | None = None) -> LeaseReply:
+        async with self._lock:
+            done, failed = self._done, self._failed
+            progress = [ShardProgress(k, v) for k, v in self._progress.items()]
+            self._done, self._failed = [], []
+            sent_progress = dict(self._progress)
+            req = LeaseRequest(
+                job=self.job,
+                dataset=self.dataset,
+                node=self.node,
+                want=0 if self.finished else want,
+                held=sorted(self._held),
+                done=done,
+                progress=progress,
+                failed=failed,
+                released=released or [],
+                max_records=self.max_records,
+            )
+            try:
+                reply = await self.bus.request(self._subject, req, LeaseReply, self.timeout, self.retry)
+            except BaseException:
+                # Not sent for sure: report again next time (a duplicate is rejected harmlessly).
+                self._done, self._failed = done + self._done, failed + self._failed
+                raise
+            self.requests += 1
+            self._since_sync = asyncio.get_running_loop().time()
+            for k, v in sent_progress.items():
+                if self._progress.get(k) == v:
+                    del self._progress[k]
+            for sid in released or ():
+                self._held.pop(sid, None)
+            self._lease_s = reply.lease_s
+            for r in reply.rejected:
+                # A retried report that did land shows up as not_doing:done: not a problem.
+                if r.reason != "not_doing:done":
+                    self.rejected += 1
+                    log.warning("shard report rejected", extra={"fields": {"shard": r.shard, "reason": r.reason}})
+            for s in reply.shards:
+                if s.shard not in self._held:
+                    self._held[s.shard] = s
+                    self._ready.append(s)
+            self.finished = reply.finished
+            return reply
+
+
+class BlockingShardClient:
+    """The :class:`ShardClient` API for threads: a private loop runs the async client."""
+
+    def __init__(self, nats_url: str, job: str, dataset: str, node: str, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"pacer-shards-{node}", daemon=True)
+        self._thread.start()
+
+        async def make() -> tuple[Bus, ShardClient]:
+            bus = await Bus.connect(nats_url, name=f"shard-client-{node}")
+            client = ShardClient(bus, job, dataset, node, **kwargs)
+            await client.start()
+            return bus, client
+
+        self._bus, self._client = self._run(make())
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def next(self) -> ShardLease | None:
+        return self._run(self._client.next())
+
+    def done(self, shard: ShardLease) -> None:
+        self._loop.call_soon_threadsafe(self._client.done, shard)
+
+    def progress(self, shard: ShardLease, consumed: int) -> None:
+        self._loop.call_soon_threadsafe(self._client.progress, shard, consumed)
+
+    def failed(self, shard: ShardLease) -> None:
+        self._loop.call_soon_threadsafe(self._client.failed, shard)
+
+    @property
+    def finished(self) -> bool:
+        return self._client.finished
+
+    def close(self, release: bool = True) -> None:
+        async def shut() -> None:
+            await self._client.close(release)
+            await self._bus.close()
+
+        try:
+            self._run(shut())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)

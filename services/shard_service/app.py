@@ -1,0 +1,337 @@
+"""The shard service: wires the bus, the pure core and the durable log.
+
+Concurrency contract
+--------------------
+* All requests arrive on one subscription (``pacer.rpc.shard.*.*``) whose
+  callback never waits for IO: it decodes, runs the job's core synchronously
+  (so requests of one job are decided in arrival order) and hands the
+  resulting log records and the reply to that job's *committer*.
+* A committer (one task per job) appends everything queued since its last
+  append as one JetStream message (group commit), waits for the stream's
+  ack, and only then sends the replies and events.  A reply therefore never
+  reveals state that is not durable.  Read-only requests (status) still go
+  through the committer so they never show uncommitted state either.
+* If an append fails, the in-memory state may hold records the log lacks:
+  every queued reply gets a temporary error and the job is rebuilt from the
+  log before it serves again (clients retry; nothing is lost or invented).
+* Different jobs commit in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from pacer import subjects
+from pacer.bus import Bus
+from pacer.codec import decode
+from pacer.contracts.nodes import NodeEvent
+from pacer.contracts.shards import ProgressEvent, ShardEvent
+from pacer.errors import DecodeError, NotFound, PacerError, Unavailable
+from pacer.runtime import RuntimeConfig, guard
+from pacer.telemetry import Counters
+from pacer_services.shard_service import handlers
+from pacer_services.shard_service.core import JobShards, Outcome
+from pacer_services.shard_service.effects import ShardLogStore, retry_forever
+
+log = logging.getLogger("pacer.shard")
+
+Done = Callable[[PacerError | None], Awaitable[None]]
+
+
+@dataclass
+class ShardServiceConfig:
+    snapshot_every: int = 50_000  # records appended between snapshots (bounds replay)
+    reap_interval_s: float = 0.25  # how often expired leases are looked for
+    progress_interval_s: float = 2.0  # how often ProgressEvents are published
+    commit_timeout_s: float = 5.0
+    node_events_durable: str = "shard-service-node-died"
+
+
+class JobRuntime:
+    """One job: its core, its log position and its committer queue."""
+
+    def __init__(self, job: str, core: JobShards, last_seq: int) -> None:
+        self.job = job
+        self.core = core
+        self.last_seq = last_seq
+        self.ready = True
+        self.records: list[list[Any]] = []
+        self.waiters: list[Done] = []
+        self.wake = asyncio.Event()
+        self.since_snapshot = 0
+        self.dirty = True  # something changed since the last ProgressEvent
+        self.task: asyncio.Task[None] | None = None
+
+
+class ShardService:
+    name = subjects.SHARD_SERVICE
+
+    def __init__(
+        self,
+        bus: Bus,
+        store: ShardLogStore,
+        cfg: ShardServiceConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.store = store
+        self.cfg = cfg or ShardServiceConfig()
+        self.clock = clock
+        self.wall = wall
+        self.counters = Counters(self.name)
+        self.jobs: dict[str, JobRuntime] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self._sub: Subscription | None = None
+        self._draining = False
+        self.rpc = handlers.build(self)
+
+    # ================================================================ lifecycle
+    async def start(self, tg: asyncio.TaskGroup) -> None:
+        self._tg = tg
+        await self.bus.ensure_streams()
+        await self.store.open()
+        t0 = time.perf_counter()
+        for job in await self.store.jobs():
+            core, seq, applied = await self.store.load(job)
+            core.renew_all(self.clock())
+            self._add_job(job, core, seq)
+            self.counters.inc("records_replayed", applied)
+        log.info("shard state rebuilt", extra={"fields": {"jobs": len(self.jobs), "s": round(time.perf_counter() - t0, 3)}})
+        self._sub = await self.bus.nc.subscribe(
+            subjects.rpc_wildcard(self.name), queue="shard-service", cb=self._on_rpc, pending_msgs_limit=-1,
+            pending_bytes_limit=-1,
+        )
+        tg.create_task(guard("reaper", self._reap_loop), name="pacer:shard:reaper")
+        tg.create_task(guard("progress", self._progress_loop), name="pacer:shard:progress")
+        tg.create_task(guard("node-events", self._node_events_loop), name="pacer:shard:node-events")
+
+    async def drain(self) -> None:
+        self._draining = True
+        if self._sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._sub.unsubscribe()
+        while any(rt.records or rt.waiters for rt in self.jobs.values()):
+            await asyncio.sleep(0.01)
+
+    def _add_job(self, job: str, core: JobShards, seq: int) -> JobRuntime:
+        rt = JobRuntime(job, core, seq)
+        self.jobs[job] = rt
+        assert self._tg is not None
+        rt.task = self._tg.create_task(guard(f"commit:{job}", lambda: self._commit_loop(rt)), name=f"pacer:shard:commit:{job}")
+        return rt
+
+    def job(self, job: str, create: bool = False) -> JobRuntime:
+        rt = self.jobs.get(job)
+        if rt is None:
+            if not create:
+                raise NotFound(f"unknown job {job!r}: register a dataset first")
+            subjects.shard_log(job)  # validates the id
+            rt = self._add_job(job, JobShards(job), 0)
+        if not rt.ready:
+            raise Unavailable(f"job {job!r} is being rebuilt from its log; retry")
+        return rt
+
+    # ================================================================ requests
+    async def _on_rpc(self, msg: Msg) -> None:
+        op = "?"
+        try:
+            job, op = subjects.parse_rpc(msg.subject)
+            handler = self.rpc.get(op)
+            if handler is None:
+                raise NotFound(f"unknown operation {op!r}; one of {sorted(self.rpc)}")
+            self.counters.inc("requests", op=op)
+            await handler(job, msg)
+        except PacerError as exc:
+            self.counters.inc("errors", code=exc.code, op=op)
+            log.debug("request refused: %s", exc.message)
+            await self.bus.respond_error(msg, exc)
+        except Exception as exc:  # loop boundary: never let one request kill the service
+            self.counters.inc("internal_errors", op=op)
+            log.exception("request failed")
+            await self.bus.respond_error(msg, PacerError(f"internal error: {type(exc).__name__}"))
+
+    def submit(self, rt: JobRuntime, out: Outcome, done: Done | None) -> None:
+        """Queue an outcome's records for the next group commit; ``done`` runs after it."""
+        if out.records:
+            rt.records.extend(out.records)
+            rt.dirty = True
+        if out.events:
+            events = list(out.events)
+            prev = done
+
+            async def publish_events(err: PacerError | None) -> None:
+                if err is None:
+                    now = self.wall()
+                    for e in events:
+                        self.counters.inc("events", kind=e.kind)
+                        await self.bus.publish(
+                            subjects.event("shard", rt.job, e.kind),
+                            ShardEvent(rt.job, e.dataset, e.kind, now, e.shard, e.node, e.epoch, e.detail),
+                        )
+                if prev is not None:
+                    await prev(err)
+
+            done = publish_events
+        if done is not None:
+            rt.waiters.append(done)
+        if out.records or done is not None:
+            rt.wake.set()
+
+    def reply_after_commit(self, msg: Msg, reply: Any) -> Done:
+        async def send(err: PacerError | None) -> None:
+            if err is None:
+                await self.bus.respond(msg, reply)
+            else:
+                self.counters.inc("errors", code=err.code, op="commit")
+                await self.bus.respond_error(msg, err)
+
+        return send
+
+    # ================================================================ group commit
+    async def _commit_loop(self, rt: JobRuntime) -> None:
+        while True:
+            await rt.wake.wait()
+            rt.wake.clear()
+            while rt.records or rt.waiters:
+                records, waiters = rt.records, rt.waiters
+                rt.records, rt.waiters = [], []
+                snap = None
+                if records and rt.since_snapshot + len(records) >= self.cfg.snapshot_every:
+                    # Taken synchronously: the state now is exactly log + this batch.
+                    snap = rt.core.snapshot()
+                err: PacerError | None = None
+                if records:
+                    try:
+                        rt.last_seq = await self.store.append(rt.job, records, rt.last_seq, self.cfg.commit_timeout_s)
+                        self.counters.inc("appends")
+                        self.counters.inc("records_appended", len(records))
+                        rt.since_snapshot += len(records)
+                    except PacerError as exc:
+                        err = exc
+                if err is not None:
+                    await self._fail_and_rebuild(rt, waiters, err)
+                    continue
+                if snap is not None:
+                    rt.since_snapshot = 0
+                    assert self._tg is not None
+                    self._tg.create_task(self._snapshot(rt.job, snap, rt.last_seq), name=f"pacer:shard:snap:{rt.job}")
+                for w in waiters:
+                    await w(None)
+
+    async def _fail_and_rebuild(self, rt: JobRuntime, waiters: list[Done], err: PacerError) -> None:
+        self.counters.inc("commit_failures")
+        log.warning("commit failed; rebuilding job from its log", extra={"fields": {"job": rt.job, "error": err.message}})
+        rt.ready = False
+        waiters = waiters + rt.waiters
+        rt.records, rt.waiters = [], []
+        tmp = Unavailable(f"shard log write failed ({err.message}); state rebuilt, retry")
+        for w in waiters:
+            with contextlib.suppress(Exception):
+                await w(tmp)
+        core, seq, _ = await retry_forever(f"rebuild {rt.job}", self.store.load, rt.job)
+        core.renew_all(self.clock())
+        rt.core, rt.last_seq, rt.ready, rt.since_snapshot = core, seq, True, 0
+        self.counters.inc("rebuilds")
+
+    async def _snapshot(self, job: str, snap: dict[str, Any], seq: int) -> None:
+        try:
+            await self.store.put_snapshot(job, snap, seq)
+            self.counters.inc("snapshots")
+        except Exception:
+            log.exception("snapshot failed (replay will just be longer)")
+
+    # ================================================================ loops
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.reap_interval_s)
+            now = self.clock()
+            for rt in list(self.jobs.values()):
+                if rt.ready:
+                    out = rt.core.expire(now)
+                    if out.records:
+                        self.counters.inc("leases_expired", len(out.records))
+                        self.submit(rt, out, None)
+
+    async def _progress_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.progress_interval_s)
+            now = self.wall()
+            for rt in list(self.jobs.values()):
+                if rt.ready and rt.dirty:
+                    rt.dirty = False
+                    for name in list(rt.core.datasets):
+                        await self.bus.publish(
+                            subjects.event("shard", rt.job, subjects.ShardEventKind.PROGRESS),
+                            ProgressEvent(now, rt.core.status(name)),
+                        )
+
+    async def _node_events_loop(self) -> None:
+        """Node deaths from the durable events stream: a restart misses none."""
+        filt = subjects.events_of("node", kind=subjects.NodeEventKind.DIED)
+        sub = await self.bus.js.pull_subscribe(
+            filt,
+            durable=self.cfg.node_events_durable,
+            stream=subjects.EVENTS_STREAM,
+            config=ConsumerConfig(
+                durable_name=self.cfg.node_events_durable,
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.NEW,
+                ack_wait=30.0,
+                max_deliver=-1,
+                filter_subject=filt,
+            ),
+        )
+        while not self._draining:
+            try:
+                msgs = await sub.fetch(64, timeout=1.0)
+            except nats.errors.TimeoutError:
+                continue
+            for m in msgs:
+                await self._on_node_died(m)
+
+    async def _on_node_died(self, m: Msg) -> None:
+        try:
+            ev = decode(NodeEvent, m.data)
+        except DecodeError as exc:
+            # Permanent: a retry cannot fix it.  Dead-letter it, say why, count it.
+            self.counters.inc("bad_node_events")
+            await self.bus.nc.publish(
+                subjects.dead_letter(self.name), m.data,
+                headers={"Pacer-Error": exc.message, "Pacer-Subject": m.subject},
+            )
+            await m.term()
+            return
+        rt = self.jobs.get(ev.job)
+        if rt is None or not rt.ready:
+            if rt is None:
+                await m.ack()  # no shards of that job here: nothing to return
+            else:
+                await m.nak(delay=0.5)
+            return
+        out = rt.core.node_died(ev.node)
+        self.counters.inc("node_deaths")
+
+        async def ack(err: PacerError | None) -> None:
+            if err is None:
+                await m.ack()
+            else:
+                await m.nak(delay=0.5)
+
+        self.submit(rt, out, ack)
+
+
+async def create(bus: Bus, cfg: RuntimeConfig) -> ShardService:
+    """App factory: the only place that builds a ShardService from configuration."""
+    return ShardService(bus, ShardLogStore(bus.js, cfg.replicas))

