@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import types
 import typing
 from collections.abc import Callable
@@ -60,11 +61,25 @@ def message(name: str, version: int = 1) -> Callable[[type[T]], type[T]]:
         key = f"{name}.v{version}"
         if key in REGISTRY and REGISTRY[key] is not cls:
             raise TypeError(f"message {key} registered twice")
-        cls.__pacer_schema__ = _Schema(name, version, (cls.__doc__ or "").strip())  # type: ignore[attr-defined]
+        cls.__pacer_schema__ = _Schema(name, version, _class_doc(cls))  # type: ignore[attr-defined]
         REGISTRY[key] = cls
         return cls
 
     return deco
+
+
+def _class_doc(cls: type[Any]) -> str:
+    """The class docstring, dedented; ``""`` for the one ``dataclass`` invents.
+
+    Without a docstring, ``dataclass`` sets ``__doc__`` to the constructor
+    signature, whose text depends on the Python version; and 3.13 dedents
+    docstrings while 3.11 does not.  Either would make the exported schemas
+    differ between interpreters.
+    """
+    text = inspect.cleandoc(cls.__doc__ or "")
+    if text.startswith(f"{cls.__name__}(") and "\n" not in text:
+        return ""
+    return text
 
 
 def _schema(cls: type[Any]) -> _Schema:
@@ -318,7 +333,7 @@ def _object_schema(cls: type[Any], defs: dict[str, Any]) -> dict[str, Any]:
             required.append(f.name)
     out: dict[str, Any] = {
         "type": "object",
-        "description": (cls.__doc__ or "").strip(),
+        "description": _class_doc(cls),
         "properties": props,
         "additionalProperties": True,
     }
