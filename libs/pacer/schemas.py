@@ -263,7 +263,9 @@ def render_readme() -> str:
         "| --- | --- | --- |",
         f"| `{subjects.health('<service>')}` | {_link(HEALTH_REPLY)} (reply) "
         "| health of each running instance; the request body is ignored |",
-        f"| `{subjects.dead_letter('<service>')}` | - | messages a service refused for good |",
+        f"| `{subjects.dead_letter('<service>')}` | the refused message's original bytes "
+        "| messages a service refused for good; headers `Pacer-Error` (why) and "
+        "`Pacer-Subject` (where it was received) |",
         "",
     ]
     return "\n".join(lines)
