@@ -83,8 +83,12 @@ class Bus:
         async def on_error(exc: Exception) -> None:
             log.warning("nats error: %s", exc)
 
+        holder: list[Client] = []
+
         async def on_disconnect() -> None:
-            log.warning("nats disconnected")
+            # nats-py also calls this on an intentional close: only a real loss is worth a warning.
+            if holder and not (holder[0].is_closed or holder[0].is_draining):
+                log.warning("nats disconnected")
 
         async def on_reconnect() -> None:
             log.info("nats reconnected")
@@ -101,6 +105,7 @@ class Bus:
             reconnected_cb=on_reconnect,
             pending_size=64 * 1024 * 1024,
         )
+        holder.append(nc)
         return cls(nc, nc.jetstream(timeout=5.0), replicas)
 
     async def close(self) -> None:

@@ -115,9 +115,7 @@ def main_entry(name: str, factory: Callable[[Bus, RuntimeConfig], Awaitable[Serv
     """What a service's ``main`` calls: telemetry, uvloop when available, run."""
     telemetry.setup(name)
     try:
-        import uvloop
-
-        uvloop.install()
+        from uvloop import run
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        pass
-    asyncio.run(run_service(factory, RuntimeConfig()))
+        from asyncio import run
+    run(run_service(factory, RuntimeConfig()))

@@ -267,7 +267,9 @@ class JobShards:
     def __init__(self, job: str) -> None:
         self.job = job
         self.datasets: dict[str, Dataset] = {}
-        self.node_deadline: dict[str, float] = {}  # lease per node, renewed by any request
+        # Lease deadline per (dataset, node), renewed by any request of the node for
+        # that dataset: datasets may have different lease_s.
+        self.deadlines: dict[tuple[str, str], float] = {}
         self.transitions = 0  # records applied since start (live + replay)
 
     # ================================================================ the fold
@@ -400,7 +402,7 @@ class JobShards:
             raise ValidationError(f"max_records: must be >= 0, got {req.max_records}")
         out = Outcome()
         rejected: list[Rejected] = []
-        self.node_deadline[node] = now + ds.spec.lease_s
+        self.deadlines[(req.dataset, node)] = now + ds.spec.lease_s
         shards = ds.shards
 
         def holder_check(sid: int) -> Shard | None:
@@ -434,7 +436,9 @@ class JobShards:
         # Shards this node holds but does not know of: a reply was lost.
         mine = ds.doing.get(node)
         if mine:
+            # Shards reported in this very request are known too (progress only).
             known = set(req.held)
+            known.update(p.shard for p in req.progress)
             granted.extend(ds.lease_of(shards[s]) for s in sorted(mine) if s not in known)
         want = req.want - len(granted)
         while want > 0:
@@ -484,32 +488,33 @@ class JobShards:
         ds.was_finished = fin
         return fin
 
-    def _lose_node(self, out: Outcome, node: str, reason: str) -> None:
-        for name, ds in self.datasets.items():
-            for sid in sorted(ds.doing.get(node, ())):
-                self._lose(out, ds, name, sid, reason)
-            self._check_finished(out, ds, name)
-
     def expire(self, now: float) -> Outcome:
         """Return the shards of every node whose lease ran out to TODO."""
         out = Outcome()
-        for node in [n for n, t in self.node_deadline.items() if t < now]:
-            del self.node_deadline[node]
-            self._lose_node(out, node, "expired")
+        for key in [k for k, t in self.deadlines.items() if t < now]:
+            del self.deadlines[key]
+            name, node = key
+            ds = self.datasets[name]
+            for sid in sorted(ds.doing.get(node, ())):
+                self._lose(out, ds, name, sid, "expired")
+            self._check_finished(out, ds, name)
         return out
 
     def node_died(self, node: str) -> Outcome:
         """A node-death event: its DOING shards go back at once."""
         out = Outcome()
-        self.node_deadline.pop(node, None)
-        self._lose_node(out, node, "died")
+        for name, ds in self.datasets.items():
+            self.deadlines.pop((name, node), None)
+            for sid in sorted(ds.doing.get(node, ())):
+                self._lose(out, ds, name, sid, "died")
+            self._check_finished(out, ds, name)
         return out
 
     def renew_all(self, now: float) -> None:
         """After a rebuild: every holder gets a fresh lease (deadlines are not logged)."""
-        for ds in self.datasets.values():
+        for name, ds in self.datasets.items():
             for node in ds.doing:
-                self.node_deadline[node] = max(self.node_deadline.get(node, 0.0), now + ds.spec.lease_s)
+                self.deadlines[(name, node)] = now + ds.spec.lease_s
 
     def append(self, name: str, records: int, close: bool) -> Outcome:
         ds = self._dataset(name)
@@ -547,11 +552,15 @@ class JobShards:
         """
         snap = dataset_snapshot(self._dataset(name))
         codes = snap["state"]
-        requeue = [snap["id"][i] for i, c in enumerate(codes) if c == _STATE_CODE[S.DOING]]
+        requeue = []
         for i, c in enumerate(codes):
             if c == _STATE_CODE[S.DOING]:
-                codes[i] = _STATE_CODE[S.TODO]
+                # As a live loss would: fully consumed -> DONE, else back to TODO.
+                full = snap["consumed"][i] >= snap["length"][i]
+                codes[i] = _STATE_CODE[S.DONE if full else S.TODO]
                 snap["node"][i] = ""
+                if not full:
+                    requeue.append(snap["id"][i])
         snap["todo"] = requeue + snap["todo"]
         return snap
 
@@ -566,6 +575,12 @@ class JobShards:
         out.events.append(ShardEventOut("restored", name, detail=checkpoint_id))
         out.reply = self.datasets[name].status(self.job, name)
         return out
+
+    def settle(self) -> None:
+        """After a replay: remember which datasets already finished, so that
+        'finished' is announced once per dataset, not again after a restart."""
+        for ds in self.datasets.values():
+            ds.was_finished = ds.finished()
 
     # ================================================================ snapshots
     def snapshot(self) -> dict[str, Any]:
@@ -640,4 +655,5 @@ def fold(job: str, records: Iterable[list[Any]]) -> JobShards:
     js = JobShards(job)
     for rec in records:
         js.apply(rec)
+    js.settle()
     return js

@@ -143,6 +143,7 @@ class ShardLogStore:
         else:
             state, start = JobShards.from_snapshot(snap["state"]), int(snap["seq"])
         seq, applied = await self.replay(job, state, start)
+        state.settle()
         return state, seq, applied
 
     # ------------------------------------------------------------ snapshots

@@ -176,6 +176,8 @@ class CheckpointRequest:
 @message("shard.CheckpointReply")
 @dataclass(frozen=True, slots=True)
 class CheckpointReply:
+    """Reply to ``checkpoint``: the shard state is stored under ``checkpoint``."""
+
     job: str
     dataset: str
     checkpoint: str

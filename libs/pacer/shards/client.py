@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -128,6 +129,9 @@ class ShardClient:
         self.finished = False
         self.requests = 0
         self.rejected = 0
+        # Optional per-request timings (seconds, shards reported, shards granted),
+        # filled only when a caller sets it to a list (benchmarks).
+        self.timings: list[tuple[float, int, int]] | None = None
 
     async def start(self) -> None:
         self._hb = asyncio.create_task(self._heartbeat(), name=f"pacer:shard-client:hb:{self.node}")
@@ -221,6 +225,7 @@ class ShardClient:
                 released=released or [],
                 max_records=self.max_records,
             )
+            t0 = time.perf_counter()
             try:
                 reply = await self.bus.request(self._subject, req, LeaseReply, self.timeout, self.retry)
             except BaseException:
@@ -229,6 +234,8 @@ class ShardClient:
                 raise
             self.requests += 1
             self._since_sync = asyncio.get_running_loop().time()
+            if self.timings is not None:
+                self.timings.append((time.perf_counter() - t0, len(done), len(reply.shards)))
             for k, v in sent_progress.items():
                 if self._progress.get(k) == v:
                     del self._progress[k]

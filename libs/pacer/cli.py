@@ -1,0 +1,120 @@
+"""The ``pacer`` command line: a thin client of the bus.
+
+    pacer up [--data-dir D] [--port P]   the embedded stack in the foreground
+    pacer demo                           a dataset consumed by worker processes
+    pacer status JOB DATASET             a dataset's shard status (JSON)
+    pacer version
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pacer import __version__
+from pacer.codec import to_dict
+
+
+def _default_url() -> str:
+    return os.environ.get("PACER_NATS_URL", "nats://127.0.0.1:4222")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from pacer.stack import Stack
+
+    stack = Stack(Path(args.data_dir), port=args.port)
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    stack.start()
+    print(f"pacer up: NATS at {stack.url}; services: {', '.join(stack.procs)}; logs in {args.data_dir}")
+    print(f"export PACER_NATS_URL={stack.url}   # Ctrl-C stops everything")
+    try:
+        while not stopping:
+            dead = stack.check()
+            for name in dead:
+                print(f"service {name} exited ({stack.procs[name].returncode}); restarting", file=sys.stderr)
+                stack.start_service(name)
+            time.sleep(0.5)
+    finally:
+        print("pacer up: stopping")
+        stack.stop()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from pacer.bus import Bus
+    from pacer.shards.client import ShardAdmin
+
+    async def run() -> None:
+        bus = await Bus.connect(args.url)
+        try:
+            st = await ShardAdmin(bus).status(args.job, args.dataset)
+            print(json.dumps(to_dict(st), indent=2, default=str))
+        finally:
+            await bus.close()
+
+    asyncio.run(run())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pacer import demo
+
+    return demo.main(args)
+
+
+def cmd_schemas(args: argparse.Namespace) -> int:
+    from pacer import schemas
+
+    return schemas.main([args.action, *([args.dir] if args.dir else [])])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="pacer", description="Pacer control plane")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("version", help="print the version").set_defaults(fn=lambda a: print(__version__) or 0)
+
+    up = sub.add_parser("up", help="run the embedded stack (nats-server + services) in the foreground")
+    up.add_argument("--data-dir", default=".pacer", help="JetStream store and service logs")
+    up.add_argument("--port", type=int, default=4222)
+    up.set_defaults(fn=cmd_up)
+
+    st = sub.add_parser("status", help="a dataset's shard status")
+    st.add_argument("job")
+    st.add_argument("dataset")
+    st.add_argument("--url", default=_default_url())
+    st.set_defaults(fn=cmd_status)
+
+    demo = sub.add_parser("demo", help="start the stack and consume a dataset with worker processes")
+    demo.add_argument("--workers", type=int, default=3)
+    demo.add_argument("--records", type=int, default=400_000)
+    demo.add_argument("--kill-one", action="store_true", default=True,
+                      help="kill -9 one worker midway to show its shards are served again (default on)")
+    demo.add_argument("--no-kill", dest="kill_one", action="store_false")
+    demo.add_argument("--data-dir", default=".pacer/demo")
+    demo.set_defaults(fn=cmd_demo)
+
+    sc = sub.add_parser("schemas", help="export or check proto-schemas/")
+    sc.add_argument("action", choices=["export", "check"])
+    sc.add_argument("dir", nargs="?")
+    sc.set_defaults(fn=cmd_schemas)
+
+    args = p.parse_args(argv)
+    rc: int = args.fn(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The embedded stack: nats-server plus Pacer's services as local processes.
+
+``pacer up`` runs it in the foreground; ``pacer demo`` and the benchmarks
+start it in the background.  Services are separate OS processes (as in a
+cluster), each ``python -m <module>`` with ``PACER_NATS_URL`` set.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pacer.embedded import EmbeddedNats
+
+# Every service of the embedded stack: name -> module to run.
+SERVICES: dict[str, str] = {
+    "shard": "pacer_services.shard_service.main",
+}
+
+
+@dataclass
+class Stack:
+    data_dir: Path
+    port: int = 0
+    services: list[str] = field(default_factory=lambda: list(SERVICES))
+    nats: EmbeddedNats | None = None
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        assert self.nats is not None
+        return self.nats.url
+
+    def start(self) -> Stack:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.nats = EmbeddedNats(store_dir=self.data_dir / "nats", port=self.port).start()
+        for name in self.services:
+            self.start_service(name)
+        return self
+
+    def start_service(self, name: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PACER_NATS_URL": self.url}
+        log = open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", SERVICES[name]], env=env, stdout=log, stderr=log)
+        finally:
+            log.close()
+        self.procs[name] = proc
+        return proc
+
+    def check(self) -> list[str]:
+        """Names of services that exited."""
+        return [n for n, p in self.procs.items() if p.poll() is not None]
+
+    def stop(self, timeout: float = 15.0) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+        if self.nats is not None:
+            self.nats.stop()
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
