@@ -293,13 +293,21 @@ class ShardService:
                 filter_subject=filt,
             ),
         )
-        while not self._draining:
-            try:
-                msgs = await sub.fetch(64, timeout=1.0)
-            except nats.errors.TimeoutError:
-                continue
-            for m in msgs:
-                await self._on_node_died(m)
+        try:
+            while not self._draining:
+                try:
+                    msgs = await sub.fetch(64, timeout=1.0)
+                except nats.errors.TimeoutError:
+                    continue
+                for m in msgs:
+                    await self._on_node_died(m)
+        finally:
+            # nats-py's fetch takes stale status messages off the pending queue
+            # without task_done(), so draining the connection would wait on this
+            # subscription until Bus.close gives up (5 s).  Nothing of it is needed
+            # any more: the durable consumer keeps our position.
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def _on_node_died(self, m: Msg) -> None:
         try:

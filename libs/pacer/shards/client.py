@@ -200,7 +200,10 @@ class ShardClient:
     async def _heartbeat(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(max(self._lease_s / 4, 0.05))
+            # Wake at least every 0.25 s: the dataset's lease is only learnt from the
+            # first reply and may be much shorter than the 30 s assumed before it (a
+            # sleep begun with the old value would outlive a 1 s lease).
+            await asyncio.sleep(min(max(self._lease_s / 4, 0.05), 0.25))
             if loop.time() - self._since_sync >= self._lease_s / 4:
                 try:
                     await self._sync(0)
