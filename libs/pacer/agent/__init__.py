@@ -1,0 +1,1 @@
+"""The agent sidecar: one process beside every PS/worker, executing global actions."""

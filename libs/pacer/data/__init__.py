@@ -1,0 +1,1 @@
+"""Criteo data: readers, the fixed-width record file, the synthetic generator."""

@@ -1,0 +1,1 @@
+"""The TensorFlow trainer: PS and worker runners, input from shards, checkpoints."""
