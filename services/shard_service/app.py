@@ -37,7 +37,7 @@ from pacer.bus import Bus
 from pacer.codec import decode
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import ProgressEvent, ShardEvent
-from pacer.errors import DecodeError, NotFound, PacerError, Unavailable
+from pacer.errors import DecodeError, NotFound, PacerError, Unavailable, ValidationError
 from pacer.runtime import RuntimeConfig, guard
 from pacer.telemetry import Counters
 from pacer_services.shard_service import handlers
@@ -192,10 +192,17 @@ class ShardService:
     def reply_after_commit(self, msg: Msg, reply: Any) -> Done:
         async def send(err: PacerError | None) -> None:
             if err is None:
-                await self.bus.respond(msg, reply)
-            else:
-                self.counters.inc("errors", code=err.code, op="commit")
-                await self.bus.respond_error(msg, err)
+                try:
+                    await self.bus.respond(msg, reply)
+                    return
+                except Exception as exc:  # unencodable, or over the bus's max payload: still answer
+                    log.warning("reply could not be sent: %s", exc)
+                    err = PacerError(
+                        f"the reply could not be sent ({type(exc).__name__}: {exc}); the request was applied",
+                        code="reply_failed",
+                    )
+            self.counters.inc("errors", code=err.code, op="commit")
+            await self.bus.respond_error(msg, err)
 
         return send
 
@@ -228,7 +235,11 @@ class ShardService:
                     assert self._tg is not None
                     self._tg.create_task(self._snapshot(rt.job, snap, rt.last_seq), name=f"pacer:shard:snap:{rt.job}")
                 for w in waiters:
-                    await w(None)
+                    try:
+                        await w(None)
+                    except Exception:  # one failed reply or ack must not drop the others
+                        self.counters.inc("internal_errors", op="commit")
+                        log.exception("post-commit step failed")
 
     async def _fail_and_rebuild(self, rt: JobRuntime, waiters: list[Done], err: PacerError) -> None:
         self.counters.inc("commit_failures")
@@ -297,7 +308,7 @@ class ShardService:
             while not self._draining:
                 try:
                     msgs = await sub.fetch(64, timeout=1.0)
-                except nats.errors.TimeoutError:
+                except TimeoutError:  # nats-py raises plain asyncio.TimeoutError here too
                     continue
                 for m in msgs:
                     await self._on_node_died(m)
@@ -312,7 +323,10 @@ class ShardService:
     async def _on_node_died(self, m: Msg) -> None:
         try:
             ev = decode(NodeEvent, m.data)
-        except DecodeError as exc:
+            subject_job = m.subject.split(".")[3]  # pacer.events.node.<job>.died
+            if ev.job != subject_job:
+                raise ValidationError(f"job: body names {ev.job!r} but the subject is for {subject_job!r}")
+        except (DecodeError, ValidationError) as exc:
             # Permanent: a retry cannot fix it.  Dead-letter it, say why, count it.
             self.counters.inc("bad_node_events")
             await self.bus.nc.publish(

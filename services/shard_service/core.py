@@ -45,6 +45,11 @@ from pacer.ids import is_token
 
 # Most shards a single lease request may ask for; more is a client bug.
 MAX_WANT = 64
+# Most shards one epoch (or one append) may create: building more would block
+# the service for minutes and exhaust its memory.
+MAX_SHARDS = 1_000_000
+# Record counts (records * epochs, a stream's total) must fit the wire's int64.
+MAX_RECORDS = 2**63 - 1
 
 
 class ShardState(str, enum.Enum):
@@ -259,6 +264,13 @@ def validate_spec(spec: DatasetSpec) -> None:
         raise ValidationError(f"max_failures: must be >= 1, got {spec.max_failures}")
     if not 0 < spec.lease_s <= 86_400:
         raise ValidationError(f"lease_s: must be in (0, 86400], got {spec.lease_s}")
+    size = spec.batch_size * spec.batches_per_shard
+    if -(-spec.records // size) > MAX_SHARDS:
+        raise ValidationError(
+            f"records: {spec.records} records make more than {MAX_SHARDS} shards of {size}; use bigger shards"
+        )
+    if spec.records * spec.epochs > MAX_RECORDS:
+        raise ValidationError(f"epochs: records * epochs must be <= {MAX_RECORDS}, got {spec.records} * {spec.epochs}")
 
 
 class JobShards:
@@ -522,6 +534,10 @@ class JobShards:
             raise ValidationError(f"dataset {name!r} is finite: only streaming datasets take appends")
         if records < 0:
             raise ValidationError(f"records: must be >= 0, got {records}")
+        if -(-records // ds.shard_records) > MAX_SHARDS:
+            raise ValidationError(f"records: {records} records make more than {MAX_SHARDS} shards; append less at once")
+        if ds.records_known + records > MAX_RECORDS:
+            raise ValidationError(f"records: the stream would exceed {MAX_RECORDS} records")
         if ds.closed and (records or not close):
             raise Conflict(f"dataset {name!r} is closed: no more records can be appended")
         out = Outcome()

@@ -23,7 +23,7 @@ from pacer.contracts.shards import (
 from pacer.errors import PacerError, ValidationError
 from pacer.ids import is_token
 from pacer.subjects import ShardOp
-from pacer_services.shard_service.core import Outcome
+from pacer_services.shard_service.core import Outcome, validate_spec
 
 if TYPE_CHECKING:
     from pacer_services.shard_service.app import ShardService
@@ -40,6 +40,7 @@ def build(svc: ShardService) -> dict[str, Handler]:
     async def register(job: str, msg: Msg) -> None:
         spec = decode(DatasetSpec, msg.data)
         _same_job(job, spec.job)
+        validate_spec(spec)  # before the job exists: a refused spec must not leave an empty job behind
         rt = svc.job(job, create=True)
         out = rt.core.register(spec)
         svc.submit(rt, out, svc.reply_after_commit(msg, out.reply))
