@@ -110,3 +110,66 @@ class ShardEventKind:
 # Node events (published by the pod-executor) under ``pacer.events.node.<job>.<kind>``.
 class NodeEventKind:
     DIED = "died"
+
+
+# ------------------------------------------------------------------ agents
+# The agent sidecars (one per PS/worker process) of a job.  Events land in
+# PACER_EVENTS like every ``pacer.events.>`` subject; the two-phase barrier
+# subjects (``pacer.agent.<job>.<phase>``) are core NATS only (not stored):
+# they are the agents' internal protocol, request/reply with many replies.
+AGENT_SERVICE = "agent"
+AGENT_BUCKET = "pacer-agents"  # JetStream KV: key ``<job>.primary`` -> agent.PrimaryRecord (per-message TTL)
+
+
+class AgentEventKind:
+    METRICS = "metrics"  # agent.AgentMetrics, every k trainer steps
+    HEARTBEAT = "heartbeat"  # agent.Heartbeat, every second
+    ACTION = "action"  # agent.ActionResult, one per global action or node command
+
+
+class AgentPhase:
+    PREPARE = "prepare"  # agent.Prepare -> agent.Vote (one reply per participant)
+    COMMIT = "commit"  # agent.Commit -> agent.Ack
+    ABORT = "abort"  # agent.Abort (no reply)
+    ALL = (PREPARE, COMMIT, ABORT)
+
+
+# The one rpc op of the agent service (served by the primary agent of the job).
+AGENT_GLOBAL_ACTION = "global_action"
+
+
+def agent_metrics(job: str) -> str:
+    """``pacer.events.agent.<job>.metrics``."""
+    return event(AGENT_SERVICE, job, AgentEventKind.METRICS)
+
+
+def agent_heartbeat(job: str) -> str:
+    """``pacer.events.agent.<job>.heartbeat``."""
+    return event(AGENT_SERVICE, job, AgentEventKind.HEARTBEAT)
+
+
+def agent_action(job: str) -> str:
+    """``pacer.events.agent.<job>.action``."""
+    return event(AGENT_SERVICE, job, AgentEventKind.ACTION)
+
+
+def agent_global_action(job: str) -> str:
+    """``pacer.rpc.agent.<job>.global_action``: GlobalAction -> ActionResult, served by the primary."""
+    return rpc(AGENT_SERVICE, job, AGENT_GLOBAL_ACTION)
+
+
+def agent_command(job: str, node: str) -> str:
+    """``pacer.rpc.agent.<job>.<node>.command``: NodeCommand -> ActionResult, served by that node's agent."""
+    return f"{PREFIX}.rpc.{AGENT_SERVICE}.{_tok(job, 'job')}.{_tok(node, 'node')}.command"
+
+
+def agent_phase(job: str, phase: str) -> str:
+    """``pacer.agent.<job>.<phase>`` with phase in :class:`AgentPhase` (prepare | commit | abort)."""
+    if phase not in AgentPhase.ALL:
+        raise ValidationError(f"unknown agent phase {phase!r}")
+    return f"{PREFIX}.agent.{_tok(job, 'job')}.{phase}"
+
+
+def agent_primary_key(job: str) -> str:
+    """KV key (in :data:`AGENT_BUCKET`) naming the job's primary agent: ``<job>.primary``."""
+    return f"{_tok(job, 'job')}.primary"

@@ -1,0 +1,74 @@
+"""Entry point of the agent sidecar.
+
+``python -m pacer.agent.main --job J --node N --role worker|ps --ipc PATH
+[--nats URL] [--k 10] [--election-ttl 3]``
+
+Runs until SIGTERM/SIGINT.  The trainer beside it attaches to the same
+``--ipc`` file (:class:`pacer.agent.ipc.TrainerIPC`; the launcher usually
+passes it as ``$PACER_AGENT_IPC``); the agent waits for the file to appear.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pacer import telemetry
+from pacer.agent.agent import AgentConfig, AgentService
+from pacer.agent.ipc import default_path
+from pacer.bus import DEFAULT_URL, Bus
+from pacer.runtime import RuntimeConfig, run_service
+
+
+def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig]:
+    p = argparse.ArgumentParser(prog="python -m pacer.agent.main", description="Pacer agent sidecar")
+    p.add_argument("--job", required=True)
+    p.add_argument("--node", required=True, help="this node's id, e.g. worker-0")
+    p.add_argument("--role", default="worker", choices=["worker", "ps", "chief"])
+    p.add_argument("--ipc", type=Path, default=None, help="IPC file shared with the trainer (default /dev/shm/pacer-<job>-<node>.ipc)")
+    p.add_argument("--nats", default=os.environ.get("PACER_NATS_URL", DEFAULT_URL))
+    p.add_argument("--k", type=int, default=10, help="publish metrics every k trainer steps")
+    p.add_argument("--election-ttl", type=float, default=3.0, help="seconds; the primary refreshes every ttl/3")
+    p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
+    p.add_argument("--member-ttl", type=float, default=3.0, help="an agent not heard for this long leaves the barrier")
+    p.add_argument("--prepare-lead", type=float, default=0.5, help="seconds of the fastest worker's steps before T")
+    a = p.parse_args(argv)
+    try:
+        cfg = AgentConfig(
+            job=a.job,
+            node=a.node,
+            role=a.role,
+            ipc_path=a.ipc or default_path(a.job, a.node),
+            k=a.k,
+            election_ttl_s=a.election_ttl,
+            heartbeat_s=a.heartbeat,
+            member_ttl_s=a.member_ttl,
+            prepare_lead_s=a.prepare_lead,
+        )
+    except Exception as exc:  # ids and ranges: a usage error, not a traceback
+        p.error(str(exc))
+    rc = RuntimeConfig(nats_url=a.nats, instance=cfg.instance)
+    return cfg, rc
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cfg, rc = parse(argv)
+    telemetry.setup("agent")
+
+    async def factory(bus: Bus, _: RuntimeConfig) -> AgentService:
+        return AgentService(bus, cfg)
+
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(run_service(factory, rc))
+    else:
+        uvloop.run(run_service(factory, rc))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
