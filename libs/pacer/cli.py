@@ -84,6 +84,8 @@ def cmd_schemas(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pacer", description="Pacer control plane")
     sub = p.add_subparsers(dest="cmd", required=True)
+    from pacer.data.cli import add_cli as add_data_cli
+    add_data_cli(sub)
     sub.add_parser("version", help="print the version").set_defaults(fn=lambda a: print(__version__) or 0)
 
     up = sub.add_parser("up", help="run the embedded stack (nats-server + services) in the foreground")
