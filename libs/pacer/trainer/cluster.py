@@ -1,0 +1,37 @@
+"""The description of one TensorFlow PS cluster on this machine.
+
+The ClusterSpec fixes the worker slots, so the maximum worker count is
+declared up front and unused slots stay idle (DESIGN.md, measured facts);
+elasticity within that maximum needs no new ClusterSpec.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from pacer.embedded import free_port
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterDesc:
+    ps: tuple[str, ...]
+    workers: tuple[str, ...]  # every slot, used or not
+
+    @classmethod
+    def local(cls, num_ps: int, max_workers: int) -> ClusterDesc:
+        return cls(
+            tuple(f"127.0.0.1:{free_port()}" for _ in range(num_ps)),
+            tuple(f"127.0.0.1:{free_port()}" for _ in range(max_workers)),
+        )
+
+    def as_tf(self) -> dict[str, list[str]]:
+        return {"ps": list(self.ps), "worker": list(self.workers)}
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterDesc:
+        d = json.loads(text)
+        return cls(tuple(d["ps"]), tuple(d["workers"]))

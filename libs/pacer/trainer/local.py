@@ -1,0 +1,190 @@
+"""Run a small TensorFlow PS job on this machine against a running Pacer stack.
+
+``pacer train local`` uses it, and so do the trainer tests and benchmarks.
+Each PS and worker is its own process (``pacer.trainer.ps`` /
+``pacer.trainer.worker``); with ``agents=True`` every worker gets an agent
+sidecar process (``pacer.agent.main``) sharing a small IPC file with it.
+A worker that exits with 75 asked to be restarted (KILL_RESTART) and is
+relaunched in its slot; the pod-executor will take this role later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pacer.bus import Bus, RetryPolicy
+from pacer.contracts.shards import DatasetSpec
+from pacer.shards.client import ShardAdmin
+from pacer.trainer.cluster import ClusterDesc
+from pacer.trainer.straggler import StragglerSpec
+from pacer.trainer.worker import EXIT_RESTART, WorkerConfig
+
+
+@dataclass
+class LocalJobSpec:
+    job: str
+    data: str
+    eval_data: str = ""
+    nats_url: str = "nats://127.0.0.1:4222"
+    model: str = "wide_deep"
+    model_args: dict[str, Any] = field(default_factory=dict)
+    num_ps: int = 2
+    workers: int = 2
+    max_workers: int = 0  # ClusterSpec slots (>= workers); 0 = workers
+    mode: str = "asp"
+    batch_size: int = 256  # per worker (B_i = B / n)
+    backup_workers: int = 0
+    accumulation: int = 1
+    learning_rate: float = 0.05
+    epochs: int = 1
+    batches_per_shard: int = 100
+    lease_s: float = 30.0
+    agents: bool = False
+    stragglers: dict[int, StragglerSpec] = field(default_factory=dict)  # worker index -> spec
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0
+    restore: bool = False
+    max_steps: int = 0
+    work_dir: str = ""
+    register: bool = True
+    batch_sizes: dict[int, int] = field(default_factory=dict)  # worker index -> B_i override
+
+
+class LocalJob:
+    def __init__(self, spec: LocalJobSpec, cluster: ClusterDesc | None = None) -> None:
+        self.spec = spec
+        self.cluster = cluster or ClusterDesc.local(spec.num_ps, max(spec.max_workers, spec.workers))
+        self.work = Path(spec.work_dir or tempfile.mkdtemp(prefix=f"pacer-{spec.job}-"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.ps: list[subprocess.Popen[bytes]] = []
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}
+        self.agents: dict[int, subprocess.Popen[bytes]] = {}
+        self.restarts: dict[int, int] = {}
+        self.incarnation: dict[int, int] = {}
+
+    # ------------------------------------------------------------ processes
+    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PACER_NATS_URL": self.spec.nats_url}
+        with open(self.work / log_name, "ab") as log:
+            return subprocess.Popen([sys.executable, *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def node(self, i: int) -> str:
+        return f"worker-{i}"
+
+    def worker_config(self, i: int) -> WorkerConfig:
+        s = self.spec
+        return WorkerConfig(
+            job=s.job, node=self.node(i), index=i, cluster=self.cluster.to_json(), data=s.data,
+            nats_url=s.nats_url, model=s.model, model_args=s.model_args, mode=s.mode,
+            num_workers=s.workers, backup_workers=s.backup_workers,
+            batch_size=s.batch_sizes.get(i, s.batch_size), global_batch=s.batch_size * s.workers,
+            accumulation=s.accumulation, learning_rate=s.learning_rate,
+            ipc=str(self.work / f"{self.node(i)}.ipc") if s.agents else "",
+            straggler=s.stragglers[i].to_json() if i in s.stragglers else "",
+            checkpoint_dir=s.checkpoint_dir if i == 0 else "",
+            checkpoint_every=s.checkpoint_every, restore=s.restore and i == 0,
+            eval_data=s.eval_data if i == 0 else "",
+            result=str(self.work / f"{self.node(i)}.result.json"), max_steps=s.max_steps,
+        )
+
+    def start_ps(self) -> None:
+        for i in range(len(self.cluster.ps)):
+            self.ps.append(self._spawn(["-m", "pacer.trainer.ps", "--cluster", self.cluster.to_json(),
+                                        "--index", str(i)], f"ps-{i}.log"))
+
+    def start_worker(self, i: int, cfg: WorkerConfig | None = None) -> None:
+        cfg = cfg or self.worker_config(i)
+        self.incarnation[i] = self.incarnation.get(i, -1) + 1
+        res = Path(cfg.result)
+        if res.exists():
+            res.unlink()
+        self.workers[i] = self._spawn(["-m", "pacer.trainer.worker", "--config", cfg.to_json()], f"{cfg.node}.log")
+        if self.spec.agents and (i not in self.agents or self.agents[i].poll() is not None):
+            self.agents[i] = self._spawn(
+                ["-m", "pacer.agent.main", "--job", self.spec.job, "--node", cfg.node, "--role", "worker",
+                 "--ipc", cfg.ipc, "--nats", self.spec.nats_url], f"{cfg.node}.agent.log")
+
+    async def register(self) -> None:
+        from pacer.data.criteo import RecordFile
+
+        s = self.spec
+        records = len(RecordFile.open(s.data))
+        bus = await Bus.connect(s.nats_url, name=f"{s.job}-launcher")
+        try:
+            await ShardAdmin(bus, retry=RetryPolicy(attempts=50)).register(DatasetSpec(
+                job=s.job, dataset="train", records=records, batch_size=s.batch_size,
+                batches_per_shard=s.batches_per_shard, epochs=s.epochs, lease_s=s.lease_s))
+        finally:
+            await bus.close()
+
+    def start(self) -> LocalJob:
+        if self.spec.register:
+            asyncio.run(self.register())
+        self.start_ps()
+        for i in range(self.spec.workers):
+            self.start_worker(i)
+        return self
+
+    # ------------------------------------------------------------ control
+    def kill_worker(self, i: int) -> None:
+        p = self.workers[i]
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+
+    def wait(self, timeout: float = 900.0, relaunch: bool = True, poll: float = 0.2) -> dict[int, dict[str, Any]]:
+        """Until every worker finished; relaunch those that asked for it (exit 75)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            running = False
+            for i, p in list(self.workers.items()):
+                rc = p.poll()
+                if rc is None:
+                    running = True
+                elif rc == EXIT_RESTART and relaunch:
+                    self.restarts[i] = self.restarts.get(i, 0) + 1
+                    self.start_worker(i, replace(self.worker_config(i)))
+                    running = True
+                elif rc != 0:
+                    raise RuntimeError(f"worker {i} exited with {rc}; see {self.work / (self.node(i) + '.log')}")
+            if not running:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.spec.job} did not finish within {timeout}s")
+            time.sleep(poll)
+        return self.results()
+
+    def results(self) -> dict[int, dict[str, Any]]:
+        out = {}
+        for i in self.workers:
+            f = self.work / f"{self.node(i)}.result.json"
+            if f.exists():
+                out[i] = json.loads(f.read_text())
+        return out
+
+    def stop(self) -> None:
+        for p in [*self.workers.values(), *self.agents.values(), *self.ps]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in [*self.workers.values(), *self.agents.values(), *self.ps]:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def __enter__(self) -> LocalJob:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

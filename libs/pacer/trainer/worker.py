@@ -1,0 +1,541 @@
+"""A training worker: ``python -m pacer.trainer.worker --config JSON``.
+
+Between-graph PS training in ``tf.compat.v1`` graph mode (DESIGN.md, measured
+facts): each worker builds the graph under ``replica_device_setter``, runs a
+``Session`` on its own ``tf.distribute.Server`` with ``device_filters`` so it
+depends only on the PS tasks and itself, and reads its data only through the
+shard client (records [start, end) of a fixed-width record file).
+
+Modes
+-----
+* ``asp``: every worker updates the PS on its own.
+* ``bsp``: ``SyncReplicasOptimizer``; the chief's queue runner aggregates the
+  first ``n - b`` gradients of each step (``b`` backup workers, whose late
+  gradients are dropped as stale).  The aggregation count is a PS variable so
+  that BACKUP_WORKERS can change it while the job runs.
+
+Global batch (AntDT §V-C): with per-worker batch sizes B_i (sum B_i = B) the
+accumulator averages ``n - b`` gradients, so worker i scales its mean loss by
+``(n - b) * B_i / B``; with ``b = 0`` the aggregated update is exactly the
+mean gradient over the B samples of the step.  Gradient accumulation C_i
+(AntDT-DD, Eq. 4): worker i computes C_i micro-batch gradients of B_i
+samples, sums them and pushes once (scaled by ``1 / C_i``... folded into the
+loss scale ``(n - b) * B_i / (B * C_i)`` per micro-batch).
+
+Synchronized global actions arrive through the agent's shared-memory IPC: the
+worker calls ``check(iteration)`` once per step (iteration = global step in
+BSP, local step in ASP) and applies what it returns in that very iteration.
+
+Exit codes: 0 finished; 75 KILL_RESTART requested (relaunch me); 1 error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pacer.trainer.cluster import ClusterDesc
+from pacer.trainer.straggler import StragglerSpec
+
+log = logging.getLogger("pacer.trainer.worker")
+
+EXIT_RESTART = 75
+
+
+@dataclass
+class WorkerConfig:
+    job: str
+    node: str
+    index: int  # worker slot in the ClusterSpec; 0 is the chief
+    cluster: str  # ClusterDesc JSON
+    data: str  # record file
+    dataset: str = "train"
+    nats_url: str = "nats://127.0.0.1:4222"
+    model: str = "wide_deep"
+    model_args: dict[str, Any] = field(default_factory=dict)
+    mode: str = "asp"  # asp | bsp
+    num_workers: int = 1  # n: workers taking part in a BSP step
+    backup_workers: int = 0  # b
+    batch_size: int = 256  # B_i of this worker
+    global_batch: int = 0  # B (BSP); 0 = batch_size * num_workers
+    accumulation: int = 1  # C_i
+    learning_rate: float = 0.05
+    ipc: str = ""  # agent shared-memory file; "" = no agent
+    straggler: str = ""  # StragglerSpec JSON
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0  # steps between checkpoints (chief); 0 = only at the end
+    restore: bool = False  # start from the newest checkpoint in checkpoint_dir
+    eval_data: str = ""  # held-out record file: the chief reports AUC at the end
+    result: str = ""  # where the chief writes its result JSON
+    max_steps: int = 0  # stop after this many local steps (0 = until the data ends)
+    prefetch: int = 2
+    progress_every: int = 10  # steps between progress reports to the shard service
+    memory_fed: bool = False  # benchmark: read records directly, no shard service
+    memory_fed_records: int = 0
+    intra_threads: int = 1
+    inter_threads: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+class ShardFeed:
+    """Batches of records from the shards this worker is granted.
+
+    A batch never spans two shards (the last batch of a shard may be short):
+    asking for the next shard before the step that finishes the current one
+    has run would hold that shard unreported, and if it were the last one
+    the dataset could never finish.  Progress and completion are reported
+    after the step that consumed the records (at-least-once).
+    """
+
+    def __init__(self, client: Any, records: Any, hash_buckets: int) -> None:
+        from pacer.data.criteo import features, shuffle_within
+
+        self._features = features
+        self._shuffle = shuffle_within
+        self.client = client
+        self.records = records
+        self.hash_buckets = hash_buckets
+        self._cur: Any = None  # the shard being read
+        self._arr: np.ndarray | None = None
+        self._pos = 0
+        self.pending: list[tuple[Any, int, bool]] = []  # (shard, consumed, done) after the next step
+        self.exhausted = False
+
+    def batch(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        if self._arr is None or self._pos >= len(self._arr):
+            shard = self.client.next()  # reports what earlier steps finished, then waits
+            if shard is None:
+                self.exhausted = True
+                return None
+            self._cur, self._pos = shard, 0
+            self._arr = self._shuffle(self.records.read(shard.start, shard.end), shard.seed)
+        take = self._arr[self._pos:self._pos + size]
+        self._pos += len(take)
+        consumed = self._cur.start - self._cur.offset + self._pos
+        self.pending.append((self._cur, consumed, self._pos >= len(self._arr)))
+        return self._features(take, self.hash_buckets)
+
+    def commit(self, report_progress: bool) -> None:
+        """The step ran: report what it consumed."""
+        for shard, consumed, done in self.pending:
+            if done:
+                self.client.done(shard)
+            elif report_progress:
+                self.client.progress(shard, consumed)
+        self.pending.clear()
+
+
+class MemoryFeed:
+    """The same batches straight from the record file (benchmark baseline)."""
+
+    def __init__(self, records: Any, hash_buckets: int, limit: int) -> None:
+        from pacer.data.criteo import features
+
+        self._features = features
+        self.records = records
+        self.hash_buckets = hash_buckets
+        self.limit = min(limit or len(records), len(records))
+        self.pos = 0
+        self.exhausted = False
+
+    def batch(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        if self.pos >= self.limit:
+            self.exhausted = True
+            return None
+        arr = self.records.read(self.pos, min(self.pos + size, self.limit))
+        self.pos += len(arr)
+        return self._features(arr, self.hash_buckets)
+
+    def commit(self, report_progress: bool) -> None:
+        pass
+
+
+class Trainer:
+    """Builds the graph and runs the training loop of one worker."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.cluster = ClusterDesc.from_json(cfg.cluster)
+        self.is_chief = cfg.index == 0
+        self.n = max(1, cfg.num_workers)
+        self.global_batch = cfg.global_batch or cfg.batch_size * self.n
+        self.batch_size = cfg.batch_size
+        self.accumulation = max(1, cfg.accumulation)
+        self.lr = cfg.learning_rate
+        self.straggler = StragglerSpec.from_json(cfg.straggler)
+        self.applied: list[dict[str, Any]] = []  # actions applied: {seq, kind, iteration}
+
+    # ------------------------------------------------------------ graph
+    def build(self) -> None:
+        import tensorflow as tf
+
+        from pacer.models.registry import ModelSpec, build
+
+        tf.compat.v1.disable_eager_execution()
+        cfg = self.cfg
+        self.tf = tf
+        cluster = tf.train.ClusterSpec(self.cluster.as_tf())
+        config = tf.compat.v1.ConfigProto(
+            intra_op_parallelism_threads=cfg.intra_threads,
+            inter_op_parallelism_threads=cfg.inter_threads,
+            device_filters=["/job:ps", f"/job:worker/task:{cfg.index}"],
+        )
+        self.server = tf.distribute.Server(cluster, job_name="worker", task_index=cfg.index, config=config)
+        self.graph = tf.Graph()
+        self.spec = ModelSpec(name=cfg.model, **cfg.model_args)
+        with self.graph.as_default(), tf.compat.v1.device(
+            tf.compat.v1.train.replica_device_setter(
+                worker_device=f"/job:worker/task:{cfg.index}", cluster=cluster)
+        ):
+            self.global_step = tf.compat.v1.train.get_or_create_global_step()
+            self.dense = tf.compat.v1.placeholder(tf.float32, [None, 13], name="dense")
+            self.cat = tf.compat.v1.placeholder(tf.int64, [None, 26], name="cat")
+            self.labels = tf.compat.v1.placeholder(tf.float32, [None], name="labels")
+            self.loss_scale = tf.compat.v1.placeholder_with_default(tf.constant(1.0), [], name="loss_scale")
+            self.lr_ph = tf.compat.v1.placeholder_with_default(tf.constant(cfg.learning_rate), [], name="lr")
+            self.model = build(self.spec, self.dense, self.cat, self.labels,
+                               num_ps_partitions=len(self.cluster.ps), loss_scale=self.loss_scale)
+            opt = _optimizer(tf, self.spec.optimizer, self.lr_ph)
+            self.sync = None
+            if cfg.mode == "bsp":
+                # The aggregation count lives on the PS: BACKUP_WORKERS changes it live.
+                self.agg_var = tf.compat.v1.get_variable(
+                    "pacer/replicas_to_aggregate", initializer=tf.constant(self.n - cfg.backup_workers),
+                    trainable=False)
+                self.agg_ph = tf.compat.v1.placeholder(tf.int32, [])
+                self.agg_assign = self.agg_var.assign(self.agg_ph)
+                sync = tf.compat.v1.train.SyncReplicasOptimizer(
+                    opt, replicas_to_aggregate=self.n - cfg.backup_workers, total_num_replicas=self.n)
+                sync._replicas_to_aggregate = self.agg_var.read_value()
+                self.sync, opt = sync, sync
+            grads_and_vars = [(g, v) for g, v in opt.compute_gradients(self.model.train_loss) if g is not None]
+            self.grads = [g for g, _ in grads_and_vars]
+            self.vars = [v for _, v in grads_and_vars]
+            # Gradient accumulation feeds summed gradients back in; build that path only if asked.
+            self.fed: list[Any] = []
+            if self.accumulation > 1:
+                fed_pairs = []
+                for g, v in grads_and_vars:
+                    if isinstance(g, tf.IndexedSlices):
+                        vals = tf.compat.v1.placeholder(g.values.dtype, [None, *g.values.shape[1:]])
+                        idx = tf.compat.v1.placeholder(g.indices.dtype, [None])
+                        self.fed.append((vals, idx))
+                        fed_pairs.append((tf.IndexedSlices(vals, idx, g.dense_shape), v))
+                    else:
+                        ph = tf.compat.v1.placeholder(g.dtype, g.shape)
+                        self.fed.append(ph)
+                        fed_pairs.append((ph, v))
+                self.train_op = opt.apply_gradients(fed_pairs, global_step=self.global_step)
+            else:
+                self.train_op = opt.apply_gradients(grads_and_vars, global_step=self.global_step)
+            if self.sync is not None:
+                with tf.compat.v1.device(self.global_step.device):
+                    self.init_tokens = self.sync._sync_token_queue.enqueue_many(
+                        (tf.fill([self.n], self.global_step),))
+                self.queue_runner = self.sync.get_chief_queue_runner()
+            self.saver = tf.compat.v1.train.Saver(sharded=True, max_to_keep=3, allow_empty=True)
+            self.uninit = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
+            self.global_init = {v.op.name: v.initializer for v in tf.compat.v1.global_variables()}
+            self.local_init = tf.compat.v1.local_variables_initializer()
+
+    # ------------------------------------------------------------ session
+    def open_session(self, timeout_s: float = 120.0) -> None:
+        tf = self.tf
+        config = tf.compat.v1.ConfigProto(
+            intra_op_parallelism_threads=self.cfg.intra_threads,
+            inter_op_parallelism_threads=self.cfg.inter_threads,
+            device_filters=["/job:ps", f"/job:worker/task:{self.cfg.index}"],
+        )
+        self.sess = tf.compat.v1.Session(self.server.target, graph=self.graph, config=config)
+        deadline = time.monotonic() + timeout_s
+        restored = False
+        if self.is_chief and self.cfg.restore and self.cfg.checkpoint_dir:
+            path = tf.train.latest_checkpoint(self.cfg.checkpoint_dir)
+            if path:
+                self.saver.restore(self.sess, path)
+                restored = True
+                log.info("restored %s", path)
+        while True:
+            missing = [m.decode() for m in self.sess.run(self.uninit)]
+            if not missing:
+                break
+            if self.is_chief and not restored:
+                # Initialise only what is missing: a restarted chief must not wipe the PS
+                # (MonitoredTrainingSession would; DESIGN.md, measured facts).
+                self.sess.run([self.global_init[m] for m in missing if m in self.global_init])
+                continue
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"variables never initialised: {missing[:5]}")
+            time.sleep(0.2)
+        self.sess.run(self.local_init)
+        if self.sync is not None:
+            self.sess.run(self.sync.local_step_init_op)
+            if self.is_chief:
+                self.sess.run(self.sync.chief_init_op)
+                self.sess.run(self.init_tokens)
+                self.coord = tf.train.Coordinator()
+                self.qr_threads = self.queue_runner.create_threads(self.sess, coord=self.coord, daemon=True, start=True)
+
+    # ------------------------------------------------------------ steps
+    def loss_scale_for(self, batch: int) -> float:
+        if self.sync is None:
+            return 1.0
+        agg = self.n - self.cfg.backup_workers
+        return agg * batch / (self.global_batch * self.accumulation)
+
+    def step(self, feed_batch: tuple[np.ndarray, np.ndarray, np.ndarray], timeout_ms: int = 0) -> tuple[float, int]:
+        tf = self.tf
+        dense, cat, labels = feed_batch
+        feed = {self.dense: dense, self.cat: cat, self.labels: labels,
+                self.loss_scale: self.loss_scale_for(len(labels)), self.lr_ph: self.lr}
+        opts = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms) if timeout_ms else None
+        loss, _, gstep = self.sess.run([self.model.loss, self.train_op, self.global_step], feed, options=opts)
+        return float(loss), int(gstep)
+
+    def step_accumulated(self, micro: list[tuple[np.ndarray, np.ndarray, np.ndarray]], timeout_ms: int = 0) -> tuple[float, int]:
+        """AntDT-DD: sum C_i micro-batch gradients locally, push once."""
+        tf = self.tf
+        sums: list[Any] = [None] * len(self.grads)
+        losses = []
+        for dense, cat, labels in micro:
+            feed = {self.dense: dense, self.cat: cat, self.labels: labels,
+                    self.loss_scale: self.loss_scale_for(len(labels)), self.lr_ph: self.lr}
+            loss, grads = self.sess.run([self.model.loss, self.grads], feed)
+            losses.append(loss)
+            for i, g in enumerate(grads):
+                if hasattr(g, "indices"):
+                    prev = sums[i]
+                    sums[i] = (g.values, g.indices) if prev is None else (
+                        np.concatenate([prev[0], g.values]), np.concatenate([prev[1], g.indices]))
+                else:
+                    sums[i] = g if sums[i] is None else sums[i] + g
+        feed2: dict[Any, Any] = {self.lr_ph: self.lr}
+        for ph, s in zip(self.fed, sums, strict=True):
+            if isinstance(ph, tuple):
+                feed2[ph[0]], feed2[ph[1]] = s
+            else:
+                feed2[ph] = s
+        opts = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms) if timeout_ms else None
+        _, gstep = self.sess.run([self.train_op, self.global_step], feed2, options=opts)
+        return float(np.mean(losses)), int(gstep)
+
+    def checkpoint(self, shard_admin: Any, step: int) -> str:
+        """Shard state first, then the model: a restore may re-train, never skip, records."""
+        ckpt_id = f"step-{step}"
+        if shard_admin is not None:
+            shard_admin(ckpt_id)
+        path = self.saver.save(self.sess, os.path.join(self.cfg.checkpoint_dir, "model"), global_step=step)
+        Path(self.cfg.checkpoint_dir, "shard_checkpoint").write_text(json.dumps({"id": ckpt_id, "step": step, "model": path}))
+        return ckpt_id
+
+    def evaluate(self, path: str, batch: int = 4096) -> dict[str, float]:
+        from pacer.data.criteo import RecordFile, features
+        from pacer.models.metrics import auc, logloss
+
+        rf = RecordFile.open(path)
+        probs, labels = [], []
+        for s in range(0, len(rf), batch):
+            d, c, y = features(rf.read(s, min(s + batch, len(rf))), self.spec.hash_buckets)
+            probs.append(self.sess.run(self.model.probs, {self.dense: d, self.cat: c}))
+            labels.append(y)
+        p, y = np.concatenate(probs), np.concatenate(labels)
+        return {"auc": float(auc(y, p)), "logloss": float(logloss(y, p)), "eval_records": len(y)}
+
+    # ------------------------------------------------------------ actions
+    def apply_action(self, action: Any, iteration: int) -> bool:
+        """Apply an agent action; returns False when the worker must exit for a restart."""
+        from pacer.contracts.agent import ActionKind
+
+        kind = ActionKind(action.kind) if not isinstance(action.kind, ActionKind) else action.kind
+        payload = action.payload or {}
+        if kind is ActionKind.ADJUST_BS:
+            sizes = payload.get("batch_sizes", {})
+            if self.cfg.node in sizes:
+                self.batch_size = int(sizes[self.cfg.node])
+            if "accumulation" in payload and self.cfg.node in payload["accumulation"] and self.fed:
+                self.accumulation = int(payload["accumulation"][self.cfg.node])
+            if "global_batch" in payload:
+                self.global_batch = int(payload["global_batch"])
+        elif kind is ActionKind.ADJUST_LR:
+            self.lr = self.lr * float(payload.get("scale", 1.0))
+        elif kind is ActionKind.BACKUP_WORKERS:
+            b = int(payload.get("backup", 0))
+            if self.sync is not None and 0 <= b < self.n:
+                self.cfg.backup_workers = b
+                if self.is_chief:
+                    self.sess.run(self.agg_assign, {self.agg_ph: self.n - b})
+        self.applied.append({"seq": action.seq, "kind": kind.value, "iteration": iteration,
+                             "batch_size": self.batch_size})
+        return kind is not ActionKind.KILL_RESTART
+
+
+def _optimizer(tf: Any, name: str, lr: Any) -> Any:
+    if name == "adagrad":
+        return tf.compat.v1.train.AdagradOptimizer(lr)
+    if name == "adam":
+        return tf.compat.v1.train.AdamOptimizer(lr)
+    if name == "sgd":
+        return tf.compat.v1.train.GradientDescentOptimizer(lr)
+    raise ValueError(f"optimizer: unknown {name!r} (adagrad|adam|sgd)")
+
+
+def run(cfg: WorkerConfig) -> int:
+    from pacer.data.criteo import RecordFile
+
+    t_start = time.monotonic()
+    trainer = Trainer(cfg)
+    trainer.build()
+    tf = trainer.tf
+    records = RecordFile.open(cfg.data)
+    client = None
+    admin_ckpt = None
+    if cfg.memory_fed:
+        feed: Any = MemoryFeed(records, trainer.spec.hash_buckets, cfg.memory_fed_records)
+    else:
+        from pacer.shards.client import BlockingShardClient
+
+        client = BlockingShardClient(cfg.nats_url, cfg.job, cfg.dataset, cfg.node, prefetch=cfg.prefetch)
+        feed = ShardFeed(client, records, trainer.spec.hash_buckets)
+        if trainer.is_chief and cfg.checkpoint_dir:
+            admin_ckpt = _shard_checkpointer(cfg)
+    ipc = None
+    if cfg.ipc:
+        from pacer.agent.ipc import TrainerIPC
+
+        ipc = TrainerIPC(cfg.ipc, create=True, role="worker")
+    trainer.open_session()
+    first_step_at = None
+    local_step, gstep, samples = 0, int(trainer.sess.run(trainer.global_step)), 0
+    exit_code = 0
+    bsp = trainer.sync is not None
+    stats: dict[str, Any] = {"steps": 0, "null_steps": 0}
+    try:
+        while True:
+            iteration = gstep if bsp else local_step
+            if ipc is not None:
+                action = ipc.check(iteration)
+                if action is not None:
+                    keep = trainer.apply_action(action, iteration)
+                    ipc.ack(action, iteration)
+                    if not keep:
+                        exit_code = EXIT_RESTART
+                        break
+            t0 = time.perf_counter()
+            delay = trainer.straggler.delay(time.monotonic() - t_start)
+            if delay:
+                time.sleep(delay)
+            batches = [feed.batch(trainer.batch_size) for _ in range(trainer.accumulation)]
+            batches = [b for b in batches if b is not None]
+            if not batches:
+                if not bsp or client is None or client.finished:
+                    break
+                # BSP: this worker has no data now but the others still do: take part in the
+                # step with a zero-weight gradient, or the barrier would wait for us forever.
+                d, c, y = feed._features(records.read(0, 1), trainer.spec.hash_buckets)
+                try:
+                    trainer.sess.run([trainer.train_op], {trainer.dense: d, trainer.cat: c, trainer.labels: y,
+                                                         trainer.loss_scale: 0.0},
+                                     options=tf.compat.v1.RunOptions(timeout_in_ms=3000))
+                except tf.errors.DeadlineExceededError:
+                    pass
+                stats["null_steps"] += 1
+                gstep = int(trainer.sess.run(trainer.global_step))
+                continue
+            try:
+                timeout = 10_000 if bsp else 0
+                if len(batches) > 1 or trainer.fed:
+                    loss, gstep = trainer.step_accumulated(batches, timeout)
+                else:
+                    loss, gstep = trainer.step(batches[0], timeout)
+            except tf.errors.DeadlineExceededError:
+                if client is not None and client.finished:
+                    break
+                continue
+            bpt = time.perf_counter() - t0
+            if first_step_at is None:
+                first_step_at = time.monotonic() - t_start
+            local_step += 1
+            n = sum(len(b[2]) for b in batches)
+            samples += n
+            feed.commit(local_step % cfg.progress_every == 0)
+            if ipc is not None:
+                ipc.record_step(local_step, gstep if bsp else local_step, bpt, trainer.batch_size, n)
+            stats["steps"] = local_step
+            stats["last_loss"] = loss
+            if trainer.is_chief and cfg.checkpoint_every and local_step % cfg.checkpoint_every == 0:
+                trainer.checkpoint(admin_ckpt, gstep)
+            if cfg.max_steps and local_step >= cfg.max_steps:
+                break
+        result: dict[str, Any] = {"node": cfg.node, "exit": exit_code, "local_steps": local_step,
+                                  "global_step": gstep, "samples": samples,
+                                  "first_step_s": first_step_at, "seconds": time.monotonic() - t_start,
+                                  "actions": trainer.applied, **stats}
+        if exit_code == 0 and trainer.is_chief:
+            if cfg.checkpoint_dir:
+                result["checkpoint"] = trainer.checkpoint(admin_ckpt, gstep)
+            if cfg.eval_data:
+                result.update(trainer.evaluate(cfg.eval_data))
+        if cfg.result:
+            Path(cfg.result).write_text(json.dumps(result))
+        print(json.dumps(result), flush=True)
+    except tf.errors.OpError as exc:
+        # A PS died: the session may hang at exit (DESIGN.md): leave at once.
+        print(f"worker {cfg.node}: TensorFlow error {type(exc).__name__}: {exc.message[:300]}", file=sys.stderr, flush=True)
+        os._exit(1)
+    finally:
+        if ipc is not None:
+            ipc.mark_exiting()
+        if client is not None:
+            client.close(release=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)  # TF's server threads would keep a clean exit waiting
+
+
+def _shard_checkpointer(cfg: WorkerConfig) -> Any:
+    """A blocking call that checkpoints the dataset's shard state under an id."""
+    import asyncio
+
+    from pacer.bus import Bus
+    from pacer.shards.client import ShardAdmin
+
+    def save(ckpt_id: str) -> None:
+        async def go() -> None:
+            bus = await Bus.connect(cfg.nats_url, name=f"{cfg.node}-ckpt")
+            try:
+                await ShardAdmin(bus).checkpoint(cfg.job, cfg.dataset, ckpt_id)
+            finally:
+                await bus.close()
+
+        asyncio.run(go())
+
+    return save
+
+
+def main(argv: list[str] | None = None) -> int:
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True, help="WorkerConfig as JSON")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = WorkerConfig(**json.loads(args.config))
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
