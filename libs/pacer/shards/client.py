@@ -151,8 +151,13 @@ class ShardClient:
         self._ready.clear()
 
     # ------------------------------------------------------------ the worker API
-    async def next(self) -> ShardLease | None:
-        """The next shard to read, or None once the dataset is finished."""
+    async def next(self, wait: bool = True) -> ShardLease | None:
+        """The next shard to read, or None once the dataset is finished.
+
+        With ``wait=False`` it also returns None when no shard can be had right
+        now (others hold the rest); ``finished`` tells the two apart.  A BSP
+        worker uses it to keep taking part in steps instead of blocking them.
+        """
         while True:
             if self._ready:
                 shard = self._ready.popleft()
@@ -166,6 +171,8 @@ class ShardClient:
                 continue
             reply = await self._sync(self._want())
             if not reply.shards and not reply.finished:
+                if not wait:
+                    return None
                 await asyncio.sleep(self.poll_s)  # others hold the rest, or a stream awaits data
 
     def done(self, shard: ShardLease) -> None:
@@ -277,8 +284,8 @@ class BlockingShardClient:
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def next(self) -> ShardLease | None:
-        return self._run(self._client.next())
+    def next(self, wait: bool = True) -> ShardLease | None:
+        return self._run(self._client.next(wait))
 
     def done(self, shard: ShardLease) -> None:
         self._loop.call_soon_threadsafe(self._client.done, shard)

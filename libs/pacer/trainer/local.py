@@ -127,9 +127,21 @@ class LocalJob:
         finally:
             await bus.close()
 
+    async def restore_shards(self) -> str:
+        """Put the shard state back to the checkpoint the model will be restored from."""
+        meta = json.loads(Path(self.spec.checkpoint_dir, "shard_checkpoint").read_text())
+        bus = await Bus.connect(self.spec.nats_url, name=f"{self.spec.job}-launcher")
+        try:
+            await ShardAdmin(bus, retry=RetryPolicy(attempts=50)).restore(self.spec.job, "train", meta["id"])
+        finally:
+            await bus.close()
+        return str(meta["id"])
+
     def start(self) -> LocalJob:
         if self.spec.register:
             asyncio.run(self.register())
+        if self.spec.restore:
+            asyncio.run(self.restore_shards())
         self.start_ps()
         for i in range(self.spec.workers):
             self.start_worker(i)

@@ -112,11 +112,13 @@ class ShardFeed:
         self.pending: list[tuple[Any, int, bool]] = []  # (shard, consumed, done) after the next step
         self.exhausted = False
 
-    def batch(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def batch(self, size: int, wait: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The next batch; None when the dataset is finished (or, with ``wait=False``,
+        when no shard can be had right now)."""
         if self._arr is None or self._pos >= len(self._arr):
-            shard = self.client.next()  # reports what earlier steps finished, then waits
+            shard = self.client.next(wait)  # reports what earlier steps finished
             if shard is None:
-                self.exhausted = True
+                self.exhausted = self.client.finished
                 return None
             self._cur, self._pos = shard, 0
             self._arr = self._shuffle(self.records.read(shard.start, shard.end), shard.seed)
@@ -149,7 +151,7 @@ class MemoryFeed:
         self.pos = 0
         self.exhausted = False
 
-    def batch(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def batch(self, size: int, wait: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         if self.pos >= self.limit:
             self.exhausted = True
             return None
@@ -288,29 +290,33 @@ class Trainer:
                 self.qr_threads = self.queue_runner.create_threads(self.sess, coord=self.coord, daemon=True, start=True)
 
     # ------------------------------------------------------------ steps
-    def loss_scale_for(self, batch: int) -> float:
+    def loss_scale_for(self, batch: int, zero: bool = False) -> float:
+        if zero:
+            return 0.0
         if self.sync is None:
             return 1.0
         agg = self.n - self.cfg.backup_workers
         return agg * batch / (self.global_batch * self.accumulation)
 
-    def step(self, feed_batch: tuple[np.ndarray, np.ndarray, np.ndarray], timeout_ms: int = 0) -> tuple[float, int]:
+    def step(self, feed_batch: tuple[np.ndarray, np.ndarray, np.ndarray], timeout_ms: int = 0,
+             zero: bool = False) -> tuple[float, int]:
         tf = self.tf
         dense, cat, labels = feed_batch
         feed = {self.dense: dense, self.cat: cat, self.labels: labels,
-                self.loss_scale: self.loss_scale_for(len(labels)), self.lr_ph: self.lr}
+                self.loss_scale: self.loss_scale_for(len(labels), zero), self.lr_ph: self.lr}
         opts = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms) if timeout_ms else None
         loss, _, gstep = self.sess.run([self.model.loss, self.train_op, self.global_step], feed, options=opts)
         return float(loss), int(gstep)
 
-    def step_accumulated(self, micro: list[tuple[np.ndarray, np.ndarray, np.ndarray]], timeout_ms: int = 0) -> tuple[float, int]:
+    def step_accumulated(self, micro: list[tuple[np.ndarray, np.ndarray, np.ndarray]], timeout_ms: int = 0,
+                         zero: bool = False) -> tuple[float, int]:
         """AntDT-DD: sum C_i micro-batch gradients locally, push once."""
         tf = self.tf
         sums: list[Any] = [None] * len(self.grads)
         losses = []
         for dense, cat, labels in micro:
             feed = {self.dense: dense, self.cat: cat, self.labels: labels,
-                    self.loss_scale: self.loss_scale_for(len(labels)), self.lr_ph: self.lr}
+                    self.loss_scale: self.loss_scale_for(len(labels), zero), self.lr_ph: self.lr}
             loss, grads = self.sess.run([self.model.loss, self.grads], feed)
             losses.append(loss)
             for i, g in enumerate(grads):
@@ -330,13 +336,18 @@ class Trainer:
         _, gstep = self.sess.run([self.train_op, self.global_step], feed2, options=opts)
         return float(np.mean(losses)), int(gstep)
 
-    def checkpoint(self, shard_admin: Any, step: int) -> str:
-        """Shard state first, then the model: a restore may re-train, never skip, records."""
+    def checkpoint(self, shard_admin: Any) -> str:
+        """Shard state first, then the model: a restore may re-train, never skip, records.
+
+        The step is read here, not taken from the last ``sess.run``: a fetch of
+        the global step beside ``train_op`` may see it before the increment.
+        """
+        step = int(self.sess.run(self.global_step))
         ckpt_id = f"step-{step}"
-        if shard_admin is not None:
-            shard_admin(ckpt_id)
+        records_done = shard_admin(ckpt_id) if shard_admin is not None else -1
         path = self.saver.save(self.sess, os.path.join(self.cfg.checkpoint_dir, "model"), global_step=step)
-        Path(self.cfg.checkpoint_dir, "shard_checkpoint").write_text(json.dumps({"id": ckpt_id, "step": step, "model": path}))
+        Path(self.cfg.checkpoint_dir, "shard_checkpoint").write_text(
+            json.dumps({"id": ckpt_id, "step": step, "model": path, "records_done": records_done}))
         return ckpt_id
 
     def evaluate(self, path: str, batch: int = 4096) -> dict[str, float]:
@@ -392,6 +403,7 @@ def _optimizer(tf: Any, name: str, lr: Any) -> Any:
 
 def run(cfg: WorkerConfig) -> int:
     from pacer.data.criteo import RecordFile
+    from pacer.data.criteo import features as feed_features
 
     t_start = time.monotonic()
     trainer = Trainer(cfg)
@@ -405,7 +417,10 @@ def run(cfg: WorkerConfig) -> int:
     else:
         from pacer.shards.client import BlockingShardClient
 
-        client = BlockingShardClient(cfg.nats_url, cfg.job, cfg.dataset, cfg.node, prefetch=cfg.prefetch)
+        # BSP steps wait for every worker anyway: a prefetched shard would only sit idle
+        # while another worker has none, lengthening the tail of the epoch.
+        prefetch = 1 if cfg.mode == "bsp" else cfg.prefetch
+        client = BlockingShardClient(cfg.nats_url, cfg.job, cfg.dataset, cfg.node, prefetch=prefetch)
         feed = ShardFeed(client, records, trainer.spec.hash_buckets)
         if trainer.is_chief and cfg.checkpoint_dir:
             admin_ckpt = _shard_checkpointer(cfg)
@@ -417,6 +432,7 @@ def run(cfg: WorkerConfig) -> int:
     trainer.open_session()
     first_step_at = None
     local_step, gstep, samples = 0, int(trainer.sess.run(trainer.global_step)), 0
+    start_gstep = gstep
     exit_code = 0
     bsp = trainer.sync is not None
     stats: dict[str, Any] = {"steps": 0, "null_steps": 0}
@@ -424,29 +440,31 @@ def run(cfg: WorkerConfig) -> int:
         while True:
             iteration = gstep if bsp else local_step
             if ipc is not None:
-                action = ipc.check(iteration)
-                if action is not None:
+                keep = True
+                while keep and (action := ipc.check(iteration)) is not None:  # ~1 us when none is due
                     keep = trainer.apply_action(action, iteration)
                     ipc.ack(action, iteration)
-                    if not keep:
-                        exit_code = EXIT_RESTART
-                        break
+                if not keep:
+                    exit_code = EXIT_RESTART
+                    break
             t0 = time.perf_counter()
             delay = trainer.straggler.delay(time.monotonic() - t_start)
             if delay:
                 time.sleep(delay)
-            batches = [feed.batch(trainer.batch_size) for _ in range(trainer.accumulation)]
+            # BSP must not block on data: the others' step waits for this worker.
+            batches = [feed.batch(trainer.batch_size, wait=not bsp) for _ in range(trainer.accumulation)]
             batches = [b for b in batches if b is not None]
             if not batches:
                 if not bsp or client is None or client.finished:
                     break
                 # BSP: this worker has no data now but the others still do: take part in the
                 # step with a zero-weight gradient, or the barrier would wait for us forever.
-                d, c, y = feed._features(records.read(0, 1), trainer.spec.hash_buckets)
+                null = feed_features(records.read(0, 1), trainer.spec.hash_buckets)
                 try:
-                    trainer.sess.run([trainer.train_op], {trainer.dense: d, trainer.cat: c, trainer.labels: y,
-                                                         trainer.loss_scale: 0.0},
-                                     options=tf.compat.v1.RunOptions(timeout_in_ms=3000))
+                    if trainer.fed:
+                        trainer.step_accumulated([null], 3000, zero=True)
+                    else:
+                        trainer.step(null, 3000, zero=True)
                 except tf.errors.DeadlineExceededError:
                     pass
                 stats["null_steps"] += 1
@@ -459,9 +477,10 @@ def run(cfg: WorkerConfig) -> int:
                 else:
                     loss, gstep = trainer.step(batches[0], timeout)
             except tf.errors.DeadlineExceededError:
-                if client is not None and client.finished:
-                    break
-                continue
+                # BSP: the gradient went into the accumulators before the step blocked on
+                # the token barrier (SyncReplicasOptimizer), so the records count as trained.
+                stats["barrier_timeouts"] = stats.get("barrier_timeouts", 0) + 1
+                gstep = int(trainer.sess.run(trainer.global_step))
             bpt = time.perf_counter() - t0
             if first_step_at is None:
                 first_step_at = time.monotonic() - t_start
@@ -474,16 +493,16 @@ def run(cfg: WorkerConfig) -> int:
             stats["steps"] = local_step
             stats["last_loss"] = loss
             if trainer.is_chief and cfg.checkpoint_every and local_step % cfg.checkpoint_every == 0:
-                trainer.checkpoint(admin_ckpt, gstep)
+                trainer.checkpoint(admin_ckpt)
             if cfg.max_steps and local_step >= cfg.max_steps:
                 break
         result: dict[str, Any] = {"node": cfg.node, "exit": exit_code, "local_steps": local_step,
-                                  "global_step": gstep, "samples": samples,
+                                  "global_step": gstep, "start_global_step": start_gstep, "samples": samples,
                                   "first_step_s": first_step_at, "seconds": time.monotonic() - t_start,
                                   "actions": trainer.applied, **stats}
         if exit_code == 0 and trainer.is_chief:
             if cfg.checkpoint_dir:
-                result["checkpoint"] = trainer.checkpoint(admin_ckpt, gstep)
+                result["checkpoint"] = trainer.checkpoint(admin_ckpt)
             if cfg.eval_data:
                 result.update(trainer.evaluate(cfg.eval_data))
         if cfg.result:
@@ -510,15 +529,15 @@ def _shard_checkpointer(cfg: WorkerConfig) -> Any:
     from pacer.bus import Bus
     from pacer.shards.client import ShardAdmin
 
-    def save(ckpt_id: str) -> None:
-        async def go() -> None:
+    def save(ckpt_id: str) -> int:
+        async def go() -> int:
             bus = await Bus.connect(cfg.nats_url, name=f"{cfg.node}-ckpt")
             try:
-                await ShardAdmin(bus).checkpoint(cfg.job, cfg.dataset, ckpt_id)
+                return (await ShardAdmin(bus).checkpoint(cfg.job, cfg.dataset, ckpt_id)).records_done
             finally:
                 await bus.close()
 
-        asyncio.run(go())
+        return asyncio.run(go())
 
     return save
 
