@@ -153,9 +153,9 @@ async def recover_bench(bus: Bus, n: int = 1000) -> float:
     job = "recover"
     await register(bus, job, 2 * n, lease_s=600.0)
     c = ShardClient(bus, job, "d", "victim", prefetch=64)
-    while len(c._held) < n:  # noqa: SLF001 - a benchmark holding 1,000 shards on purpose
+    while len(c._held) < n:
         c.prefetch = min(64, n - len(c._held)) or 1
-        await c._sync(c.prefetch)  # noqa: SLF001
+        await c._sync(c.prefetch)
     got = 0
     done = asyncio.Event()
 

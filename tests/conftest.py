@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-
 from pacer.bus import Bus
 from pacer.embedded import EmbeddedNats
 from pacer.runtime import RuntimeConfig, run_service

@@ -57,6 +57,7 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(attempts=1)
+DEFAULT_RETRY = RetryPolicy()
 
 
 def trace_headers() -> dict[str, str] | None:
@@ -156,7 +157,7 @@ class Bus:
         msg: Any,
         reply_cls: type[T],
         timeout: float = 5.0,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> T:
         """Send ``msg`` and return the decoded reply, retrying what may succeed later."""
         payload = b"" if msg is None else encode(msg)

@@ -107,7 +107,7 @@ def _is_message(tp: Any) -> bool:
     return isinstance(tp, type) and hasattr(tp, "__pacer_schema__")
 
 
-def _checker(tp: Any) -> Check:  # noqa: C901 - one branch per supported type
+def _checker(tp: Any) -> Check:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
@@ -245,7 +245,7 @@ def _from_obj(cls: type[T], obj: Any, path: str) -> T:
         raise DecodeError(f"{path or cls.__name__}: expected a map, got {type(obj).__name__}")
     sch = _schema(cls)
     kwargs: dict[str, Any] = {}
-    for name, check, required, default in sch.fields:
+    for name, check, required, _default in sch.fields:
         if name in obj:
             kwargs[name] = check(obj[name], f"{path}.{name}" if path else name)
         elif required:

@@ -89,7 +89,7 @@ class EmbeddedNats:
             self.monitor_port = free_port()
         conf = self.store_dir / "nats-server.conf"
         conf.write_text(self._config())
-        log = open(self.log_file or self.store_dir / "nats-server.log", "ab")  # noqa: SIM115 - owned by the child
+        log = open(self.log_file or self.store_dir / "nats-server.log", "ab")
         try:
             self.proc = subprocess.Popen(
                 [find_binary(), "-c", str(conf)],

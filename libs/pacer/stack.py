@@ -45,7 +45,7 @@ class Stack:
 
     def start_service(self, name: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PACER_NATS_URL": self.url}
-        log = open(self.data_dir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+        log = open(self.data_dir / f"{name}.log", "ab")
         try:
             proc = subprocess.Popen([sys.executable, "-m", SERVICES[name]], env=env, stdout=log, stderr=log)
         finally:

@@ -31,7 +31,6 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
 from pacer import subjects
 from pacer.bus import Bus
 from pacer.codec import decode

@@ -22,9 +22,15 @@ import msgpack
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, Header, ObjectStoreConfig, StorageType
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    Header,
+    ObjectStoreConfig,
+    StorageType,
+)
 from nats.js.object_store import ObjectStore
-
 from pacer import subjects
 from pacer.errors import Conflict, NotFound, Unavailable
 from pacer_services.shard_service.core import JobShards

@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from nats.aio.msg import Msg
-
 from pacer.codec import decode
 from pacer.contracts.shards import (
     AppendRequest,

@@ -31,7 +31,6 @@ import nats.errors
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
 from pacer import subjects
 from pacer.bus import NO_RETRY, Bus
 from pacer.codec import decode, encode

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from pacer import subjects
 from pacer.bus import Bus
 from pacer.contracts.nodes import NodeEvent

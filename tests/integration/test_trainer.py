@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from pacer import subjects
 from pacer.bus import Bus
 from pacer.codec import decode
@@ -230,3 +229,19 @@ def test_checkpoint_restores_into_a_new_ps_set_at_the_same_step_and_shard_state(
     finally:
         job2.stop()
     assert second["start_global_step"] == meta["step"], (second, meta)
+
+
+def test_gradient_accumulation_trains_with_the_same_global_batch(
+    stack: Stack, data: tuple[str, str], tmp_path: Path
+) -> None:
+    """AntDT-DD: worker 1 reaches B_1 * C_1 = 256 samples per step as 2 x 128."""
+    s = spec(stack, data, "accum", tmp_path, workers=2, num_ps=1, mode="bsp", batch_size=256,
+             batch_sizes={1: 128}, accumulations={1: 2})
+    assert s.global_batch() == 512
+    with LocalJob(s) as job:
+        res = job.wait(timeout=300)
+    assert sum(r["samples"] for r in res.values()) == ROWS
+    # Per step, worker 1 trains two micro-batches of 128: as many samples as worker 0.
+    per_step = [r["samples"] / r["local_steps"] for r in res.values()]
+    assert all(abs(x - 256) / 256 < 0.03 for x in per_step), per_step
+    assert res[0]["auc"] > 0.70

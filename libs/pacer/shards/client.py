@@ -38,7 +38,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from pacer import subjects
-from pacer.bus import Bus, RetryPolicy
+from pacer.bus import DEFAULT_RETRY, Bus, RetryPolicy
 from pacer.contracts.shards import (
     AppendRequest,
     CheckpointReply,
@@ -64,7 +64,7 @@ WORKER_RETRY = RetryPolicy(attempts=60, first_delay=0.05, max_delay=1.0)
 class ShardAdmin:
     """Dataset-level operations (register, status, checkpoint, ...), for jobs and tools."""
 
-    def __init__(self, bus: Bus, timeout: float = 5.0, retry: RetryPolicy = RetryPolicy()) -> None:
+    def __init__(self, bus: Bus, timeout: float = 5.0, retry: RetryPolicy = DEFAULT_RETRY) -> None:
         self.bus = bus
         self.timeout = timeout
         self.retry = retry

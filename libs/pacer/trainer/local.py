@@ -58,6 +58,12 @@ class LocalJobSpec:
     work_dir: str = ""
     register: bool = True
     batch_sizes: dict[int, int] = field(default_factory=dict)  # worker index -> B_i override
+    accumulations: dict[int, int] = field(default_factory=dict)  # worker index -> C_i override
+
+    def global_batch(self) -> int:
+        """B = sum_i B_i * C_i: samples in one synchronous step."""
+        return sum(self.batch_sizes.get(i, self.batch_size) * self.accumulations.get(i, self.accumulation)
+                   for i in range(self.workers))
 
 
 class LocalJob:
@@ -87,8 +93,8 @@ class LocalJob:
             job=s.job, node=self.node(i), index=i, cluster=self.cluster.to_json(), data=s.data,
             nats_url=s.nats_url, model=s.model, model_args=s.model_args, mode=s.mode,
             num_workers=s.workers, backup_workers=s.backup_workers,
-            batch_size=s.batch_sizes.get(i, s.batch_size), global_batch=s.batch_size * s.workers,
-            accumulation=s.accumulation, learning_rate=s.learning_rate,
+            batch_size=s.batch_sizes.get(i, s.batch_size), global_batch=s.global_batch(),
+            accumulation=s.accumulations.get(i, s.accumulation), learning_rate=s.learning_rate,
             ipc=str(self.work / f"{self.node(i)}.ipc") if s.agents else "",
             straggler=s.stragglers[i].to_json() if i in s.stragglers else "",
             checkpoint_dir=s.checkpoint_dir if i == 0 else "",
@@ -127,9 +133,14 @@ class LocalJob:
         finally:
             await bus.close()
 
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """What the chief wrote beside its newest model checkpoint (shard checkpoint id, step)."""
+        meta: dict[str, Any] = json.loads(Path(self.spec.checkpoint_dir, "shard_checkpoint").read_text())
+        return meta
+
     async def restore_shards(self) -> str:
         """Put the shard state back to the checkpoint the model will be restored from."""
-        meta = json.loads(Path(self.spec.checkpoint_dir, "shard_checkpoint").read_text())
+        meta = self.checkpoint_meta()
         bus = await Bus.connect(self.spec.nats_url, name=f"{self.spec.job}-launcher")
         try:
             await ShardAdmin(bus, retry=RetryPolicy(attempts=50)).restore(self.spec.job, "train", meta["id"])

@@ -14,13 +14,12 @@ Modes
   gradients are dropped as stale).  The aggregation count is a PS variable so
   that BACKUP_WORKERS can change it while the job runs.
 
-Global batch (AntDT §V-C): with per-worker batch sizes B_i (sum B_i = B) the
-accumulator averages ``n - b`` gradients, so worker i scales its mean loss by
-``(n - b) * B_i / B``; with ``b = 0`` the aggregated update is exactly the
-mean gradient over the B samples of the step.  Gradient accumulation C_i
-(AntDT-DD, Eq. 4): worker i computes C_i micro-batch gradients of B_i
-samples, sums them and pushes once (scaled by ``1 / C_i``... folded into the
-loss scale ``(n - b) * B_i / (B * C_i)`` per micro-batch).
+Global batch (AntDT §V-C): with per-worker batch sizes B_i and gradient accumulation C_i
+(AntDT-DD, Eq. 4), B = sum_i B_i * C_i samples per step.  The accumulator
+averages ``n - b`` pushes, so worker i scales each micro-batch's mean loss
+by ``(n - b) * B_i / B`` and pushes the sum of its C_i micro-batch
+gradients; with ``b = 0`` the aggregated update is exactly the mean
+gradient over the B samples of the step (see ``Trainer.loss_scale_for``).
 
 Synchronized global actions arrive through the agent's shared-memory IPC: the
 worker calls ``check(iteration)`` once per step (iteration = global step in
@@ -291,12 +290,20 @@ class Trainer:
 
     # ------------------------------------------------------------ steps
     def loss_scale_for(self, batch: int, zero: bool = False) -> float:
+        """Weight of one micro-batch's mean loss.
+
+        BSP (AntDT §V-C, and Eq. 4 for accumulation): B = sum_i B_i * C_i samples
+        per step; worker i pushes the sum of its C_i micro-batch gradients, each
+        scaled by (n - b) * B_i / B, and the accumulator averages n - b pushes,
+        so worker i weighs B_i * C_i / B: the update is the mean over B samples.
+        ASP: each push is the mean over the worker's C_i micro-batches.
+        """
         if zero:
             return 0.0
         if self.sync is None:
-            return 1.0
+            return 1.0 / self.accumulation
         agg = self.n - self.cfg.backup_workers
-        return agg * batch / (self.global_batch * self.accumulation)
+        return agg * batch / self.global_batch
 
     def step(self, feed_batch: tuple[np.ndarray, np.ndarray, np.ndarray], timeout_ms: int = 0,
              zero: bool = False) -> tuple[float, int]:
