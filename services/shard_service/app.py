@@ -70,6 +70,7 @@ class JobRuntime:
         self.wake = asyncio.Event()
         self.since_snapshot = 0
         self.dirty = True  # something changed since the last ProgressEvent
+        self.snapshotting = False  # a snapshot upload is in flight
         self.task: asyncio.Task[None] | None = None
 
 
@@ -214,7 +215,9 @@ class ShardService:
                 records, waiters = rt.records, rt.waiters
                 rt.records, rt.waiters = [], []
                 snap = None
-                if records and rt.since_snapshot + len(records) >= self.cfg.snapshot_every:
+                # One snapshot upload per job at a time: an older one finishing last would
+                # overwrite a newer one whose log prefix is already purged.
+                if records and not rt.snapshotting and rt.since_snapshot + len(records) >= self.cfg.snapshot_every:
                     # Taken synchronously: the state now is exactly log + this batch.
                     snap = rt.core.snapshot()
                 err: PacerError | None = None
@@ -232,7 +235,8 @@ class ShardService:
                 if snap is not None:
                     rt.since_snapshot = 0
                     assert self._tg is not None
-                    self._tg.create_task(self._snapshot(rt.job, snap, rt.last_seq), name=f"pacer:shard:snap:{rt.job}")
+                    rt.snapshotting = True
+                    self._tg.create_task(self._snapshot(rt, snap, rt.last_seq), name=f"pacer:shard:snap:{rt.job}")
                 for w in waiters:
                     try:
                         await w(None)
@@ -255,12 +259,14 @@ class ShardService:
         rt.core, rt.last_seq, rt.ready, rt.since_snapshot = core, seq, True, 0
         self.counters.inc("rebuilds")
 
-    async def _snapshot(self, job: str, snap: dict[str, Any], seq: int) -> None:
+    async def _snapshot(self, rt: JobRuntime, snap: dict[str, Any], seq: int) -> None:
         try:
-            await self.store.put_snapshot(job, snap, seq)
+            await self.store.put_snapshot(rt.job, snap, seq)
             self.counters.inc("snapshots")
         except Exception:
             log.exception("snapshot failed (replay will just be longer)")
+        finally:
+            rt.snapshotting = False
 
     # ================================================================ loops
     async def _reap_loop(self) -> None:
