@@ -264,7 +264,8 @@ def from_dict(cls: type[T], obj: Any) -> T:
 
 
 def encode(msg: Any) -> bytes:
-    return msgpack.packb(_to_obj(msg), use_bin_type=True)
+    data: bytes = msgpack.packb(_to_obj(msg), use_bin_type=True)
+    return data
 
 
 def decode(cls: type[T], data: bytes) -> T:

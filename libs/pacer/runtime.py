@@ -115,7 +115,8 @@ def main_entry(name: str, factory: Callable[[Bus, RuntimeConfig], Awaitable[Serv
     """What a service's ``main`` calls: telemetry, uvloop when available, run."""
     telemetry.setup(name)
     try:
-        from uvloop import run
+        import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        from asyncio import run
-    run(run_service(factory, RuntimeConfig()))
+        asyncio.run(run_service(factory, RuntimeConfig()))
+    else:
+        uvloop.run(run_service(factory, RuntimeConfig()))

@@ -48,7 +48,8 @@ class Fenced(Conflict):
 
 
 def _pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
 
 
 def _unpack(data: bytes) -> Any:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,7 @@ class LocalJob:
         self.agents: dict[int, subprocess.Popen[bytes]] = {}
         self.restarts: dict[int, int] = {}
         self.incarnation: dict[int, int] = {}
+        self.configs: dict[int, WorkerConfig] = {}
 
     # ------------------------------------------------------------ processes
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
@@ -110,6 +111,7 @@ class LocalJob:
 
     def start_worker(self, i: int, cfg: WorkerConfig | None = None) -> None:
         cfg = cfg or self.worker_config(i)
+        self.configs[i] = cfg  # a relaunch (exit 75) reuses what this slot was started with
         self.incarnation[i] = self.incarnation.get(i, -1) + 1
         res = Path(cfg.result)
         if res.exists():
@@ -176,7 +178,7 @@ class LocalJob:
                     running = True
                 elif rc == EXIT_RESTART and relaunch:
                     self.restarts[i] = self.restarts.get(i, 0) + 1
-                    self.start_worker(i, replace(self.worker_config(i)))
+                    self.start_worker(i, self.configs.get(i))
                     running = True
                 elif rc != 0:
                     raise RuntimeError(f"worker {i} exited with {rc}; see {self.work / (self.node(i) + '.log')}")

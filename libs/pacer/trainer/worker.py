@@ -181,7 +181,8 @@ class Trainer:
     def build(self) -> None:
         import tensorflow as tf
 
-        from pacer.models.registry import ModelSpec, build
+        from pacer.models.common import ModelSpec
+        from pacer.models.registry import build
 
         tf.compat.v1.disable_eager_execution()
         cfg = self.cfg
