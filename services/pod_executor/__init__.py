@@ -1,0 +1,1 @@
+"""pod-executor: runs the nodes of each job (local processes or Kubernetes pods)."""

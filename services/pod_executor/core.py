@@ -1,0 +1,198 @@
+"""Pure core of the pod-executor: how a node's exit is classified and answered.
+
+AntDT §V-D: node errors are *retryable* (proactive termination for
+KILL_RESTART, network errors, eviction, preemption) or *unretryable*
+(configuration or programming errors of the user), which must fail the job.
+DLRover 2023 §4.2: a node that fails with OOM is relaunched with double the
+memory (a PS OOM in the sampling stage doubles the PS count instead; that is
+the brain's decision, not this core's).
+
+``on_exit`` turns one observed exit into a decision; ``reconcile`` turns a
+plan and the nodes that exist into the starts and stops that close the gap.
+Deterministic, no IO, no clock: time comes in as ``now``.  Both the live
+executor (local processes or Kubernetes) and the cluster simulator use it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+# Exit codes with a meaning of their own (the trainer's and the shell's).
+EXIT_OK = 0
+EXIT_RESTART = 75  # the trainer asks to be relaunched (KILL_RESTART); see pacer.trainer.worker
+EXIT_USAGE = 2  # argparse and most CLIs: bad arguments / configuration
+SIGKILL = 9
+SIGTERM = 15
+
+
+class ExitReason(str, enum.Enum):
+    """Why a node's process ended, as the executor classifies it."""
+
+    COMPLETED = "completed"  # exit 0
+    RESTART_REQUESTED = "restart_requested"  # KILL_RESTART: the trainer exited 75
+    KILLED = "killed"  # SIGKILL/SIGTERM not sent by us (node lost, kernel, operator)
+    OOM = "oom"  # over its memory limit (kubelet: OOMKilled; local: our limit)
+    EVICTED = "evicted"  # the cluster took the node back (Kubernetes: Evicted)
+    PREEMPTED = "preempted"  # a higher-priority job took the resources
+    NETWORK = "network"  # the trainer reported a lost PS / connection failure
+    USER_ERROR = "user_error"  # the user's code raised (non-zero exit, not one of the above)
+    CONFIG_ERROR = "config_error"  # bad arguments or configuration (exit 2, image/config errors)
+
+
+# AntDT §V-D: which reasons may be retried by relaunching the node.
+RETRYABLE: frozenset[ExitReason] = frozenset({
+    ExitReason.RESTART_REQUESTED,
+    ExitReason.KILLED,
+    ExitReason.OOM,
+    ExitReason.EVICTED,
+    ExitReason.PREEMPTED,
+    ExitReason.NETWORK,
+})
+
+# Kubernetes container/pod reasons -> ours.
+_K8S_REASONS: dict[str, ExitReason] = {
+    "OOMKilled": ExitReason.OOM,
+    "Evicted": ExitReason.EVICTED,
+    "Preempting": ExitReason.PREEMPTED,
+    "DeadlineExceeded": ExitReason.KILLED,
+    "NodeLost": ExitReason.KILLED,
+    "Shutdown": ExitReason.KILLED,
+    "ErrImagePull": ExitReason.CONFIG_ERROR,
+    "ImagePullBackOff": ExitReason.CONFIG_ERROR,
+    "CreateContainerConfigError": ExitReason.CONFIG_ERROR,
+    "InvalidImageName": ExitReason.CONFIG_ERROR,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ExitInfo:
+    """What the backend observed when a node's process ended."""
+
+    code: int | None  # exit code; None when it died of a signal
+    signal: int | None = None
+    k8s_reason: str = ""  # container terminated reason or pod status reason
+    oom: bool = False  # the backend saw the memory limit crossed
+    by_executor: bool = False  # we stopped it ourselves (scale-down, migration)
+    network_error: bool = False  # the trainer's last words name a lost PS/connection
+
+
+def classify(info: ExitInfo) -> ExitReason:
+    """One observed exit -> its reason (AntDT §V-D)."""
+    if info.oom or info.k8s_reason == "OOMKilled":
+        return ExitReason.OOM
+    if info.k8s_reason in _K8S_REASONS:
+        return _K8S_REASONS[info.k8s_reason]
+    if info.code == EXIT_OK:
+        return ExitReason.COMPLETED
+    if info.code == EXIT_RESTART:
+        return ExitReason.RESTART_REQUESTED
+    if info.signal in (SIGKILL, SIGTERM) or info.code in (128 + SIGKILL, 128 + SIGTERM, -SIGKILL, -SIGTERM):
+        return ExitReason.KILLED
+    if info.network_error:
+        return ExitReason.NETWORK
+    if info.code == EXIT_USAGE:
+        return ExitReason.CONFIG_ERROR
+    return ExitReason.USER_ERROR
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """The blueprint of one node: role, slot and resources."""
+
+    role: str  # worker | ps
+    index: int
+    cpu: float = 1.0
+    memory_mb: int = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node as the executor tracks it."""
+
+    spec: NodeSpec
+    restarts: int = 0  # relaunches after retryable failures (not counting KILL_RESTART)
+    requested_restarts: int = 0  # relaunches asked for by KILL_RESTART
+    state: str = "pending"  # pending | running | exited
+
+    @property
+    def name(self) -> str:
+        return f"{self.spec.role}-{self.spec.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorPolicy:
+    """Configurable limits of the executor."""
+
+    relaunch_budget: int = 3  # retryable failures per node before the job fails
+    oom_memory_factor: float = 2.0  # DLRover: relaunch an OOM-killed node with x2 memory
+    max_memory_mb: int = 64 * 1024  # never ask for more than this per node
+
+
+@dataclass(frozen=True, slots=True)
+class ExitDecision:
+    reason: ExitReason
+    retryable: bool
+    relaunch: NodeSpec | None  # the spec to relaunch with, or None
+    fail_job: bool = False
+    detail: str = ""
+
+
+def on_exit(node: Node, info: ExitInfo, policy: ExecutorPolicy = ExecutorPolicy()) -> ExitDecision:
+    """Decide what to do about a node whose process ended."""
+    reason = classify(info)
+    if info.by_executor:
+        return ExitDecision(reason, True, None, detail="stopped by the executor")
+    if reason is ExitReason.COMPLETED:
+        return ExitDecision(reason, False, None, detail="finished")
+    if reason is ExitReason.RESTART_REQUESTED:
+        # Asked for (KILL_RESTART): not a failure, no budget spent.
+        return ExitDecision(reason, True, node.spec, detail="KILL_RESTART")
+    if reason not in RETRYABLE:
+        return ExitDecision(reason, False, None, fail_job=True,
+                            detail=f"{node.name}: unretryable {reason.value} (exit {info.code}, signal {info.signal})")
+    if node.restarts >= policy.relaunch_budget:
+        return ExitDecision(reason, True, None, fail_job=True,
+                            detail=f"{node.name}: relaunch budget of {policy.relaunch_budget} spent ({reason.value})")
+    spec = node.spec
+    if reason is ExitReason.OOM:
+        if spec.memory_mb >= policy.max_memory_mb:
+            return ExitDecision(reason, True, None, fail_job=True,
+                                detail=f"{node.name}: OOM at the memory cap of {policy.max_memory_mb} MB")
+        spec = replace(spec, memory_mb=min(policy.max_memory_mb, int(spec.memory_mb * policy.oom_memory_factor)))
+    return ExitDecision(reason, True, spec, detail=f"{node.name}: relaunch after {reason.value}")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How many nodes of each role, with what resources (from the brain or the default)."""
+
+    workers: int
+    ps: int
+    worker: NodeSpec = field(default_factory=lambda: NodeSpec("worker", 0))
+    ps_spec: NodeSpec = field(default_factory=lambda: NodeSpec("ps", 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    start: tuple[NodeSpec, ...]
+    stop: tuple[str, ...]  # node names
+
+
+def reconcile(plan: Plan, nodes: dict[str, Node]) -> Reconcile:
+    """Starts and stops that make the live nodes match the plan.
+
+    Scale-up fills the lowest free slots; scale-down stops the highest slots
+    first (their shards go back through the node-death event).  Resources of
+    running nodes are not changed here: that is a migration.
+    """
+    start: list[NodeSpec] = []
+    stop: list[str] = []
+    for role, want, template in (("worker", plan.workers, plan.worker), ("ps", plan.ps, plan.ps_spec)):
+        live = sorted((n for n in nodes.values() if n.spec.role == role and n.state != "exited"),
+                      key=lambda n: n.spec.index)
+        have = {n.spec.index for n in live}
+        missing = [i for i in range(want) if i not in have]
+        start.extend(replace(template, role=role, index=i) for i in missing)
+        stop.extend(n.name for n in live if n.spec.index >= want)
+    return Reconcile(tuple(start), tuple(stop))
