@@ -1,0 +1,178 @@
+"""Job messages: the job spec a user submits, resource plans, lifecycle events.
+
+A :class:`JobSpec` is the blueprint of a job (``JobSpec`` / ``Job``, as
+``NodeSpec`` / ``Node``).  These classes only carry data: the rules (which
+values are legal, the defaults, the plan used until the brain-optimizer
+exists) live in :mod:`pacer.jobs.spec`, and the legal state transitions in
+:mod:`pacer.jobs.lifecycle`.  Decoding checks types only, like every wire
+message; :func:`pacer.jobs.spec.validate_job_spec` checks values.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from pacer.codec import doc, message
+
+
+class JobState(str, enum.Enum):
+    """Where a job is in its life.
+
+    ``submitted`` -> ``planning`` (spec accepted) -> ``running`` (plan applied,
+    nodes started) -> ``completed`` (every dataset finished).  A running job
+    goes back to ``planning`` to be re-planned or scaled.  ``planning`` and
+    ``running`` end in ``failed`` after an unretryable error (the event says
+    why); ``submitted``, ``planning`` and ``running`` end in ``stopped`` when
+    the user stops the job.  ``completed``, ``failed`` and ``stopped`` are
+    terminal.  The table of legal edges is
+    :data:`pacer.jobs.lifecycle.TRANSITIONS`.
+    """
+
+    SUBMITTED = "submitted"
+    PLANNING = "planning"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class ModelName(str, enum.Enum):
+    """The model families the trainer builds (``pacer.models``)."""
+
+    WIDE_DEEP = "wide_deep"
+    XDEEPFM = "xdeepfm"
+    DCN = "dcn"
+
+
+class DataFormat(str, enum.Enum):
+    """How a dataset file is laid out."""
+
+    RECORD = "record"  # Pacer's fixed-width record file (O(1) shard reads)
+    CRITEO_TSV = "criteo_tsv"  # a Criteo day file: label, 13 ints, 26 hex categoricals, tab-separated
+    CRITEO_CSV = "criteo_csv"  # the same columns, comma-separated (as many projects ship it)
+
+
+class TrainingMode(str, enum.Enum):
+    """How workers apply gradients."""
+
+    ASP = "asp"  # asynchronous: each worker pushes to the PS on its own
+    BSP = "bsp"  # synchronous: a barrier per step (optionally with backup workers)
+
+
+class PlanSource(str, enum.Enum):
+    """Who decided a resource plan."""
+
+    DEFAULT = "default"  # the documented default plan (pacer.jobs.spec.default_plan)
+    USER = "user"  # the spec's ``resources`` (the rest filled from the defaults)
+    BRAIN = "brain"  # the brain-optimizer
+
+
+@message("job.ModelConfig")
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Which model to train and its sizes (the fields of ``pacer.models.common.ModelSpec``)."""
+
+    name: ModelName
+    hash_buckets: int = field(default=100_000, metadata=doc("hash buckets per categorical field, > 0"))
+    embed_dim: int = field(default=8, metadata=doc("embedding width, > 0"))
+    hidden: list[int] = field(default_factory=lambda: [64, 32], metadata=doc("DNN layer widths, each > 0"))
+    cross_layers: int = field(default=3, metadata=doc("DCN: cross layers, >= 0"))
+    cin_layers: list[int] = field(default_factory=lambda: [16, 16], metadata=doc("xDeepFM: feature maps per CIN layer"))
+    learning_rate: float = field(default=0.05, metadata=doc("> 0"))
+    optimizer: str = field(default="adagrad", metadata=doc("adagrad, adam or sgd"))
+
+
+@message("job.DatasetConfig")
+@dataclass(frozen=True, slots=True)
+class DatasetConfig:
+    """The training data of a job (and optionally held-out data for evaluation)."""
+
+    path: str = field(metadata=doc("file to train on"))
+    format: DataFormat = field(metadata=doc("layout; the spec parser infers it from the file name when absent"))
+    records: int = field(default=0, metadata=doc("record count; 0 = derived from the file"))
+    test_path: str = field(default="", metadata=doc("held-out file for evaluation; empty = none"))
+    name: str = field(default="train", metadata=doc("dataset id in the shard service (an id token)"))
+
+
+@message("job.PolicyConfig")
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Names of the policy services a job uses (built-in or a user's own)."""
+
+    straggler: str = field(default="antdt-nd", metadata=doc("straggler-mitigation policy service"))
+    optimizer: str = field(default="brain", metadata=doc("resource-optimizer policy service"))
+
+
+@message("job.ResourceRequest")
+@dataclass(frozen=True, slots=True)
+class ResourceRequest:
+    """Resources the user asks for; every field is optional (absent = Pacer decides)."""
+
+    workers: int | None = None
+    ps: int | None = None
+    worker_cpu: float | None = field(default=None, metadata=doc("CPUs per worker"))
+    worker_memory_mb: int | None = field(default=None, metadata=doc("memory per worker, MiB"))
+    ps_cpu: float | None = field(default=None, metadata=doc("CPUs per PS"))
+    ps_memory_mb: int | None = field(default=None, metadata=doc("memory per PS, MiB"))
+
+
+@message("job.ResourceLimits")
+@dataclass(frozen=True, slots=True)
+class ResourceLimits:
+    """Upper bounds on any plan for the job, whoever makes it; absent = unbounded."""
+
+    max_workers: int | None = None
+    max_ps: int | None = None
+    max_cpu: float | None = field(default=None, metadata=doc("CPUs of all the job's nodes together"))
+    max_memory_mb: int | None = field(default=None, metadata=doc("memory of all the job's nodes together, MiB"))
+
+
+@message("job.JobSpec")
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job as submitted: what to train on what, how, and under which limits.
+
+    Written by users as YAML or JSON (``examples/jobs/``) and parsed by
+    :func:`pacer.jobs.spec.parse_job_spec`.  ``resources`` may be left out
+    entirely: a zero-config job is planned by its optimizer policy.
+    """
+
+    name: str = field(metadata=doc("job id (an id token: letters, digits, '_' and '-')"))
+    model: ModelConfig
+    dataset: DatasetConfig
+    epochs: int = field(default=1, metadata=doc(">= 1"))
+    batch_size: int = field(default=512, metadata=doc("global batch: records per step over all workers"))
+    mode: TrainingMode = TrainingMode.ASP
+    backup_workers: int = field(default=0, metadata=doc("BSP only: slowest workers a step does not wait for"))
+    policies: PolicyConfig = field(default_factory=PolicyConfig)
+    resources: ResourceRequest | None = None
+    limits: ResourceLimits | None = None
+
+
+@message("job.ResourcePlan")
+@dataclass(frozen=True, slots=True)
+class ResourcePlan:
+    """How many PS and workers a job gets, with CPU and memory per node."""
+
+    job: str
+    workers: int
+    ps: int
+    worker_cpu: float
+    worker_memory_mb: int
+    ps_cpu: float
+    ps_memory_mb: int
+    source: PlanSource
+    reason: str = field(default="", metadata=doc("why this plan: defaults used, values clamped by limits"))
+
+
+@message("job.JobEvent")
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """A job entered ``state`` at ``ts`` (seconds since the epoch)."""
+
+    job: str
+    state: JobState
+    ts: float
+    reason: str = field(default="", metadata=doc("why: failure reason, stop requester, re-plan cause"))
+    previous: JobState | None = field(default=None, metadata=doc("the state left; none for the first event"))

@@ -1,0 +1,523 @@
+"""Job specs: parse a YAML or JSON document, validate it, and the default plan.
+
+:func:`parse_job_spec` turns a user's document into a
+:class:`~pacer.contracts.jobs.JobSpec`.  Every problem is reported at once in
+one :class:`JobSpecError` (a :class:`~pacer.errors.ValidationError`), one
+line per problem, each starting with the path of the bad field::
+
+    dataset.path: required
+    mode: must be asp or bsp, got 'sync'
+    resources.worker_memory_mb: must be > 0, got 0
+    epoch: unknown field (did you mean 'epochs'?)
+
+Defaults (a field left out)
+---------------------------
+======================  =====================================================
+``epochs``              1
+``batch_size``          512 (global: records per step over all workers)
+``mode``                ``asp``
+``backup_workers``      0 (BSP only; must stay below the number of workers)
+``model``               a bare name (``model: dcn``) or a map with ``name``
+                        and any of the options of ``ModelConfig``, whose
+                        defaults are ``ModelSpec``'s: hash_buckets 100000,
+                        embed_dim 8, hidden [64, 32], cross_layers 3,
+                        cin_layers [16, 16], learning_rate 0.05, adagrad
+``dataset.format``      from the file name: ``.csv`` -> ``criteo_csv``,
+                        ``.tsv``/``.txt`` (optionally ``.gz``) ->
+                        ``criteo_tsv``, anything else -> ``record``
+``dataset.records``     0 = derived from the file when the job is planned
+``dataset.name``        ``train``
+``policies``            straggler ``antdt-nd``, optimizer ``brain``
+``resources``           none: the optimizer policy decides (zero-config)
+``limits``              none: unbounded
+======================  =====================================================
+
+The default plan
+----------------
+Until the brain-optimizer exists the executor runs :func:`default_plan`:
+2 workers and 2 PS, each with 1 CPU and 1024 MiB.  Fields the user gave in
+``resources`` win over these defaults.  Then ``limits`` clamp what was
+defaulted: counts to ``max_workers`` / ``max_ps``; if the job's total CPU or
+memory still exceeds ``max_cpu`` / ``max_memory_mb``, defaulted workers are
+removed (down to one more than ``backup_workers``), then defaulted PS (down
+to one), then defaulted per-node CPU / memory is scaled down (to at least
+0.1 CPU / 128 MiB).  User values are never changed: a user value above a
+limit is a validation error of the spec, and a plan that cannot fit the
+limits without changing user values is a validation error naming the limit.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import yaml
+
+from pacer.contracts.jobs import (
+    DataFormat,
+    DatasetConfig,
+    JobSpec,
+    ModelConfig,
+    ModelName,
+    PlanSource,
+    PolicyConfig,
+    ResourceLimits,
+    ResourcePlan,
+    ResourceRequest,
+    TrainingMode,
+)
+from pacer.errors import ValidationError
+from pacer.ids import MAX_TOKEN_LEN, is_token
+
+OPTIMIZERS = ("adagrad", "adam", "sgd")  # as pacer.models.common.OPTIMIZERS (which imports TensorFlow)
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultPlan:
+    """The numbers of the default plan (see the module docstring)."""
+
+    workers: int = 2
+    ps: int = 2
+    worker_cpu: float = 1.0
+    worker_memory_mb: int = 1024
+    ps_cpu: float = 1.0
+    ps_memory_mb: int = 1024
+    min_cpu: float = 0.1  # floor when scaling defaulted CPU down to fit max_cpu
+    min_memory_mb: int = 128  # floor when scaling defaulted memory down to fit max_memory_mb
+
+
+DEFAULT_PLAN = DefaultPlan()
+
+
+class JobSpecError(ValidationError):
+    """A job spec document is malformed or carries values that are not allowed.
+
+    ``problems`` holds one ``"<field path>: <what is wrong>"`` line each;
+    the message joins them.
+    """
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+# ------------------------------------------------------------------- checker
+
+
+class _Checker:
+    """Collects problems while reading plain data; never raises on its own."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def bad(self, path: str, what: str) -> None:
+        self.problems.append(f"{path}: {what}")
+
+    def section(self, obj: Any, path: str, known: tuple[str, ...]) -> dict[str, Any] | None:
+        """``obj`` as a map with string keys; unknown keys are reported with a hint."""
+        if not isinstance(obj, Mapping):
+            self.bad(path or "spec", f"must be a map, got {_kind(obj)}")
+            return None
+        out: dict[str, Any] = {}
+        for key, value in obj.items():
+            full = f"{path}.{key}" if path else str(key)
+            if not isinstance(key, str):
+                self.bad(full, "field names must be strings")
+            elif key not in known:
+                hint = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+                tail = f" (did you mean '{hint[0]}'?)" if hint else f" (known: {', '.join(known)})"
+                self.bad(full, "unknown field" + tail)
+            else:
+                out[key] = value
+        return out
+
+    def integer(self, obj: Mapping[str, Any], key: str, path: str, default: int | None,
+                minimum: int) -> int | None:
+        full = f"{path}.{key}" if path else key
+        if key not in obj or obj[key] is None:
+            return default
+        v = obj[key]
+        if type(v) is not int:
+            self.bad(full, f"must be an integer, got {_kind(v)} {v!r}")
+            return default
+        if v < minimum:
+            self.bad(full, f"must be >= {minimum}, got {v}" if minimum != 1 else f"must be > 0, got {v}")
+            return default
+        return v
+
+    def number(self, obj: Mapping[str, Any], key: str, path: str, default: float | None) -> float | None:
+        """A positive finite number."""
+        full = f"{path}.{key}" if path else key
+        if key not in obj or obj[key] is None:
+            return default
+        v = obj[key]
+        if type(v) not in (int, float):
+            self.bad(full, f"must be a number, got {_kind(v)} {v!r}")
+            return default
+        if not math.isfinite(v) or v <= 0:
+            self.bad(full, f"must be > 0, got {v}")
+            return default
+        return float(v)
+
+    def token(self, obj: Mapping[str, Any], key: str, path: str, default: str | None) -> str | None:
+        full = f"{path}.{key}" if path else key
+        if key not in obj or obj[key] is None:
+            if default is None:
+                self.bad(full, "required")
+            return default
+        v = obj[key]
+        if type(v) is not str:
+            self.bad(full, f"must be a string, got {_kind(v)} {v!r}")
+            return default
+        if not is_token(v):
+            self.bad(full, f"must be 1-{MAX_TOKEN_LEN} of letters, digits, '_' or '-', got {v!r}")
+            return default
+        return v
+
+    def text(self, obj: Mapping[str, Any], key: str, path: str, required: bool) -> str:
+        full = f"{path}.{key}" if path else key
+        if key not in obj or obj[key] is None:
+            if required:
+                self.bad(full, "required")
+            return ""
+        v = obj[key]
+        if type(v) is not str:
+            self.bad(full, f"must be a string, got {_kind(v)} {v!r}")
+            return ""
+        if required and not v.strip():
+            self.bad(full, "must not be empty")
+        return v
+
+    def choice(self, obj: Mapping[str, Any], key: str, path: str, enum_cls: Any, default: Any) -> Any:
+        full = f"{path}.{key}" if path else key
+        if key not in obj or obj[key] is None:
+            if default is None:
+                self.bad(full, "required")
+            return default
+        v = obj[key]
+        names = [m.value for m in enum_cls]
+        try:
+            return enum_cls(v)
+        except (ValueError, TypeError):
+            self.bad(full, f"must be {_or(names)}, got {v!r}")
+            return default
+
+    def int_list(self, obj: Mapping[str, Any], key: str, path: str, default: list[int]) -> list[int]:
+        full = f"{path}.{key}" if path else key
+        if key not in obj or obj[key] is None:
+            return list(default)
+        v = obj[key]
+        if not isinstance(v, list):
+            self.bad(full, f"must be a list of integers, got {_kind(v)} {v!r}")
+            return list(default)
+        out: list[int] = []
+        for i, x in enumerate(v):
+            if type(x) is not int or x <= 0:
+                self.bad(f"{full}[{i}]", f"must be an integer > 0, got {x!r}")
+            else:
+                out.append(x)
+        return out
+
+
+def _kind(v: Any) -> str:
+    return {dict: "map", list: "list", str: "string", bool: "bool", int: "integer",
+            float: "number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _or(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+
+
+# -------------------------------------------------------------------- fields
+
+TOP_LEVEL = ("name", "model", "dataset", "epochs", "batch_size", "mode", "backup_workers",
+             "policies", "resources", "limits")
+MODEL_FIELDS = ("name", "hash_buckets", "embed_dim", "hidden", "cross_layers", "cin_layers",
+                "learning_rate", "optimizer")
+DATASET_FIELDS = ("path", "format", "records", "test_path", "name")
+POLICY_FIELDS = ("straggler", "optimizer")
+RESOURCE_FIELDS = ("workers", "ps", "worker_cpu", "worker_memory_mb", "ps_cpu", "ps_memory_mb")
+LIMIT_FIELDS = ("max_workers", "max_ps", "max_cpu", "max_memory_mb")
+
+
+def infer_format(path: str) -> DataFormat:
+    """The layout of a data file from its name (see the module docstring)."""
+    name = path.lower().removesuffix(".gz")
+    if name.endswith(".csv"):
+        return DataFormat.CRITEO_CSV
+    if name.endswith((".tsv", ".txt")):
+        return DataFormat.CRITEO_TSV
+    return DataFormat.RECORD
+
+
+def _model(c: _Checker, raw: Any) -> ModelConfig | None:
+    if raw is None:
+        c.bad("model", "required")
+        return None
+    if isinstance(raw, str):
+        raw = {"name": raw}
+    m = c.section(raw, "model", MODEL_FIELDS)
+    if m is None:
+        return None
+    name = c.choice(m, "name", "model", ModelName, None)
+    d = ModelConfig(ModelName.WIDE_DEEP)
+    opt = c.text(m, "optimizer", "model", required=False) or d.optimizer
+    if opt not in OPTIMIZERS:
+        c.bad("model.optimizer", f"must be {_or(list(OPTIMIZERS))}, got {opt!r}")
+    cross = c.integer(m, "cross_layers", "model", d.cross_layers, minimum=0)
+    out = ModelConfig(
+        name=name or ModelName.WIDE_DEEP,
+        hash_buckets=c.integer(m, "hash_buckets", "model", d.hash_buckets, 1) or d.hash_buckets,
+        embed_dim=c.integer(m, "embed_dim", "model", d.embed_dim, 1) or d.embed_dim,
+        hidden=c.int_list(m, "hidden", "model", d.hidden),
+        cross_layers=d.cross_layers if cross is None else cross,
+        cin_layers=c.int_list(m, "cin_layers", "model", d.cin_layers),
+        learning_rate=c.number(m, "learning_rate", "model", d.learning_rate) or d.learning_rate,
+        optimizer=opt,
+    )
+    return out if name is not None else None
+
+
+def _dataset(c: _Checker, raw: Any) -> DatasetConfig | None:
+    if raw is None:
+        c.bad("dataset", "required")
+        return None
+    if isinstance(raw, str):  # a bare path
+        raw = {"path": raw}
+    d = c.section(raw, "dataset", DATASET_FIELDS)
+    if d is None:
+        return None
+    path = c.text(d, "path", "dataset", required=True)
+    fmt = c.choice(d, "format", "dataset", DataFormat, infer_format(path))
+    records = c.integer(d, "records", "dataset", 0, minimum=0)
+    return DatasetConfig(
+        path=path,
+        format=fmt,
+        records=records or 0,
+        test_path=c.text(d, "test_path", "dataset", required=False),
+        name=c.token(d, "name", "dataset", "train") or "train",
+    )
+
+
+def _policies(c: _Checker, raw: Any) -> PolicyConfig:
+    d = PolicyConfig()
+    if raw is None:
+        return d
+    p = c.section(raw, "policies", POLICY_FIELDS)
+    if p is None:
+        return d
+    return PolicyConfig(
+        straggler=c.token(p, "straggler", "policies", d.straggler) or d.straggler,
+        optimizer=c.token(p, "optimizer", "policies", d.optimizer) or d.optimizer,
+    )
+
+
+def _resources(c: _Checker, raw: Any) -> ResourceRequest | None:
+    if raw is None:
+        return None
+    r = c.section(raw, "resources", RESOURCE_FIELDS)
+    if r is None:
+        return None
+    return ResourceRequest(
+        workers=c.integer(r, "workers", "resources", None, 1),
+        ps=c.integer(r, "ps", "resources", None, 1),
+        worker_cpu=c.number(r, "worker_cpu", "resources", None),
+        worker_memory_mb=c.integer(r, "worker_memory_mb", "resources", None, 1),
+        ps_cpu=c.number(r, "ps_cpu", "resources", None),
+        ps_memory_mb=c.integer(r, "ps_memory_mb", "resources", None, 1),
+    )
+
+
+def _limits(c: _Checker, raw: Any) -> ResourceLimits | None:
+    if raw is None:
+        return None
+    lim = c.section(raw, "limits", LIMIT_FIELDS)
+    if lim is None:
+        return None
+    return ResourceLimits(
+        max_workers=c.integer(lim, "max_workers", "limits", None, 1),
+        max_ps=c.integer(lim, "max_ps", "limits", None, 1),
+        max_cpu=c.number(lim, "max_cpu", "limits", None),
+        max_memory_mb=c.integer(lim, "max_memory_mb", "limits", None, 1),
+    )
+
+
+def _cross_checks(c: _Checker, spec: JobSpec) -> None:
+    """Rules between fields; only run when every field alone was fine."""
+    if spec.backup_workers and spec.mode is not TrainingMode.BSP:
+        c.bad("backup_workers", f"only allowed with mode bsp, got {spec.backup_workers} with mode {spec.mode.value}")
+    r, lim = spec.resources, spec.limits
+    if r is not None and r.workers is not None and spec.backup_workers >= r.workers:
+        c.bad("backup_workers", f"must be < resources.workers ({r.workers}), got {spec.backup_workers}")
+    if r is not None and r.workers is not None and spec.batch_size < r.workers:
+        c.bad("batch_size", f"must be >= resources.workers ({r.workers}) so every worker gets records, "
+                            f"got {spec.batch_size}")
+    if lim is not None and lim.max_workers is not None and spec.backup_workers >= lim.max_workers:
+        c.bad("backup_workers", f"must be < limits.max_workers ({lim.max_workers}), got {spec.backup_workers}")
+    if r is None or lim is None:
+        return
+    pairs = (("workers", r.workers, "max_workers", lim.max_workers), ("ps", r.ps, "max_ps", lim.max_ps),
+             ("worker_cpu", r.worker_cpu, "max_cpu", lim.max_cpu), ("ps_cpu", r.ps_cpu, "max_cpu", lim.max_cpu),
+             ("worker_memory_mb", r.worker_memory_mb, "max_memory_mb", lim.max_memory_mb),
+             ("ps_memory_mb", r.ps_memory_mb, "max_memory_mb", lim.max_memory_mb))
+    for field_name, value, limit_name, limit in pairs:
+        if value is not None and limit is not None and value > limit:
+            c.bad(f"resources.{field_name}", f"{value} exceeds limits.{limit_name} ({limit})")
+
+
+def validate_job_spec(data: Any) -> JobSpec:
+    """Build a :class:`JobSpec` from plain data (a map), or raise :class:`JobSpecError`."""
+    c = _Checker()
+    top = c.section(data, "", TOP_LEVEL)
+    if top is None:
+        raise JobSpecError(c.problems)
+    name = c.token(top, "name", "", None)
+    model = _model(c, top.get("model"))
+    dataset = _dataset(c, top.get("dataset"))
+    epochs = c.integer(top, "epochs", "", 1, 1) or 1
+    batch_size = c.integer(top, "batch_size", "", 512, 1) or 512
+    mode = c.choice(top, "mode", "", TrainingMode, TrainingMode.ASP)
+    backup = c.integer(top, "backup_workers", "", 0, 0) or 0
+    policies = _policies(c, top.get("policies"))
+    resources = _resources(c, top.get("resources"))
+    limits = _limits(c, top.get("limits"))
+    if c.problems or name is None or model is None or dataset is None:
+        raise JobSpecError(c.problems)
+    spec = JobSpec(name=name, model=model, dataset=dataset, epochs=epochs, batch_size=batch_size,
+                   mode=mode, backup_workers=backup, policies=policies, resources=resources,
+                   limits=limits)
+    _cross_checks(c, spec)
+    if c.problems:
+        raise JobSpecError(c.problems)
+    return spec
+
+
+def parse_job_spec(source: str | bytes | Mapping[str, Any]) -> JobSpec:
+    """Parse a job spec given as YAML or JSON text (JSON is YAML) or as a map; validate it."""
+    if isinstance(source, Mapping):
+        return validate_job_spec(source)
+    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise JobSpecError([f"spec: not valid YAML or JSON{where}: {getattr(exc, 'problem', exc)}"]) from None
+    return validate_job_spec(data)
+
+
+def load_job_spec(path: str) -> JobSpec:
+    """Read and parse a job spec file (``.yaml``, ``.yml`` or ``.json``)."""
+    with open(path, encoding="utf-8") as f:
+        return parse_job_spec(f.read())
+
+
+def spec_to_json(spec: JobSpec) -> str:
+    """The spec as JSON text that :func:`parse_job_spec` reads back to an equal spec."""
+    from pacer.codec import to_dict
+
+    return json.dumps(_drop_none(to_dict(spec)), indent=2, sort_keys=True)
+
+
+def _drop_none(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _drop_none(v) for k, v in obj.items() if v is not None}
+    return obj
+
+
+# -------------------------------------------------------------- default plan
+
+
+def default_plan(spec: JobSpec, defaults: DefaultPlan = DEFAULT_PLAN) -> ResourcePlan:
+    """The plan the executor applies until the brain-optimizer exists (module docstring).
+
+    Pure and deterministic.  Raises :class:`JobSpecError` naming the limit if
+    the user's own resources leave no way to fit it.
+    """
+    req = spec.resources or ResourceRequest()
+    lim = spec.limits or ResourceLimits()
+    user = {f for f in RESOURCE_FIELDS if getattr(req, f) is not None}
+    min_workers = spec.backup_workers + 1
+    plan = ResourcePlan(
+        job=spec.name,
+        workers=req.workers if req.workers is not None else max(defaults.workers, min_workers),
+        ps=req.ps if req.ps is not None else defaults.ps,
+        worker_cpu=req.worker_cpu if req.worker_cpu is not None else defaults.worker_cpu,
+        worker_memory_mb=req.worker_memory_mb if req.worker_memory_mb is not None else defaults.worker_memory_mb,
+        ps_cpu=req.ps_cpu if req.ps_cpu is not None else defaults.ps_cpu,
+        ps_memory_mb=req.ps_memory_mb if req.ps_memory_mb is not None else defaults.ps_memory_mb,
+        source=PlanSource.USER if user else PlanSource.DEFAULT,
+    )
+    notes: list[str] = []
+    if lim.max_workers is not None and plan.workers > lim.max_workers and "workers" not in user:
+        plan = replace(plan, workers=max(lim.max_workers, 1))
+        notes.append(f"workers clamped to limits.max_workers={lim.max_workers}")
+    if lim.max_ps is not None and plan.ps > lim.max_ps and "ps" not in user:
+        plan = replace(plan, ps=lim.max_ps)
+        notes.append(f"ps clamped to limits.max_ps={lim.max_ps}")
+    if plan.workers < min_workers:
+        raise JobSpecError([f"backup_workers: must be < the plan's {plan.workers} workers, got {spec.backup_workers}"])
+    if lim.max_cpu is not None:
+        plan = _fit(plan, lim.max_cpu, "cpu", user, min_workers, defaults.min_cpu, notes)
+    if lim.max_memory_mb is not None:
+        plan = _fit(plan, lim.max_memory_mb, "memory_mb", user, min_workers, defaults.min_memory_mb, notes)
+    given = ", ".join(f for f in RESOURCE_FIELDS if f in user)
+    head = f"user resources ({given}), the rest default" if user else "default plan (no brain-optimizer yet)"
+    return replace(plan, reason="; ".join([head, *notes]))
+
+
+def _total(plan: ResourcePlan, unit: str) -> float:
+    return float(plan.workers * getattr(plan, f"worker_{unit}") + plan.ps * getattr(plan, f"ps_{unit}"))
+
+
+def _fit(plan: ResourcePlan, limit: float, unit: str, user: set[str], min_workers: int,
+         floor: float, notes: list[str]) -> ResourcePlan:
+    """Shrink what was defaulted until the job's total ``unit`` is within ``limit``."""
+    if _total(plan, unit) <= limit:
+        return plan
+    limit_name = "max_cpu" if unit == "cpu" else "max_memory_mb"
+    before = (plan.workers, plan.ps)
+    steps: list[Callable[[ResourcePlan], ResourcePlan | None]] = []
+    if "workers" not in user:
+        steps.append(lambda p: replace(p, workers=p.workers - 1) if p.workers > min_workers else None)
+    if "ps" not in user:
+        steps.append(lambda p: replace(p, ps=p.ps - 1) if p.ps > 1 else None)
+    for step in steps:
+        while _total(plan, unit) > limit:
+            nxt = step(plan)
+            if nxt is None:
+                break
+            plan = nxt
+    if (plan.workers, plan.ps) != before:
+        notes.append(f"workers/ps reduced to {plan.workers}/{plan.ps} to fit limits.{limit_name}={limit:g}")
+    if _total(plan, unit) > limit:
+        # Scale the defaulted per-node amounts into what the user's amounts leave over.
+        roles = [r for r in ("worker", "ps") if f"{r}_{unit}" not in user]
+        fixed = sum(_count(plan, r) * getattr(plan, f"{r}_{unit}") for r in ("worker", "ps") if r not in roles)
+        scalable = sum(_count(plan, r) * getattr(plan, f"{r}_{unit}") for r in roles)
+        room = limit - fixed
+        if roles and room > 0:
+            factor = room / scalable
+            for r in roles:
+                cur = getattr(plan, f"{r}_{unit}")
+                if unit == "cpu":
+                    new: float | int = max(floor, math.floor(cur * factor * 10) / 10)
+                else:
+                    new = max(int(floor), int(cur * factor))
+                change: dict[str, Any] = {f"{r}_{unit}": new}
+                plan = replace(plan, **change)
+            notes.append(f"{'/'.join(f'{r}_{unit}' for r in roles)} scaled down to fit limits.{limit_name}={limit:g}")
+    if _total(plan, unit) > limit + 1e-9:
+        raise JobSpecError([
+            f"limits.{limit_name}: {limit:g} is below the {_total(plan, unit):g} the plan needs "
+            f"({plan.workers} workers, {plan.ps} PS) with the resources given"
+        ])
+    return plan
+
+
+def _count(plan: ResourcePlan, role: str) -> int:
+    return plan.workers if role == "worker" else plan.ps

@@ -1,0 +1,365 @@
+"""Job specs (parsing, validation messages, default plan) and the job lifecycle table."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pacer import codec, errors
+from pacer.contracts.jobs import (
+    DataFormat,
+    JobEvent,
+    JobSpec,
+    JobState,
+    ModelName,
+    PlanSource,
+    ResourcePlan,
+    TrainingMode,
+)
+from pacer.jobs import (
+    TERMINAL,
+    TRANSITIONS,
+    IllegalJobTransition,
+    JobLifecycle,
+    JobSpecError,
+    JobTrigger,
+    default_plan,
+    load_job_spec,
+    parse_job_spec,
+)
+from pacer.jobs.spec import spec_to_json
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples" / "jobs").glob("*.yaml"))
+
+BASE: dict[str, Any] = {
+    "name": "j1",
+    "model": "wide_deep",
+    "dataset": {"path": "data/train.tsv"},
+}
+
+
+def _with(**changes: Any) -> dict[str, Any]:
+    """BASE with dotted-path changes; a value of ``...`` deletes the key."""
+    doc = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        node = doc
+        for p in parents:
+            if not isinstance(node.get(p), dict):
+                node[p] = {} if p != "model" else {"name": "wide_deep"}
+            node = node[p]
+        if value is ...:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return doc
+
+
+# ------------------------------------------------------------------ examples
+
+
+def test_examples_exist() -> None:
+    assert {p.name for p in EXAMPLES} >= {"wide_deep.yaml", "xdeepfm_bsp.yaml"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_files_parse_and_plan(path: Path) -> None:
+    spec = load_job_spec(str(path))
+    plan = default_plan(spec)
+    assert plan.job == spec.name
+    assert plan.workers > spec.backup_workers and plan.ps >= 1
+
+
+def test_zero_config_example() -> None:
+    spec = load_job_spec(str(REPO / "examples/jobs/wide_deep.yaml"))
+    assert spec.resources is None and spec.limits is None
+    assert spec.dataset.format is DataFormat.CRITEO_TSV
+    plan = default_plan(spec)
+    assert plan.source is PlanSource.DEFAULT
+    assert (plan.workers, plan.ps, plan.worker_cpu, plan.worker_memory_mb) == (2, 2, 1.0, 1024)
+
+
+def test_bsp_example_has_limits_and_custom_policy() -> None:
+    spec = load_job_spec(str(REPO / "examples/jobs/xdeepfm_bsp.yaml"))
+    assert spec.model.name is ModelName.XDEEPFM and spec.mode is TrainingMode.BSP
+    assert spec.policies.straggler == "my-straggler-policy"
+    assert spec.limits is not None and spec.limits.max_ps == 1
+    plan = default_plan(spec)
+    assert plan.ps == 1 and plan.source is PlanSource.USER
+    assert plan.worker_memory_mb == 2048  # the user's value
+    assert "max_ps" in plan.reason
+
+
+# ---------------------------------------------------------------- defaults
+
+
+def test_defaults() -> None:
+    spec = parse_job_spec(BASE)
+    assert (spec.epochs, spec.batch_size, spec.mode, spec.backup_workers) == (1, 512, TrainingMode.ASP, 0)
+    assert (spec.policies.straggler, spec.policies.optimizer) == ("antdt-nd", "brain")
+    assert spec.model.name is ModelName.WIDE_DEEP and spec.model.optimizer == "adagrad"
+    assert spec.dataset.name == "train" and spec.dataset.records == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "fmt"),
+    [("a.csv", DataFormat.CRITEO_CSV), ("a.tsv.gz", DataFormat.CRITEO_TSV),
+     ("day_0.txt", DataFormat.CRITEO_TSV), ("train.rec", DataFormat.RECORD)],
+)
+def test_format_inferred_from_path(path: str, fmt: DataFormat) -> None:
+    assert parse_job_spec(_with(dataset__path=path)).dataset.format is fmt
+
+
+def test_bare_dataset_path_and_model_map() -> None:
+    spec = parse_job_spec({"name": "j", "model": {"name": "dcn", "cross_layers": 0}, "dataset": "x.csv"})
+    assert spec.model.name is ModelName.DCN and spec.model.cross_layers == 0
+    assert spec.dataset.path == "x.csv"
+
+
+# ------------------------------------------------------------ YAML and JSON
+
+
+def test_yaml_and_json_are_equivalent() -> None:
+    doc = _with(mode="bsp", backup_workers=1, resources={"workers": 3, "ps_cpu": 0.5},
+                limits={"max_cpu": 8}, model={"name": "xdeepfm", "hidden": [8, 4]})
+    from_yaml = parse_job_spec(yaml.safe_dump(doc))
+    from_json = parse_job_spec(json.dumps(doc))
+    assert from_yaml == from_json == parse_job_spec(doc) == parse_job_spec(json.dumps(doc).encode())
+
+
+def test_spec_to_json_round_trips() -> None:
+    for path in EXAMPLES:
+        spec = load_job_spec(str(path))
+        assert parse_job_spec(spec_to_json(spec)) == spec
+
+
+@pytest.mark.parametrize("cls", [JobSpec, ResourcePlan, JobEvent])
+def test_messages_round_trip_through_the_codec(cls: type[Any]) -> None:
+    spec = load_job_spec(str(REPO / "examples/jobs/xdeepfm_bsp.yaml"))
+    sample = {
+        JobSpec: spec,
+        ResourcePlan: default_plan(spec),
+        JobEvent: JobEvent("j", JobState.FAILED, 1.5, "boom", previous=JobState.RUNNING),
+    }[cls]
+    assert codec.decode(cls, codec.encode(sample)) == sample
+
+
+# ------------------------------------------------------- validation messages
+
+INVALID = [
+    # (document, field path the message must start with, text it must contain)
+    ({"model": "wide_deep", "dataset": "x"}, "name", "required"),
+    (_with(name="has space"), "name", "letters, digits"),
+    (_with(name=7), "name", "must be a string"),
+    (_with(model=...), "model", "required"),
+    (_with(model="gbdt"), "model.name", "must be wide_deep, xdeepfm or dcn, got 'gbdt'"),
+    (_with(model={"embed_dim": 4}), "model.name", "required"),
+    (_with(model__embed_dim=0), "model.embed_dim", "must be > 0"),
+    (_with(model__hash_buckets="many"), "model.hash_buckets", "must be an integer"),
+    (_with(model__hidden=[64, -1]), "model.hidden[1]", "must be an integer > 0"),
+    (_with(model__cin_layers=5), "model.cin_layers", "must be a list"),
+    (_with(model__cross_layers=-1), "model.cross_layers", "must be >= 0"),
+    (_with(model__learning_rate=0), "model.learning_rate", "must be > 0"),
+    (_with(model__optimizer="rmsprop"), "model.optimizer", "adagrad, adam or sgd"),
+    (_with(model__embeddim=4), "model.embeddim", "did you mean 'embed_dim'"),
+    (_with(dataset=...), "dataset", "required"),
+    (_with(dataset={"test_path": "t.tsv"}), "dataset.path", "required"),
+    (_with(dataset__path=""), "dataset.path", "must not be empty"),
+    (_with(dataset__format="parquet"), "dataset.format", "record, criteo_tsv or criteo_csv"),
+    (_with(dataset__records=-5), "dataset.records", "must be >= 0"),
+    (_with(dataset__name="a.b"), "dataset.name", "letters, digits"),
+    (_with(dataset=[1]), "dataset", "must be a map"),
+    (_with(epochs=0), "epochs", "must be > 0"),
+    (_with(epochs=1.5), "epochs", "must be an integer"),
+    (_with(epochs=True), "epochs", "must be an integer"),
+    (_with(batch_size=-1), "batch_size", "must be > 0"),
+    (_with(mode="sync"), "mode", "must be asp or bsp, got 'sync'"),
+    (_with(backup_workers=-1), "backup_workers", "must be >= 0"),
+    (_with(backup_workers=1), "backup_workers", "only allowed with mode bsp"),
+    (_with(mode="bsp", backup_workers=2, resources={"workers": 2}), "backup_workers", "must be <"),
+    (_with(mode="bsp", backup_workers=3, limits={"max_workers": 3}), "backup_workers", "limits.max_workers"),
+    (_with(batch_size=2, resources={"workers": 4}), "batch_size", "resources.workers"),
+    (_with(policies__straggler=""), "policies.straggler", "letters, digits"),
+    (_with(policies__optimiser="x"), "policies.optimiser", "did you mean 'optimizer'"),
+    (_with(policies="antdt"), "policies", "must be a map"),
+    (_with(resources__workers=0), "resources.workers", "must be > 0"),
+    (_with(resources__ps=1.0), "resources.ps", "must be an integer"),
+    (_with(resources__worker_cpu=-1), "resources.worker_cpu", "must be > 0"),
+    (_with(resources__worker_cpu="2"), "resources.worker_cpu", "must be a number"),
+    (_with(resources__worker_memory_mb=0), "resources.worker_memory_mb", "must be > 0"),
+    (_with(resources__ps_cpu=float("inf")), "resources.ps_cpu", "must be > 0"),
+    (_with(resources__ps_memory_mb=-2), "resources.ps_memory_mb", "must be > 0"),
+    (_with(resources__gpus=1), "resources.gpus", "unknown field"),
+    (_with(resources={"workers": 8}, limits={"max_workers": 4}), "resources.workers", "exceeds limits.max_workers"),
+    (_with(resources={"ps_cpu": 4}, limits={"max_cpu": 2}), "resources.ps_cpu", "exceeds limits.max_cpu"),
+    (_with(limits__max_workers=0), "limits.max_workers", "must be > 0"),
+    (_with(limits__max_ps="two"), "limits.max_ps", "must be an integer"),
+    (_with(limits__max_cpu=0), "limits.max_cpu", "must be > 0"),
+    (_with(limits__max_memory_mb=-1), "limits.max_memory_mb", "must be > 0"),
+    (_with(limits__max_gpu=1), "limits.max_gpu", "unknown field"),
+    (_with(epoch=2), "epoch", "did you mean 'epochs'"),
+    (_with(batchsize=2), "batchsize", "did you mean 'batch_size'"),
+    (_with(zzz=1), "zzz", "unknown field (known: name, model"),
+]
+
+
+@pytest.mark.parametrize(("doc", "field", "text"), INVALID, ids=[f"{i}-{c[1]}" for i, c in enumerate(INVALID)])
+def test_invalid_field_is_named(doc: dict[str, Any], field: str, text: str) -> None:
+    with pytest.raises(JobSpecError) as ei:
+        parse_job_spec(doc)
+    err = ei.value
+    assert isinstance(err, errors.ValidationError) and err.code == "invalid"
+    hits = [p for p in err.problems if p.startswith(f"{field}: ")]
+    assert hits, f"no problem for {field!r} in {err.problems}"
+    assert any(text in p for p in hits), err.problems
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(JobSpecError) as ei:
+        parse_job_spec(_with(epochs=0, mode="sync", dataset__path=...))
+    fields = sorted(p.split(":")[0] for p in ei.value.problems)
+    assert fields == ["dataset.path", "epochs", "mode"]
+    assert str(ei.value).count("\n") == 2
+
+
+@pytest.mark.parametrize("text", ["name: [unclosed", "{\"name\": ", "- a\n- b", "42", ""])
+def test_not_a_document(text: str) -> None:
+    with pytest.raises(JobSpecError, match=r"^spec: "):
+        parse_job_spec(text)
+
+
+# ------------------------------------------------------------ default plan
+
+
+def _plan(**changes: Any) -> ResourcePlan:
+    return default_plan(parse_job_spec(_with(**changes)))
+
+
+def test_default_plan_without_limits() -> None:
+    p = _plan()
+    assert (p.workers, p.ps, p.worker_cpu, p.worker_memory_mb, p.ps_cpu, p.ps_memory_mb) == (
+        2, 2, 1.0, 1024, 1.0, 1024)
+    assert p.source is PlanSource.DEFAULT and p.reason
+
+
+def test_user_resources_win_over_defaults() -> None:
+    p = _plan(resources={"workers": 5, "ps_memory_mb": 4096})
+    assert (p.workers, p.ps, p.ps_memory_mb, p.worker_memory_mb) == (5, 2, 4096, 1024)
+    assert p.source is PlanSource.USER and "workers" in p.reason
+
+
+def test_default_plan_clamped_by_counts() -> None:
+    p = _plan(limits={"max_workers": 1, "max_ps": 1})
+    assert (p.workers, p.ps) == (1, 1)
+    assert "max_workers" in p.reason and "max_ps" in p.reason
+
+
+def test_default_plan_clamped_by_total_cpu_and_memory() -> None:
+    p = _plan(limits={"max_cpu": 3, "max_memory_mb": 2048})
+    assert p.workers * p.worker_cpu + p.ps * p.ps_cpu <= 3
+    assert p.workers * p.worker_memory_mb + p.ps * p.ps_memory_mb <= 2048
+    assert p.workers >= 1 and p.ps >= 1
+
+
+def test_default_plan_scales_per_node_amounts_last() -> None:
+    p = _plan(limits={"max_cpu": 1})
+    assert (p.workers, p.ps) == (1, 1)
+    assert p.worker_cpu + p.ps_cpu <= 1 and p.worker_cpu >= 0.1
+
+
+def test_default_plan_keeps_user_values_and_fits_around_them() -> None:
+    p = _plan(resources={"workers": 3, "worker_cpu": 1}, limits={"max_cpu": 4})
+    assert (p.workers, p.worker_cpu) == (3, 1.0)
+    assert p.ps == 1 and p.ps_cpu == 1.0
+
+
+def test_default_plan_keeps_backup_workers_below_workers() -> None:
+    p = _plan(mode="bsp", backup_workers=2)
+    assert p.workers == 3
+    p = _plan(mode="bsp", backup_workers=1, limits={"max_cpu": 2})
+    assert p.workers == 2 and p.workers > 1
+
+
+def test_default_plan_names_the_limit_it_cannot_meet() -> None:
+    with pytest.raises(JobSpecError, match=r"^limits\.max_cpu: 4 is below"):
+        _plan(resources={"workers": 4, "worker_cpu": 1}, limits={"max_cpu": 4})
+
+
+# --------------------------------------------------------------- lifecycle
+
+EDGES = sorted(TRANSITIONS.items(), key=lambda kv: (kv[0][0].value, kv[0][1].value))
+
+
+def test_terminal_states_have_no_outgoing_edges() -> None:
+    assert TERMINAL == {JobState.COMPLETED, JobState.FAILED, JobState.STOPPED}
+    for (src, _trigger), dst in TRANSITIONS.items():
+        assert src not in TERMINAL
+        assert dst in JobState
+
+
+def test_the_documented_edges() -> None:
+    assert {(s.value, d.value) for (s, _), d in TRANSITIONS.items()} == {
+        ("submitted", "planning"), ("planning", "running"), ("running", "completed"),
+        ("running", "failed"), ("planning", "failed"), ("submitted", "stopped"),
+        ("planning", "stopped"), ("running", "stopped"), ("running", "planning"),
+    }
+
+
+@pytest.mark.parametrize(("edge", "dst"), EDGES, ids=[f"{s.value}-{t.value}" for (s, t), _ in EDGES])
+def test_every_legal_edge_works(edge: tuple[JobState, JobTrigger], dst: JobState) -> None:
+    src, trigger = edge
+    lc = JobLifecycle("j", ["train"], state=src)
+    lc.done.add("train")  # so that FINISH's guard holds
+    ev = lc.apply(trigger, now=7.0, reason="why")
+    assert ev == JobEvent("j", dst, 7.0, "why", previous=src)
+    assert lc.state is dst
+
+
+ILLEGAL = [(s, t) for s in JobState for t in JobTrigger if (s, t) not in TRANSITIONS]
+
+
+@pytest.mark.parametrize(("state", "trigger"), ILLEGAL, ids=[f"{s.value}-{t.value}" for s, t in ILLEGAL])
+def test_everything_else_raises(state: JobState, trigger: JobTrigger) -> None:
+    lc = JobLifecycle("j", ["train"], state=state)
+    lc.done.add("train")
+    with pytest.raises(IllegalJobTransition) as ei:
+        lc.apply(trigger, now=1.0, reason="r")
+    assert isinstance(ei.value, errors.PacerError) and ei.value.code == "conflict"
+    assert lc.state is state
+
+
+def test_completes_when_every_dataset_is_done() -> None:
+    lc, first = JobLifecycle.submitted("j", ["train", "test"], now=0.0)
+    assert first.state is JobState.SUBMITTED
+    lc.apply(JobTrigger.ACCEPT, 1.0)
+    lc.start(2.0)
+    with pytest.raises(IllegalJobTransition, match="datasets not done: test, train"):
+        lc.apply(JobTrigger.FINISH, 3.0)
+    assert lc.dataset_done("train", 3.0) is None
+    ev = lc.dataset_done("test", 4.0)
+    assert ev is not None and ev.state is JobState.COMPLETED and lc.terminal
+
+
+def test_datasets_finishing_during_a_replan_complete_on_start() -> None:
+    lc = JobLifecycle("j", ["train"], state=JobState.RUNNING)
+    lc.apply(JobTrigger.REPLAN, 1.0, "scale up")
+    assert lc.dataset_done("train", 2.0) is None
+    assert [e.state for e in lc.start(3.0)] == [JobState.RUNNING, JobState.COMPLETED]
+
+
+def test_fails_with_a_reason_only_on_unretryable_errors() -> None:
+    lc = JobLifecycle("j", ["train"], state=JobState.RUNNING)
+    assert lc.error(errors.Unavailable("bus down"), 1.0) is None
+    assert lc.state is JobState.RUNNING
+    with pytest.raises(IllegalJobTransition, match="needs a reason"):
+        lc.apply(JobTrigger.FAIL, 1.0)
+    ev = lc.error(errors.NotFound("no dataset train"), 2.0)
+    assert ev is not None and ev.state is JobState.FAILED
+    assert ev.reason == "not_found: no dataset train"
+    with pytest.raises(IllegalJobTransition, match="terminal"):
+        lc.apply(JobTrigger.STOP, 3.0)
