@@ -37,6 +37,7 @@ worker's steps, or pause the job, when that matters.
 
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
@@ -160,3 +161,45 @@ def arrays_to_variables(
     for ops, feed in rounds:
         sess.run(ops, feed_dict=feed)
     return done
+
+
+# "emb/part_3" and an optimizer slot of it, "emb/part_3/Adagrad" (full name "emb/Adagrad").
+_PART = re.compile(r"^(.*)/part_(\d+)(/.*)?$")
+
+
+def repartition(arrays: Mapping[str, np.ndarray], variables: Iterable[Any]) -> dict[str, np.ndarray]:
+    """Arrays saved from one PS set -> the arrays for ``variables`` of another.
+
+    Embedding tables are split along axis 0 (``fixed_size_partitioner``) into
+    as many parts as there are PS tasks, so a checkpoint of 2 PS names
+    ``emb/part_0..1`` and a graph for 3 PS wants ``emb/part_0..2``: the saved
+    parts are concatenated in part order into the full table, and each new
+    part takes its rows by its slice info (``var_offset``, ``var_shape``),
+    exactly what ``Saver`` does with its slice records.  Variables that are
+    not partitioned are passed through by name.
+    """
+    parts: dict[str, list[tuple[int, np.ndarray]]] = {}
+    for name, a in arrays.items():
+        m = _PART.match(name)
+        if m:
+            parts.setdefault(m.group(1) + (m.group(3) or ""), []).append((int(m.group(2)), a))
+    full: dict[str, np.ndarray] = {}
+    out: dict[str, np.ndarray] = {}
+    for name, v in _named(variables):
+        info = getattr(v, "_save_slice_info", None)
+        if info is None:
+            if name not in arrays:
+                raise KeyError(f"checkpoint has no array for variable {name!r}")
+            out[name] = arrays[name]
+            continue
+        base = info.full_name
+        if base not in full:
+            if base not in parts:
+                raise KeyError(f"checkpoint has no parts of partitioned variable {base!r}")
+            full[base] = np.concatenate([a for _, a in sorted(parts[base], key=lambda p: p[0])], axis=0)
+        src = full[base]
+        if list(src.shape) != list(info.full_shape):
+            raise ValueError(f"{base}: checkpoint shape {list(src.shape)} != graph shape {list(info.full_shape)}")
+        begin = info.var_offset[0]
+        out[name] = src[begin:begin + info.var_shape[0]]
+    return out

@@ -72,6 +72,7 @@ class WorkerConfig:
     straggler: str = ""  # StragglerSpec JSON
     checkpoint_dir: str = ""
     checkpoint_every: int = 0  # steps between checkpoints (chief); 0 = only at the end
+    flash: bool = True  # flash checkpoints (shared memory, persisted async); False = tf Saver
     restore: bool = False  # start from the newest checkpoint in checkpoint_dir
     eval_data: str = ""  # held-out record file: the chief reports AUC at the end
     result: str = ""  # where the chief writes its result JSON
@@ -247,6 +248,16 @@ class Trainer:
                         (tf.fill([self.n], self.global_step),))
                 self.queue_runner = self.sync.get_chief_queue_runner()
             self.saver = tf.compat.v1.train.Saver(sharded=True, max_to_keep=3, allow_empty=True)
+            self.flash = None
+            if cfg.flash and cfg.checkpoint_dir and self.is_chief:
+                from pacer.trainer.flashckpt import FlashCheckpointer
+                from pacer.trainer.tfckpt import flatten_variables, prepare_snapshot
+
+                # What Saver would save: every global variable (optimizer slots and step included).
+                self.ckpt_vars = flatten_variables(tf.compat.v1.global_variables())
+                prepare_snapshot(self.ckpt_vars)
+                self.flash = FlashCheckpointer(f"{cfg.job}-chief", Path(cfg.checkpoint_dir) / "flash")
+                self.flash_pending: list[Any] = []
             self.uninit = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
             self.global_init = {v.op.name: v.initializer for v in tf.compat.v1.global_variables()}
             self.local_init = tf.compat.v1.local_variables_initializer()
@@ -262,12 +273,9 @@ class Trainer:
         self.sess = tf.compat.v1.Session(self.server.target, graph=self.graph, config=config)
         deadline = time.monotonic() + timeout_s
         restored = False
+        self.restored_from = ""
         if self.is_chief and self.cfg.restore and self.cfg.checkpoint_dir:
-            path = tf.train.latest_checkpoint(self.cfg.checkpoint_dir)
-            if path:
-                self.saver.restore(self.sess, path)
-                restored = True
-                log.info("restored %s", path)
+            restored = self._restore()
         while True:
             missing = [m.decode() for m in self.sess.run(self.uninit)]
             if not missing:
@@ -288,6 +296,26 @@ class Trainer:
                 self.sess.run(self.init_tokens)
                 self.coord = tf.train.Coordinator()
                 self.qr_threads = self.queue_runner.create_threads(self.sess, coord=self.coord, daemon=True, start=True)
+
+    def _restore(self) -> bool:
+        """The newest checkpoint: flash (shared memory, else its disk copy), else Saver."""
+        meta_file = Path(self.cfg.checkpoint_dir, "shard_checkpoint")
+        meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+        if meta.get("format") == "flash" and self.flash is not None:
+            from pacer.trainer.tfckpt import arrays_to_variables, repartition
+
+            got = self.flash.restore(step=int(meta["step"]))
+            arrays_to_variables(self.sess, self.ckpt_vars, repartition(got.arrays, self.ckpt_vars))
+            self.restored_from = f"flash:{got.source}"
+            log.info("restored step %s from flash (%s)", got.step, got.source)
+            return True
+        path = self.tf.train.latest_checkpoint(self.cfg.checkpoint_dir)
+        if path:
+            self.saver.restore(self.sess, path)
+            self.restored_from = "saver"
+            log.info("restored %s", path)
+            return True
+        return False
 
     # ------------------------------------------------------------ steps
     def loss_scale_for(self, batch: int, zero: bool = False) -> float:
@@ -353,10 +381,24 @@ class Trainer:
         step = int(self.sess.run(self.global_step))
         ckpt_id = f"step-{step}"
         records_done = shard_admin(ckpt_id) if shard_admin is not None else -1
-        path = self.saver.save(self.sess, os.path.join(self.cfg.checkpoint_dir, "model"), global_step=step)
+        if self.flash is not None:
+            # DLRover-RM §5.2: only the copy into shared memory is on the training path.
+            from pacer.trainer.tfckpt import variables_to_arrays
+
+            arrays = variables_to_arrays(self.sess, self.ckpt_vars)
+            self.flash_pending.append(self.flash.save(step, arrays, {"shard_checkpoint": ckpt_id}))
+            fmt, path = "flash", str(self.flash.ckpt_dir(step))
+        else:
+            fmt = "saver"
+            path = self.saver.save(self.sess, os.path.join(self.cfg.checkpoint_dir, "model"), global_step=step)
         Path(self.cfg.checkpoint_dir, "shard_checkpoint").write_text(
-            json.dumps({"id": ckpt_id, "step": step, "model": path, "records_done": records_done}))
+            json.dumps({"id": ckpt_id, "step": step, "model": path, "format": fmt, "records_done": records_done}))
         return ckpt_id
+
+    def close_checkpoints(self) -> None:
+        """Wait until every flash checkpoint is on disk too (a machine loss keeps them)."""
+        if self.flash is not None:
+            self.flash.close()
 
     def evaluate(self, path: str, batch: int = 4096) -> dict[str, float]:
         from pacer.data.criteo import RecordFile, features
@@ -508,9 +550,11 @@ def run(cfg: WorkerConfig) -> int:
                                   "global_step": gstep, "start_global_step": start_gstep, "samples": samples,
                                   "first_step_s": first_step_at, "seconds": time.monotonic() - t_start,
                                   "actions": trainer.applied, **stats}
+        result["restored_from"] = trainer.restored_from
         if exit_code == 0 and trainer.is_chief:
             if cfg.checkpoint_dir:
                 result["checkpoint"] = trainer.checkpoint(admin_ckpt)
+                trainer.close_checkpoints()
             if cfg.eval_data:
                 result.update(trainer.evaluate(cfg.eval_data))
         if cfg.result:
