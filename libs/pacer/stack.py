@@ -20,6 +20,7 @@ from pacer.embedded import EmbeddedNats
 # Every service of the embedded stack: name -> module to run.
 SERVICES: dict[str, str] = {
     "shard": "pacer_services.shard_service.main",
+    "monitor": "pacer_services.monitor.main",
 }
 
 

@@ -173,3 +173,39 @@ def agent_phase(job: str, phase: str) -> str:
 def agent_primary_key(job: str) -> str:
     """KV key (in :data:`AGENT_BUCKET`) naming the job's primary agent: ``<job>.primary``."""
     return f"{_tok(job, 'job')}.primary"
+
+
+# ------------------------------------------------------------------ monitor
+# The monitor (AntDT V-D) folds agent metrics, heartbeats, node events and
+# shard progress into per-job statistics; it publishes them periodically and
+# answers queries.
+MONITOR_SERVICE = "monitor"
+
+
+class MonitorOp:
+    STATS = "stats"  # monitor.StatsQuery -> monitor.JobStatistics
+    ALL = (STATS,)
+
+
+class MonitorEventKind:
+    STATISTICS = "statistics"  # monitor.JobStatistics, every interval per job with recent data
+
+
+def monitor_stats(job: str) -> str:
+    """``pacer.rpc.monitor.<job>.stats``: StatsQuery -> JobStatistics (NotFound for an unknown job)."""
+    return rpc(MONITOR_SERVICE, job, MonitorOp.STATS)
+
+
+def monitor_statistics(job: str) -> str:
+    """``pacer.events.monitor.<job>.statistics``: the monitor's periodic JobStatistics."""
+    return event(MONITOR_SERVICE, job, MonitorEventKind.STATISTICS)
+
+
+def monitor_inputs() -> list[str]:
+    """The event filters the monitor consumes from PACER_EVENTS (never its own statistics)."""
+    return [
+        events_of(AGENT_SERVICE, kind=AgentEventKind.METRICS),
+        events_of(AGENT_SERVICE, kind=AgentEventKind.HEARTBEAT),
+        events_of("node"),
+        events_of("shard", kind=ShardEventKind.PROGRESS),
+    ]

@@ -1,0 +1,297 @@
+"""The monitor service: events in, per-job statistics out (AntDT section V-D).
+
+Inputs come from the ``PACER_EVENTS`` stream (filters in
+:func:`pacer.subjects.monitor_inputs`): agent metrics and heartbeats, node
+events and the shard service's progress events.  Each is decoded by a thin
+handler and folded into the pure :class:`MonitorCore`.  Outputs:
+
+* ``pacer.events.monitor.<job>.statistics``: a :class:`JobStatistics` every
+  ``interval_s`` for every job with data in the last long window L_per;
+* ``pacer.rpc.monitor.<job>.stats``: :class:`StatsQuery` -> :class:`JobStatistics`
+  (``not_found`` error reply for a job the monitor knows nothing about);
+* ``pacer.svc.monitor.health`` (the runtime), ``pacer.deadletter.monitor``.
+
+Time
+----
+``now`` comes from the injected ``clock``, which must be *wall* time (unix
+seconds): agent metrics carry wall timestamps.  An event that waited in the
+stream (published while the monitor was down, or replayed) is observed at
+the time the stream stored it (``min(clock(), stored)``), so a backlog lands
+in the past, where it was, and a node silent since then does not look alive.
+
+Restart: the windows are rebuilt, not persisted
+-----------------------------------------------
+The core's state is in memory only.  On start the monitor (1) binds its
+durable pull consumer (created with ``DeliverPolicy.NEW`` on first use), then
+(2) replays the stream from ``now - L_per`` with a fresh ephemeral consumer
+(``DeliverPolicy.BY_START_TIME``): exactly what the windows can hold, and
+(3) only then answers queries and consumes the durable consumer, acking
+without re-applying what the replay already applied (stream sequence <= the
+last replayed one).  Statistics after a restart therefore match those before
+it, as long as the stream still retains the window (it keeps 7 days).
+
+Concurrency contract
+--------------------
+One consumer loop applies events in stream order (so a node's ``died`` and
+its late metrics are seen in the order they were stored); the core is
+synchronous and never awaited in the middle of an update, so queries and the
+publish loop, which run on the same event loop, always see a consistent
+state.  Run one instance: instances sharing the durable consumer would each
+see only part of the events.  Acks are explicit: ack after applying; a
+message that can never be applied is terminated, dead-lettered (header
+``Pacer-Error``) and counted; nothing in a message can stop the loop.
+
+Cluster information (the scheduler's queue, "is the cluster busy") is not
+consumed here yet: :meth:`MonitorService.observe_cluster` is the entry point
+for it, and the pod-executor issue will publish it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from pacer import subjects
+from pacer.bus import Bus
+from pacer.errors import NotFound, PacerError
+from pacer.runtime import RuntimeConfig, guard
+from pacer.telemetry import Counters
+from pacer_services.monitor import handlers
+from pacer_services.monitor.core import MonitorConfig, MonitorCore
+from pacer_services.monitor.effects import EventFeed, dead_letter, publish_statistics
+
+log = logging.getLogger("pacer.monitor")
+
+
+@dataclass
+class MonitorServiceConfig:
+    interval_s: float = 10.0  # how often JobStatistics are published
+    durable: str = "monitor"  # name of the durable consumer on PACER_EVENTS
+    replay: bool = True  # rebuild the windows from the stream on start
+    fetch_batch: int = 256
+    fetch_timeout_s: float = 0.5  # also bounds how long a drain waits for the loop
+    ack_wait_s: float = 30.0
+    # A job silent for this long is forgotten (None: 2 x (L_per + heartbeat timeout)).
+    forget_after_s: float | None = None
+    core: MonitorConfig = field(default_factory=MonitorConfig)
+
+    @classmethod
+    def from_env(cls) -> MonitorServiceConfig:
+        """``PACER_MONITOR_INTERVAL_S``, ``PACER_MONITOR_WINDOW_SHORT_S`` / ``_LONG_S``, ``_SLOWNESS_RATIO``."""
+        env = os.environ
+        base = MonitorConfig()
+        core = MonitorConfig(
+            window_short_s=float(env.get("PACER_MONITOR_WINDOW_SHORT_S", base.window_short_s)),
+            window_long_s=float(env.get("PACER_MONITOR_WINDOW_LONG_S", base.window_long_s)),
+            slowness_ratio=float(env.get("PACER_MONITOR_SLOWNESS_RATIO", base.slowness_ratio)),
+        )
+        return cls(interval_s=float(env.get("PACER_MONITOR_INTERVAL_S", cls.interval_s)), core=core)
+
+
+class MonitorService:
+    name = subjects.MONITOR_SERVICE
+
+    def __init__(
+        self,
+        bus: Bus,
+        cfg: MonitorServiceConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bus = bus
+        self.cfg = cfg or MonitorServiceConfig()
+        self.clock = clock
+        self.core = MonitorCore(self.cfg.core)
+        self.counters = Counters(self.name)
+        self.feed = EventFeed(bus.js, self.cfg.durable)
+        self.events = handlers.build_events(self.core)
+        self.rpc = handlers.build_rpc(self)
+        self.last_data: dict[str, float] = {}  # job -> monitor time of its newest event
+        self.replayed_upto = 0  # stream sequence: durable deliveries up to it were applied by the replay
+        self._replay_bad: set[int] = set()  # ... except these, which the durable consumer dead-letters
+        self._durable: JetStreamContext.PullSubscription | None = None
+        self._rpc_sub: Subscription | None = None
+        self._draining = False
+        self._consumer_idle = asyncio.Event()
+
+    # ================================================================ lifecycle
+    async def start(self, tg: asyncio.TaskGroup) -> None:
+        await self.bus.ensure_streams()
+        self._durable = await self.feed.open_durable(self.cfg.ack_wait_s)  # before the replay: no gap
+        if self.cfg.replay:
+            await self._replay()
+        self._rpc_sub = await self.bus.nc.subscribe(
+            subjects.rpc_wildcard(self.name), queue="monitor", cb=self._on_rpc
+        )
+        await self.bus.nc.flush()  # ready means answering: the server has our subscription
+        tg.create_task(guard("events", self._events_loop), name="pacer:monitor:events")
+        tg.create_task(guard("publish", self._publish_loop), name="pacer:monitor:publish")
+
+    async def drain(self) -> None:
+        self._draining = True
+        if self._rpc_sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._rpc_sub.unsubscribe()
+        await self._consumer_idle.wait()  # the batch in hand is applied and acked
+
+    def observe_cluster(
+        self, pending_pods: int, *, free_cpu: float | None = None, total_cpu: float | None = None
+    ) -> bool:
+        """Cluster-scheduler information (AntDT V-D, third party); returns whether the cluster is busy.
+
+        Nothing calls this yet: the pod-executor will publish the cluster's
+        queue and capacity, and the subscription belongs with that change.
+        """
+        return bool(self.core.observe_cluster(pending_pods, self.clock(), free_cpu=free_cpu, total_cpu=total_cpu))
+
+    # ================================================================ events
+    def _now_of(self, m: Msg) -> float:
+        now = self.clock()
+        with contextlib.suppress(Exception):  # no metadata: a plain (non-JetStream) message
+            now = min(now, m.metadata.timestamp.timestamp())
+        return now
+
+    def _apply(self, m: Msg) -> None:
+        """Decode one event into the core; raises PacerError if it can never be applied."""
+        domain, job, kind = handlers.parse_event(m.subject)
+        handler = self.events.get((domain, kind)) or self.events.get((domain, handlers.ANY_KIND))
+        if handler is None:  # a newer publisher's kind under one of our filters
+            self.counters.inc("events_ignored")
+            return
+        now = self._now_of(m)
+        handler(job, m.data, now)
+        self.last_data[job] = max(self.last_data.get(job, 0.0), now)
+        self.counters.inc("events", domain=domain)
+
+    async def _replay(self) -> None:
+        since = self.clock() - self.core.cfg.window_long_s
+        n = 0
+        t0 = time.perf_counter()
+        try:
+            async for m in self.feed.replay(since, batch=self.cfg.fetch_batch):
+                seq = m.metadata.sequence.stream
+                self.replayed_upto = max(self.replayed_upto, seq)
+                try:
+                    self._apply(m)
+                    n += 1
+                except Exception:
+                    self._replay_bad.add(seq)  # the durable consumer refuses it, if it has not yet
+        except Exception:  # start with whatever came through: the windows fill up again
+            self.counters.inc("replay_failures")
+            log.exception("replay failed; the windows start partly empty")
+        self.counters.inc("events_replayed", n)
+        log.info(
+            "monitor windows rebuilt",
+            extra={"fields": {"events": n, "jobs": len(self.core.jobs), "s": round(time.perf_counter() - t0, 3)}},
+        )
+
+    async def _events_loop(self) -> None:
+        """The durable consumer: apply, ack; a bad message is terminated and dead-lettered."""
+        try:
+            if self._durable is None:  # restarted by guard after a crash
+                self._durable = await self.feed.open_durable(self.cfg.ack_wait_s)
+            while not self._draining:
+                self._consumer_idle.clear()
+                try:
+                    msgs = await self._durable.fetch(self.cfg.fetch_batch, timeout=self.cfg.fetch_timeout_s)
+                except TimeoutError:  # nats-py raises plain asyncio.TimeoutError here too
+                    msgs = []
+                for m in msgs:
+                    await self._on_event(m)
+                self._consumer_idle.set()
+        finally:
+            self._consumer_idle.set()
+            # nats-py's fetch leaves stale status messages that would hold up
+            # the connection's drain; the durable consumer keeps our position.
+            sub, self._durable = self._durable, None
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        await asyncio.Event().wait()  # drained: park until the runtime cancels us
+
+    async def _on_event(self, m: Msg) -> None:
+        seq = m.metadata.sequence.stream
+        if seq <= self.replayed_upto and seq not in self._replay_bad:
+            self.counters.inc("events_already_replayed")
+            await m.ack()
+            return
+        try:
+            self._apply(m)
+        except PacerError as exc:  # permanent: a retry cannot fix it
+            self.counters.inc("bad_events", code=exc.code)
+            log.warning("event refused", extra={"fields": {"subject": m.subject, "error": exc.message}})
+            await self._refuse(m, exc.message)
+            return
+        except Exception as exc:  # loop boundary: a core bug must not stop the monitor
+            self.counters.inc("internal_errors", op="event")
+            log.exception("event failed")
+            await self._refuse(m, f"internal error: {type(exc).__name__}: {exc}")
+            return
+        await m.ack()
+
+    async def _refuse(self, m: Msg, why: str) -> None:
+        self._replay_bad.discard(m.metadata.sequence.stream)
+        await dead_letter(self.bus, self.name, m, why)
+        await m.term()
+
+    # ================================================================ outputs
+    def forget_after_s(self) -> float:
+        c = self.core.cfg
+        return self.cfg.forget_after_s or 2 * (c.window_long_s + c.heartbeat_timeout_s)
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.interval_s)
+            await self.publish_once()
+
+    async def publish_once(self) -> int:
+        """Publish the statistics of every job with data in the long window; forget long-silent jobs."""
+        now = self.clock()
+        sent = 0
+        for job in sorted(self.core.jobs):
+            age = now - self.last_data.get(job, now)
+            if age > self.forget_after_s():
+                self.core.forget(job)
+                self.last_data.pop(job, None)
+                self.counters.inc("jobs_forgotten")
+                continue
+            if age > self.core.cfg.window_long_s:
+                continue
+            try:
+                await publish_statistics(self.bus, self.core.statistics(job, now))
+                sent += 1
+            except Exception:  # one job's statistics must not stop the others'
+                self.counters.inc("internal_errors", op="publish")
+                log.exception("statistics not published", extra={"fields": {"job": job}})
+        self.counters.inc("statistics_published", sent)
+        return sent
+
+    async def _on_rpc(self, msg: Msg) -> None:
+        op = "?"
+        try:
+            job, op = subjects.parse_rpc(msg.subject)
+            handler = self.rpc.get(op)
+            if handler is None:
+                raise NotFound(f"unknown operation {op!r}; one of {sorted(self.rpc)}")
+            self.counters.inc("requests", op=op)
+            await handler(job, msg)
+        except PacerError as exc:
+            self.counters.inc("errors", code=exc.code, op=op)
+            await self.bus.respond_error(msg, exc)
+        except Exception as exc:  # loop boundary: never let one request kill the service
+            self.counters.inc("internal_errors", op=op)
+            log.exception("request failed")
+            await self.bus.respond_error(msg, PacerError(f"internal error: {type(exc).__name__}"))
+
+
+async def create(bus: Bus, cfg: RuntimeConfig) -> MonitorService:
+    """App factory: the only place that builds a MonitorService from configuration."""
+    return MonitorService(bus, MonitorServiceConfig.from_env())

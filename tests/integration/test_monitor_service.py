@@ -1,0 +1,255 @@
+"""The monitor service over a real nats-server: stragglers, statistics events, deaths,
+dead-lettering, and a restart that rebuilds the windows from the stream.
+
+Windows are short (L_trans 3 s, L_per 30 s) and the agent metrics carry
+timestamps spread over the last 6 s, so that the slow node's evidence reaches
+back further than L_trans (persistent) without the test waiting for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from nats.aio.msg import Msg
+from pacer import subjects
+from pacer.bus import NO_RETRY, Bus
+from pacer.contracts.agent import AgentMetrics, Heartbeat
+from pacer.contracts.common import Health
+from pacer.contracts.monitor import JobStatistics, NodeState, StatsQuery, StragglerKind
+from pacer.contracts.nodes import NodeEvent
+from pacer.contracts.shards import DatasetMode, DatasetStatus, ProgressEvent
+from pacer.embedded import EmbeddedNats
+from pacer.errors import NotFound
+from pacer.runtime import RuntimeConfig, run_service
+from pacer_services.monitor.app import MonitorService, MonitorServiceConfig
+from pacer_services.monitor.core import MonitorConfig
+
+pytestmark = pytest.mark.timeout(40)
+
+JOB = "job1"
+BPT = {"w0": 0.1, "w1": 0.1, "w2": 0.3}  # w2 is three times slower
+SPEED = {"w0": 100.0, "w1": 100.0, "w2": 33.0}
+
+
+def config() -> MonitorServiceConfig:
+    return MonitorServiceConfig(interval_s=0.2, core=MonitorConfig(window_short_s=3.0, window_long_s=30.0))
+
+
+class InProcessMonitor:
+    """A MonitorService on the test's loop; stop() is a graceful SIGTERM-like stop."""
+
+    def __init__(self, url: str, cfg: MonitorServiceConfig) -> None:
+        self.url, self.cfg = url, cfg
+        self.svc: MonitorService | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> MonitorService:
+        ready = asyncio.Event()
+
+        async def factory(b: Bus, rc: RuntimeConfig) -> MonitorService:
+            self.svc = MonitorService(b, self.cfg)
+            orig = self.svc.start
+
+            async def start(tg: asyncio.TaskGroup) -> None:
+                await orig(tg)
+                ready.set()
+
+            self.svc.start = start  # type: ignore[method-assign]
+            return self.svc
+
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(
+            run_service(factory, RuntimeConfig(nats_url=self.url), self._stop, install_signals=False)
+        )
+        waiter = asyncio.create_task(ready.wait())
+        await asyncio.wait([waiter, self._task], return_when=asyncio.FIRST_COMPLETED)
+        if self._task.done():
+            self._task.result()
+        assert self.svc is not None
+        return self.svc
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.wait_for(self._task, 15)
+            self._task = None
+
+
+@pytest.fixture
+async def monitor(nats_server: EmbeddedNats) -> AsyncIterator[InProcessMonitor]:
+    m = InProcessMonitor(nats_server.url, config())
+    await m.start()
+    yield m
+    await m.stop()
+
+
+def metrics(node: str, ts: float, job: str = JOB) -> AgentMetrics:
+    return AgentMetrics(
+        job=job, node=node, role="worker", ts=ts, local_step=0, iteration=0, bpt_s=BPT[node], batch_size=32,
+        samples_per_s=SPEED[node], samples_total=0, cpu_percent=50.0, rss_bytes=1 << 20, last_action_seq=0,
+        last_action_iteration=-1, primary=node == "w0", steps=10,
+    )
+
+
+async def publish_history(bus: Bus, span_s: float = 6.0, step_s: float = 0.5) -> None:
+    """Metrics of the three workers with timestamps over the last ``span_s`` seconds, stored durably."""
+    now = time.time()
+    t = now - span_s
+    while t <= now:
+        for node in BPT:
+            await bus.publish_durable(subjects.agent_metrics(JOB), metrics(node, t))
+        t += step_s
+
+
+async def stats(bus: Bus, job: str = JOB) -> JobStatistics:
+    return await bus.request(subjects.monitor_stats(job), StatsQuery(job), JobStatistics, timeout=2.0, retry=NO_RETRY)
+
+
+async def until(check: Callable[[JobStatistics], bool], bus: Bus, within_s: float = 10.0) -> JobStatistics:
+    deadline = time.monotonic() + within_s
+    last: JobStatistics | None = None
+    while time.monotonic() < deadline:
+        try:
+            last = await stats(bus)
+            if check(last):
+                return last
+        except NotFound:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"condition not met within {within_s}s; last statistics: {last}")
+
+
+def by_node(st: JobStatistics) -> dict[str, object]:
+    return {n.node: n for n in st.nodes}
+
+
+def classified(st: JobStatistics) -> dict[str, StragglerKind]:
+    return {n.node: n.straggler for n in st.nodes}
+
+
+def has_history(st: JobStatistics) -> bool:
+    return len(st.nodes) == 3 and all(n.bpt_long_s > 0 for n in st.nodes) and st.nodes[2].straggler is not StragglerKind.NONE
+
+
+async def health(bus: Bus) -> Health:
+    return await bus.request(subjects.health(subjects.MONITOR_SERVICE), None, Health, timeout=2.0, retry=NO_RETRY)
+
+
+async def test_straggler_statistics_and_death(bus: Bus, monitor: InProcessMonitor) -> None:
+    published: asyncio.Queue[JobStatistics] = asyncio.Queue()
+
+    async def on_stats(msg: Msg) -> None:
+        from pacer.codec import decode
+
+        await published.put(decode(JobStatistics, msg.data))
+
+    sub = await bus.nc.subscribe(subjects.monitor_statistics(JOB), cb=on_stats)
+    await publish_history(bus)
+    status = DatasetStatus(
+        job=JOB, dataset="train", mode=DatasetMode.FINITE, epoch=0, epochs=1, todo=5, doing=2, done=3, failed=0,
+        records_total=1000, records_done=300, records_duplicated=0, finished=False, closed=True,
+    )
+    await bus.publish_durable(subjects.event("shard", JOB, subjects.ShardEventKind.PROGRESS), ProgressEvent(time.time(), status))
+    await bus.publish_durable(
+        subjects.agent_heartbeat(JOB), Heartbeat(JOB, "w0", "worker", time.time(), "host-1", True, True)
+    )
+
+    st = await until(lambda s: has_history(s) and s.shards is not None, bus)
+    assert classified(st) == {"w0": StragglerKind.NONE, "w1": StragglerKind.NONE, "w2": StragglerKind.PERSISTENT}
+    w2 = st.nodes[2]
+    assert w2.slowdown_long == pytest.approx(3.0)
+    assert w2.bpt_long_s == pytest.approx(0.3)
+    # Throughput is the sum of the workers' speeds over the short window.
+    assert st.throughput_samples_per_s == pytest.approx(sum(SPEED.values()))
+    assert all(n.state is NodeState.RUNNING for n in st.nodes)
+    assert st.shards is not None and st.shards.records_done == 300 and st.shards.todo == 5
+
+    # The periodic statistics event for the job.
+    ev = await asyncio.wait_for(published.get(), 5.0)
+    while len(ev.nodes) < 3:
+        ev = await asyncio.wait_for(published.get(), 5.0)
+    assert ev.job == JOB and classified(ev)["w2"] is StragglerKind.PERSISTENT
+    await sub.unsubscribe()
+
+    # The executor says w2 died: it is dead, out of the throughput, no longer a straggler.
+    await bus.publish_durable(
+        subjects.event("node", JOB, subjects.NodeEventKind.DIED), NodeEvent(JOB, "w2", "died", time.time(), "killed", "worker")
+    )
+    st = await until(lambda s: s.nodes[2].state is NodeState.DEAD, bus)
+    assert st.nodes[2].straggler is StragglerKind.NONE
+    assert st.throughput_samples_per_s == pytest.approx(SPEED["w0"] + SPEED["w1"])
+
+    with pytest.raises(NotFound):
+        await stats(bus, "nosuchjob")
+
+
+async def test_bad_message_is_dead_lettered_and_service_keeps_going(bus: Bus, monitor: InProcessMonitor) -> None:
+    dead: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def on_dead(msg: Msg) -> None:
+        await dead.put(msg)
+
+    await bus.nc.subscribe(subjects.dead_letter(subjects.MONITOR_SERVICE), cb=on_dead)
+    await bus.js.publish(subjects.agent_metrics(JOB), b"\xc1 not msgpack")
+    # Valid message, but the body names another job than the subject.
+    await bus.publish_durable(subjects.agent_metrics(JOB), metrics("w0", time.time(), job="otherjob"))
+
+    first = await asyncio.wait_for(dead.get(), 5.0)
+    second = await asyncio.wait_for(dead.get(), 5.0)
+    assert first.data == b"\xc1 not msgpack"
+    assert first.headers is not None and "msgpack" in first.headers["Pacer-Error"]
+    assert first.headers["Pacer-Subject"] == subjects.agent_metrics(JOB)
+    assert second.headers is not None and "otherjob" in second.headers["Pacer-Error"]
+
+    h = await health(bus)
+    assert h.status == "ready"
+    assert h.counters.get("bad_events") == 2
+
+    # The loop is still alive: good messages after the bad ones are applied and queries answered.
+    await publish_history(bus, span_s=1.0)
+    st = await until(lambda s: len(s.nodes) == 3, bus)
+    assert st.job == JOB
+
+
+async def test_restart_rebuilds_windows_from_the_stream(bus: Bus, nats_server: EmbeddedNats) -> None:
+    m = InProcessMonitor(nats_server.url, config())
+    await m.start()
+    try:
+        await publish_history(bus)
+        before = await until(has_history, bus)
+        assert classified(before)["w2"] is StragglerKind.PERSISTENT
+    finally:
+        await m.stop()
+
+    # While the monitor is down: more of the same, which both the replay and
+    # the durable consumer see; it must be applied once.
+    now = time.time()
+    for node in BPT:
+        await bus.publish_durable(subjects.agent_metrics(JOB), metrics(node, now))
+
+    svc = await m.start()
+    try:
+        after = await stats(bus)  # answered at once: the windows were rebuilt before the service was ready
+        assert classified(after) == classified(before)
+        assert after.nodes[2].slowdown_long == pytest.approx(3.0)
+        assert after.throughput_samples_per_s == pytest.approx(sum(SPEED.values()))
+        assert svc.counters.values["events_replayed"] == 3 * 13 + 3
+
+        # The durable consumer resumed where it was: the backlog is acked, not applied twice ...
+        deadline = time.monotonic() + 5
+        while svc.counters.values["events_already_replayed"] < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert svc.counters.values["events_already_replayed"] == 3
+        assert svc.counters.values["events"] == 3 * 13 + 3  # replayed only
+        # ... and new events are applied.
+        await bus.publish_durable(
+            subjects.event("node", JOB, subjects.NodeEventKind.DIED), NodeEvent(JOB, "w1", "died", time.time(), "oom", "worker")
+        )
+        st = await until(lambda s: s.nodes[1].state is NodeState.DEAD, bus)
+        assert st.nodes[1].straggler is StragglerKind.NONE
+    finally:
+        await m.stop()
