@@ -13,8 +13,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import pytest
 from pacer.bus import Bus
@@ -22,6 +23,8 @@ from pacer.embedded import EmbeddedNats
 from pacer.runtime import RuntimeConfig, run_service
 from pacer_services.shard_service.app import ShardService, ShardServiceConfig
 from pacer_services.shard_service.effects import ShardLogStore
+
+S = TypeVar("S")
 
 
 @pytest.fixture
@@ -39,28 +42,34 @@ async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
     await b.close()
 
 
-class InProcessService:
-    """A ShardService running on the test's loop; stop() is a graceful SIGTERM-like stop."""
+class InProcess(Generic[S]):
+    """Any Pacer service running on the test's loop through the real runtime.
 
-    def __init__(self, url: str, cfg: ShardServiceConfig) -> None:
-        self.url, self.cfg = url, cfg
-        self.svc: ShardService | None = None
+    ``build`` makes the service from the connected bus; ``start`` returns once
+    the service's own ``start`` finished (it is ready); ``stop`` is a graceful,
+    SIGTERM-like stop that drains and closes the bus.
+    """
+
+    def __init__(self, url: str, build: Callable[[Bus], S]) -> None:
+        self.url, self.build = url, build
+        self.svc: S | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> ShardService:
+    async def start(self) -> S:
         ready = asyncio.Event()
 
-        async def factory(b: Bus, rc: RuntimeConfig) -> ShardService:
-            self.svc = ShardService(b, ShardLogStore(b.js), self.cfg)
-            orig = self.svc.start
+        async def factory(b: Bus, rc: RuntimeConfig) -> Any:
+            svc: Any = self.build(b)
+            self.svc = svc
+            orig = svc.start
 
             async def start(tg: asyncio.TaskGroup) -> None:
                 await orig(tg)
                 ready.set()
 
-            self.svc.start = start  # type: ignore[method-assign]
-            return self.svc
+            svc.start = start
+            return svc
 
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(
@@ -77,6 +86,15 @@ class InProcessService:
         self._stop.set()
         if self._task is not None:
             await asyncio.wait_for(self._task, 15)
+            self._task = None
+
+
+class InProcessService(InProcess[ShardService]):
+    """The shard service in-process, with a given configuration."""
+
+    def __init__(self, url: str, cfg: ShardServiceConfig) -> None:
+        self.cfg = cfg
+        super().__init__(url, lambda b: ShardService(b, ShardLogStore(b.js), cfg))
 
 
 @pytest.fixture

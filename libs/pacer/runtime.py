@@ -17,7 +17,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from pacer import subjects, telemetry
 from pacer.bus import Bus
 from pacer.contracts.common import Health
+from pacer.errors import NotFound, PacerError
 
 log = logging.getLogger("pacer.runtime")
 
@@ -62,6 +63,35 @@ async def guard(name: str, loop: Callable[[], Awaitable[None]], pause: float = 1
         except Exception:
             log.exception("loop %s crashed; restarting in %.1fs", name, pause)
         await asyncio.sleep(pause)
+
+
+RpcHandler = Callable[[str, Msg], Awaitable[None]]
+
+
+async def dispatch_rpc(bus: Bus, counters: telemetry.Counters, handlers: Mapping[str, RpcHandler], msg: Msg) -> None:
+    """Route ``pacer.rpc.<service>.<job>.<op>`` to ``handlers[op](job, msg)``.
+
+    The loop boundary of every service's requests: a :class:`PacerError`
+    becomes an error reply and an ``errors`` count; anything else is logged,
+    counted as ``internal_errors`` and answered too, and never kills the
+    subscription.
+    """
+    op = "?"
+    try:
+        job, op = subjects.parse_rpc(msg.subject)
+        handler = handlers.get(op)
+        if handler is None:
+            raise NotFound(f"unknown operation {op!r}; one of {sorted(handlers)}")
+        counters.inc("requests", op=op)
+        await handler(job, msg)
+    except PacerError as exc:
+        counters.inc("errors", code=exc.code, op=op)
+        log.debug("request refused: %s", exc.message)
+        await bus.respond_error(msg, exc)
+    except Exception as exc:
+        counters.inc("internal_errors", op=op)
+        log.exception("request failed")
+        await bus.respond_error(msg, PacerError(f"internal error: {type(exc).__name__}"))
 
 
 async def run_service(

@@ -62,8 +62,8 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from pacer import subjects
 from pacer.bus import Bus
-from pacer.errors import NotFound, PacerError
-from pacer.runtime import RuntimeConfig, guard
+from pacer.errors import PacerError
+from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.telemetry import Counters
 from pacer_services.monitor import handlers
 from pacer_services.monitor.core import MonitorConfig, MonitorCore
@@ -275,21 +275,7 @@ class MonitorService:
         return sent
 
     async def _on_rpc(self, msg: Msg) -> None:
-        op = "?"
-        try:
-            job, op = subjects.parse_rpc(msg.subject)
-            handler = self.rpc.get(op)
-            if handler is None:
-                raise NotFound(f"unknown operation {op!r}; one of {sorted(self.rpc)}")
-            self.counters.inc("requests", op=op)
-            await handler(job, msg)
-        except PacerError as exc:
-            self.counters.inc("errors", code=exc.code, op=op)
-            await self.bus.respond_error(msg, exc)
-        except Exception as exc:  # loop boundary: never let one request kill the service
-            self.counters.inc("internal_errors", op=op)
-            log.exception("request failed")
-            await self.bus.respond_error(msg, PacerError(f"internal error: {type(exc).__name__}"))
+        await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
 
 
 async def create(bus: Bus, cfg: RuntimeConfig) -> MonitorService:

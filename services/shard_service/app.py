@@ -37,7 +37,7 @@ from pacer.codec import decode
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import ProgressEvent, ShardEvent
 from pacer.errors import DecodeError, NotFound, PacerError, Unavailable, ValidationError
-from pacer.runtime import RuntimeConfig, guard
+from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.telemetry import Counters
 from pacer_services.shard_service import handlers
 from pacer_services.shard_service.core import JobShards, Outcome
@@ -145,22 +145,7 @@ class ShardService:
 
     # ================================================================ requests
     async def _on_rpc(self, msg: Msg) -> None:
-        op = "?"
-        try:
-            job, op = subjects.parse_rpc(msg.subject)
-            handler = self.rpc.get(op)
-            if handler is None:
-                raise NotFound(f"unknown operation {op!r}; one of {sorted(self.rpc)}")
-            self.counters.inc("requests", op=op)
-            await handler(job, msg)
-        except PacerError as exc:
-            self.counters.inc("errors", code=exc.code, op=op)
-            log.debug("request refused: %s", exc.message)
-            await self.bus.respond_error(msg, exc)
-        except Exception as exc:  # loop boundary: never let one request kill the service
-            self.counters.inc("internal_errors", op=op)
-            log.exception("request failed")
-            await self.bus.respond_error(msg, PacerError(f"internal error: {type(exc).__name__}"))
+        await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
 
     def submit(self, rt: JobRuntime, out: Outcome, done: Done | None) -> None:
         """Queue an outcome's records for the next group commit; ``done`` runs after it."""

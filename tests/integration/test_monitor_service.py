@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from conftest import InProcess
 from nats.aio.msg import Msg
 from pacer import subjects
 from pacer.bus import NO_RETRY, Bus
@@ -23,7 +24,6 @@ from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetMode, DatasetStatus, ProgressEvent
 from pacer.embedded import EmbeddedNats
 from pacer.errors import NotFound
-from pacer.runtime import RuntimeConfig, run_service
 from pacer_services.monitor.app import MonitorService, MonitorServiceConfig
 from pacer_services.monitor.core import MonitorConfig
 
@@ -38,50 +38,14 @@ def config() -> MonitorServiceConfig:
     return MonitorServiceConfig(interval_s=0.2, core=MonitorConfig(window_short_s=3.0, window_long_s=30.0))
 
 
-class InProcessMonitor:
-    """A MonitorService on the test's loop; stop() is a graceful SIGTERM-like stop."""
-
-    def __init__(self, url: str, cfg: MonitorServiceConfig) -> None:
-        self.url, self.cfg = url, cfg
-        self.svc: MonitorService | None = None
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> MonitorService:
-        ready = asyncio.Event()
-
-        async def factory(b: Bus, rc: RuntimeConfig) -> MonitorService:
-            self.svc = MonitorService(b, self.cfg)
-            orig = self.svc.start
-
-            async def start(tg: asyncio.TaskGroup) -> None:
-                await orig(tg)
-                ready.set()
-
-            self.svc.start = start  # type: ignore[method-assign]
-            return self.svc
-
-        self._stop = asyncio.Event()
-        self._task = asyncio.create_task(
-            run_service(factory, RuntimeConfig(nats_url=self.url), self._stop, install_signals=False)
-        )
-        waiter = asyncio.create_task(ready.wait())
-        await asyncio.wait([waiter, self._task], return_when=asyncio.FIRST_COMPLETED)
-        if self._task.done():
-            self._task.result()
-        assert self.svc is not None
-        return self.svc
-
-    async def stop(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            await asyncio.wait_for(self._task, 15)
-            self._task = None
+def in_process(url: str) -> InProcess[MonitorService]:
+    cfg = config()
+    return InProcess(url, lambda b: MonitorService(b, cfg))
 
 
 @pytest.fixture
-async def monitor(nats_server: EmbeddedNats) -> AsyncIterator[InProcessMonitor]:
-    m = InProcessMonitor(nats_server.url, config())
+async def monitor(nats_server: EmbeddedNats) -> AsyncIterator[InProcess[MonitorService]]:
+    m = in_process(nats_server.url)
     await m.start()
     yield m
     await m.stop()
@@ -139,7 +103,7 @@ async def health(bus: Bus) -> Health:
     return await bus.request(subjects.health(subjects.MONITOR_SERVICE), None, Health, timeout=2.0, retry=NO_RETRY)
 
 
-async def test_straggler_statistics_and_death(bus: Bus, monitor: InProcessMonitor) -> None:
+async def test_straggler_statistics_and_death(bus: Bus, monitor: InProcess[MonitorService]) -> None:
     published: asyncio.Queue[JobStatistics] = asyncio.Queue()
 
     async def on_stats(msg: Msg) -> None:
@@ -187,7 +151,7 @@ async def test_straggler_statistics_and_death(bus: Bus, monitor: InProcessMonito
         await stats(bus, "nosuchjob")
 
 
-async def test_bad_message_is_dead_lettered_and_service_keeps_going(bus: Bus, monitor: InProcessMonitor) -> None:
+async def test_bad_message_is_dead_lettered_and_service_keeps_going(bus: Bus, monitor: InProcess[MonitorService]) -> None:
     dead: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def on_dead(msg: Msg) -> None:
@@ -216,7 +180,7 @@ async def test_bad_message_is_dead_lettered_and_service_keeps_going(bus: Bus, mo
 
 
 async def test_restart_rebuilds_windows_from_the_stream(bus: Bus, nats_server: EmbeddedNats) -> None:
-    m = InProcessMonitor(nats_server.url, config())
+    m = in_process(nats_server.url)
     await m.start()
     try:
         await publish_history(bus)
