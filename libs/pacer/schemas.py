@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import pacer.contracts  # noqa: F401  (registers every message with the codec)
 from pacer import codec, subjects
-from pacer.contracts import common, nodes, shards
+from pacer.contracts import agent, common, monitor, nodes, shards
 from pacer.subjects import NodeEventKind, ShardEventKind, ShardOp
 
 SCHEMA_DIR = "proto-schemas"
@@ -73,6 +73,39 @@ NODE_EVENT_CONTRACTS: dict[str, type[Any]] = {
 
 #: Reply of ``pacer.svc.<service>.health`` (the request body is ignored).
 HEALTH_REPLY: type[Any] = common.Health
+
+#: Agent and monitor events (``pacer.events.<domain>.<job>.<kind>``) -> message type.
+OTHER_EVENT_CONTRACTS: list[tuple[str, str, type[Any]]] = [
+    (subjects.AGENT_SERVICE, subjects.AgentEventKind.METRICS, agent.AgentMetrics),
+    (subjects.AGENT_SERVICE, subjects.AgentEventKind.HEARTBEAT, agent.Heartbeat),
+    (subjects.AGENT_SERVICE, subjects.AgentEventKind.ACTION, agent.ActionResult),
+    (subjects.MONITOR_SERVICE, subjects.MonitorEventKind.STATISTICS, monitor.JobStatistics),
+]
+
+
+class OtherRpc(NamedTuple):
+    subject: str  # built with the job placeholder
+    request: type[Any]
+    reply: type[Any] | None
+    meaning: str
+
+
+def _other_rpcs() -> list[OtherRpc]:
+    """Requests into services other than the shard service (what controllers and tools send)."""
+    return [
+        OtherRpc(subjects.agent_global_action(_JOB), agent.GlobalAction, agent.ActionResult,
+                 "served by the job's primary agent: applied by every trainer in one iteration"),
+        OtherRpc(subjects.agent_command(_JOB, "__node__"), agent.NodeCommand, agent.ActionResult,
+                 "one node's agent (e.g. KILL_RESTART)"),
+        OtherRpc(subjects.monitor_stats(_JOB), monitor.StatsQuery, monitor.JobStatistics,
+                 "the monitor's current statistics of a job"),
+        OtherRpc(subjects.agent_phase(_JOB, subjects.AgentPhase.PREPARE), agent.Prepare, agent.Vote,
+                 "internal: two-phase global action, one vote per participant"),
+        OtherRpc(subjects.agent_phase(_JOB, subjects.AgentPhase.COMMIT), agent.Commit, agent.Ack,
+                 "internal: commit of a prepared action"),
+        OtherRpc(subjects.agent_phase(_JOB, subjects.AgentPhase.ABORT), agent.Abort, None,
+                 "internal: abort of a prepared action"),
+    ]
 
 
 # ------------------------------------------------------------------ files
@@ -255,6 +288,22 @@ def render_readme() -> str:
         lines.append(f"| `{_job(subjects.event('shard', _JOB, kind))}` | {_link(cls)} |")
     for kind, cls in NODE_EVENT_CONTRACTS.items():
         lines.append(f"| `{_job(subjects.event('node', _JOB, kind))}` | {_link(cls)} |")
+    for domain, kind, cls in OTHER_EVENT_CONTRACTS:
+        lines.append(f"| `{_job(subjects.event(domain, _JOB, kind))}` | {_link(cls)} |")
+    lines += [
+        "",
+        "### Agent and monitor requests (request/reply)",
+        "",
+        f"Errors come back as {_link(ERROR_REPLY)}. The job's primary agent is named by the key",
+        f"`<job>.primary` of the JetStream KV bucket `{subjects.AGENT_BUCKET}` ({_link(agent.PrimaryRecord)}).",
+        "",
+        "| Subject | Request | Reply | Meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in _other_rpcs():
+        reply = _link(r.reply) if r.reply is not None else "none"
+        subject = _job(r.subject).replace("__node__", "<node>")
+        lines.append(f"| `{subject}` | {_link(r.request)} | {reply} | {r.meaning} |")
     lines += [
         "",
         "### Services",

@@ -104,7 +104,6 @@ class ShardEventKind:
     CHECKPOINTED = "checkpointed"
     RESTORED = "restored"
     PROGRESS = "progress"
-    ERROR = "error"
 
 
 # Node events (published by the pod-executor) under ``pacer.events.node.<job>.<kind>``.

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from nats.aio.msg import Msg
+from pacer import subjects
 from pacer.codec import decode
 from pacer.contracts.shards import (
     AppendRequest,
@@ -18,6 +19,7 @@ from pacer.contracts.shards import (
     DatasetRef,
     DatasetSpec,
     LeaseRequest,
+    ShardEvent,
 )
 from pacer.errors import PacerError, ValidationError
 from pacer.ids import is_token
@@ -81,6 +83,11 @@ def build(svc: ShardService) -> dict[str, Handler]:
             if err is None:
                 svc.counters.inc("checkpoints")
                 await svc.bus.respond(msg, reply)
+                await svc.bus.publish(
+                    subjects.event("shard", job, subjects.ShardEventKind.CHECKPOINTED),
+                    ShardEvent(job, req.dataset, subjects.ShardEventKind.CHECKPOINTED, svc.wall(),
+                               detail=req.checkpoint),
+                )
             else:
                 await svc.bus.respond_error(msg, err)
 

@@ -78,3 +78,25 @@ async def test_node_death_event_requeues_at_once(bus: Bus, shard_service: object
     got: list[tuple[str, ShardLease]] = []
     await consume(bus, "survivor", got)
     assert_exact_cover(got, 20_000)
+
+
+async def test_checkpoint_is_stored_and_announced(bus: Bus, shard_service: object) -> None:
+    from nats.aio.msg import Msg
+    from pacer.codec import decode
+    from pacer.contracts.shards import ShardEvent
+
+    admin = ShardAdmin(bus)
+    await admin.register(spec())
+    got: list[ShardEvent] = []
+    async def on_event(m: Msg) -> None:
+        got.append(decode(ShardEvent, m.data))
+
+    sub = await bus.nc.subscribe(subjects.event("shard", JOB, "checkpointed"), cb=on_event)
+    reply = await admin.checkpoint(JOB, "train", "ck-1")
+    for _ in range(100):
+        if got:
+            break
+        await asyncio.sleep(0.02)
+    await sub.unsubscribe()
+    assert reply.checkpoint == "ck-1" and reply.shards == 200
+    assert [(e.kind, e.dataset, e.detail) for e in got] == [("checkpointed", "train", "ck-1")]

@@ -203,7 +203,7 @@ class ShardEvent:
 
     job: str
     dataset: str
-    kind: str = field(metadata=doc("registered | epoch_started | requeued | parked | finished | checkpointed | restored | error"))
+    kind: str = field(metadata=doc("registered | epoch_started | requeued | parked | finished | checkpointed | restored"))
     ts: float
     shard: int = -1
     node: str = ""
