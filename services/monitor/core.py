@@ -217,14 +217,8 @@ class JobWindows:
 
     def observe_metrics(self, m: AgentMetrics, now: float) -> None:
         nw = self.node(m.node, m.role)
-        if nw.lifecycle is NodeState.DEAD:
-            # A report of a step taken before the executor saw the death is a
-            # late message of the dead trainer; a later one means the node is back.
-            if nw.died_at is not None and m.ts <= nw.died_at:
-                return
-            nw.revive()
-        nw.end_pending(now)
-        nw.lifecycle = NodeState.RUNNING
+        if not self._alive(nw, m.ts, now):
+            return
         # The sample sits where the agent says the steps happened (so that a
         # replayed history lands in the past and is evicted), but never in
         # the monitor's future (clock skew).
@@ -239,20 +233,28 @@ class JobWindows:
         nw.samples_total = m.samples_total
         nw.cpu_percent = m.cpu_percent
         nw.rss_bytes = m.rss_bytes
-        nw.last_seen = max(nw.last_seen, now)
         self.evict(now)
 
     def observe_heartbeat(self, hb: Heartbeat, now: float) -> None:
         """Liveness only: the agent is up (its BPT comes with the metrics)."""
-        nw = self.node(hb.node, hb.role)
+        if self._alive(self.node(hb.node, hb.role), hb.ts, now):
+            self.evict(now)
+
+    @staticmethod
+    def _alive(nw: NodeWindow, ts: float, now: float) -> bool:
+        """A report sent at ``ts`` says the node runs; False if it is a dead trainer's late message.
+
+        A report of a step taken before the executor saw the death is a late
+        message of the dead trainer; a later one means the node is back.
+        """
         if nw.lifecycle is NodeState.DEAD:
-            if nw.died_at is not None and hb.ts <= nw.died_at:
-                return
+            if nw.died_at is not None and ts <= nw.died_at:
+                return False
             nw.revive()
         nw.end_pending(now)
         nw.lifecycle = NodeState.RUNNING
         nw.last_seen = max(nw.last_seen, now)
-        self.evict(now)
+        return True
 
     def observe_node_event(self, ev: NodeEvent, now: float) -> None:
         kind = ev.kind.lower()

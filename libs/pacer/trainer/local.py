@@ -75,8 +75,7 @@ class LocalJob:
         self.ps: list[subprocess.Popen[bytes]] = []
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self.agents: dict[int, subprocess.Popen[bytes]] = {}
-        self.restarts: dict[int, int] = {}
-        self.incarnation: dict[int, int] = {}
+        self.restarts: dict[int, int] = {}  # worker index -> relaunches after exit 75
         self.configs: dict[int, WorkerConfig] = {}
 
     # ------------------------------------------------------------ processes
@@ -112,7 +111,6 @@ class LocalJob:
     def start_worker(self, i: int, cfg: WorkerConfig | None = None) -> None:
         cfg = cfg or self.worker_config(i)
         self.configs[i] = cfg  # a relaunch (exit 75) reuses what this slot was started with
-        self.incarnation[i] = self.incarnation.get(i, -1) + 1
         res = Path(cfg.result)
         if res.exists():
             res.unlink()

@@ -87,6 +87,7 @@ def main(args: argparse.Namespace) -> int:
                    "seconds": round(time.time() - t0, 1), "auc": chief.get("auc"),
                    "global_step": chief.get("global_step"),
                    "samples": sum(r.get("samples", 0) for r in results.values()),
+                   "node_restarts": sum(job.restarts.values()),
                    "workers": {job.node(i): {"steps": r.get("local_steps"), "samples": r.get("samples")}
                                for i, r in results.items()}}
         print(json.dumps(summary))

@@ -110,7 +110,6 @@ class ShardFeed:
         self._arr: np.ndarray | None = None
         self._pos = 0
         self.pending: list[tuple[Any, int, bool]] = []  # (shard, consumed, done) after the next step
-        self.exhausted = False
 
     def batch(self, size: int, wait: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The next batch; None when the dataset is finished (or, with ``wait=False``,
@@ -118,7 +117,6 @@ class ShardFeed:
         if self._arr is None or self._pos >= len(self._arr):
             shard = self.client.next(wait)  # reports what earlier steps finished
             if shard is None:
-                self.exhausted = self.client.finished
                 return None
             self._cur, self._pos = shard, 0
             self._arr = self._shuffle(self.records.read(shard.start, shard.end), shard.seed)
@@ -149,11 +147,9 @@ class MemoryFeed:
         self.hash_buckets = hash_buckets
         self.limit = min(limit or len(records), len(records))
         self.pos = 0
-        self.exhausted = False
 
     def batch(self, size: int, wait: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         if self.pos >= self.limit:
-            self.exhausted = True
             return None
         arr = self.records.read(self.pos, min(self.pos + size, self.limit))
         self.pos += len(arr)
