@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import pacer.contracts  # noqa: F401  (registers every message with the codec)
 from pacer import codec, subjects
-from pacer.contracts import agent, common, monitor, nodes, shards
+from pacer.contracts import agent, common, executor, jobs, monitor, nodes, shards
 from pacer.subjects import NodeEventKind, ShardEventKind, ShardOp
 
 SCHEMA_DIR = "proto-schemas"
@@ -80,6 +80,9 @@ OTHER_EVENT_CONTRACTS: list[tuple[str, str, type[Any]]] = [
     (subjects.AGENT_SERVICE, subjects.AgentEventKind.HEARTBEAT, agent.Heartbeat),
     (subjects.AGENT_SERVICE, subjects.AgentEventKind.ACTION, agent.ActionResult),
     (subjects.MONITOR_SERVICE, subjects.MonitorEventKind.STATISTICS, monitor.JobStatistics),
+    ("job", subjects.JobEventKind.PLAN, jobs.ResourcePlan),
+    *(("job", state.value, jobs.JobEvent) for state in jobs.JobState),
+    *((subjects.EXECUTOR_SERVICE, kind.value, executor.ExecutorEvent) for kind in executor.ExecutorEventKind),
 ]
 
 
@@ -99,6 +102,22 @@ def _other_rpcs() -> list[OtherRpc]:
                  "one node's agent (e.g. KILL_RESTART)"),
         OtherRpc(subjects.monitor_stats(_JOB), monitor.StatsQuery, monitor.JobStatistics,
                  "the monitor's current statistics of a job"),
+        OtherRpc(subjects.job_rpc(_JOB, subjects.JobOp.SUBMIT), jobs.SubmitRequest, jobs.JobRecord,
+                 "submit a job spec (YAML/JSON); `invalid` names every bad field"),
+        OtherRpc(subjects.job_rpc(_JOB, subjects.JobOp.GET), jobs.JobQuery, jobs.JobRecord,
+                 "one job: state, plan, progress, result"),
+        OtherRpc(subjects.job_rpc(subjects.ALL_JOBS, subjects.JobOp.LIST), jobs.ListRequest, jobs.JobList,
+                 "jobs, newest first"),
+        OtherRpc(subjects.job_rpc(_JOB, subjects.JobOp.STOP), jobs.StopRequest, jobs.JobRecord,
+                 "stop a job; its pods are torn down"),
+        OtherRpc(subjects.executor_rpc(_JOB, subjects.ExecutorOp.COMMAND), executor.ExecutorCommand,
+                 executor.CommandResult, "node action: restart (KILL_RESTART), migrate, stop"),
+        OtherRpc(subjects.executor_rpc(_JOB, subjects.ExecutorOp.STATUS), executor.JobQuery,
+                 executor.ExecutorStatus, "the job's nodes and pods as the executor tracks them"),
+        OtherRpc(subjects.executor_rpc(_JOB, subjects.ExecutorOp.LOGS), executor.LogsQuery,
+                 executor.LogsReply, "the tail of a node's trainer or agent log"),
+        OtherRpc(subjects.executor_rpc(_JOB, subjects.ExecutorOp.TEARDOWN), executor.JobQuery,
+                 executor.ExecutorStatus, "delete every pod of the job"),
         OtherRpc(subjects.agent_phase(_JOB, subjects.AgentPhase.PREPARE), agent.Prepare, agent.Vote,
                  "internal: two-phase global action, one vote per participant"),
         OtherRpc(subjects.agent_phase(_JOB, subjects.AgentPhase.COMMIT), agent.Commit, agent.Ack,

@@ -108,7 +108,70 @@ class ShardEventKind:
 
 # Node events (published by the pod-executor) under ``pacer.events.node.<job>.<kind>``.
 class NodeEventKind:
-    DIED = "died"
+    CREATED = "created"  # a pod was made for the node (pending)
+    RUNNING = "running"  # its trainer runs
+    DIED = "died"  # it ended without finishing (reason says why; relaunch says if a new pod follows)
+    FINISHED = "finished"  # the trainer exited 0
+
+
+def node_event(job: str, kind: str) -> str:
+    """``pacer.events.node.<job>.<kind>`` (kinds in :class:`NodeEventKind`)."""
+    return event("node", job, kind)
+
+
+# ------------------------------------------------------------------ executor
+# The pod-executor: plans and node commands in, pods and node events out.
+EXECUTOR_SERVICE = "executor"
+EXECUTOR_BUCKET = "pacer-executor"  # JetStream KV: key <job> -> the executor's record of the job
+
+
+class ExecutorOp:
+    COMMAND = "command"  # executor.ExecutorCommand -> executor.CommandResult
+    STATUS = "status"  # executor.JobQuery -> executor.ExecutorStatus
+    LOGS = "logs"  # executor.LogsQuery -> executor.LogsReply
+    TEARDOWN = "teardown"  # executor.JobQuery -> executor.ExecutorStatus (every pod of the job deleted)
+    ALL = (COMMAND, STATUS, LOGS, TEARDOWN)
+
+
+def executor_rpc(job: str, op: str) -> str:
+    """``pacer.rpc.executor.<job>.<op>`` with op in :class:`ExecutorOp`."""
+    return rpc(EXECUTOR_SERVICE, job, op)
+
+
+def executor_event(job: str, kind: str) -> str:
+    """``pacer.events.executor.<job>.<kind>``: applied | failed | torn_down (executor.ExecutorEvent)."""
+    return event(EXECUTOR_SERVICE, job, kind)
+
+
+# ------------------------------------------------------------------ jobs
+# The job service: submissions, the lifecycle of each job, its plan.
+JOB_SERVICE = "jobs"
+JOB_BUCKET = "pacer-jobs"  # JetStream KV: key <job> -> jobs.JobRecord (read by the executor and the API)
+ALL_JOBS = "_all"  # the job token of requests about no single job (list)
+
+
+class JobOp:
+    SUBMIT = "submit"  # jobs.SubmitRequest -> jobs.JobRecord (on pacer.rpc.jobs.<name>.submit)
+    GET = "get"  # jobs.JobQuery -> jobs.JobRecord
+    LIST = "list"  # jobs.ListRequest -> jobs.JobList (on pacer.rpc.jobs._all.list)
+    STOP = "stop"  # jobs.StopRequest -> jobs.JobRecord
+    ALL = (SUBMIT, GET, LIST, STOP)
+
+
+def job_rpc(job: str, op: str) -> str:
+    """``pacer.rpc.jobs.<job>.<op>`` with op in :class:`JobOp`."""
+    return rpc(JOB_SERVICE, job, op)
+
+
+class JobEventKind:
+    """``pacer.events.job.<job>.<kind>``: a lifecycle state (jobs.JobEvent) or the plan."""
+
+    PLAN = "plan"  # jobs.ResourcePlan: the plan the executor applies
+    # and one kind per JobState value: submitted, planning, running, completed, failed, stopped
+
+
+def job_event(job: str, kind: str) -> str:
+    return event("job", job, kind)
 
 
 # ------------------------------------------------------------------ agents

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from pacer.codec import doc, message
 
@@ -176,3 +177,90 @@ class JobEvent:
     ts: float
     reason: str = field(default="", metadata=doc("why: failure reason, stop requester, re-plan cause"))
     previous: JobState | None = field(default=None, metadata=doc("the state left; none for the first event"))
+
+
+# ------------------------------------------------------------ job service rpc
+
+
+@message("job.SubmitRequest")
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """``pacer.rpc.jobs.<name>.submit``: a job spec document (YAML or JSON text) -> :class:`JobRecord`.
+
+    The document is validated by the job service (an ``invalid`` error reply
+    lists every bad field, one ``<path>: <problem>`` per line).  The subject's
+    job token must equal the spec's ``name``.
+    """
+
+    spec: str = field(metadata=doc("the job spec as YAML or JSON text"))
+
+
+@message("job.JobQuery")
+@dataclass(frozen=True, slots=True)
+class JobQuery:
+    """``pacer.rpc.jobs.<job>.get`` -> :class:`JobRecord` (``not_found`` for an unknown job)."""
+
+    job: str
+
+
+@message("job.StopRequest")
+@dataclass(frozen=True, slots=True)
+class StopRequest:
+    """``pacer.rpc.jobs.<job>.stop`` -> :class:`JobRecord`; stopping a terminal job is a ``conflict``."""
+
+    job: str
+    reason: str = "stopped by the user"
+
+
+@message("job.ListRequest")
+@dataclass(frozen=True, slots=True)
+class ListRequest:
+    """``pacer.rpc.jobs._all.list`` -> :class:`JobList`, newest first."""
+
+    limit: int = field(default=100, metadata=doc("at most this many jobs, 1..1000"))
+    state: str = field(default="", metadata=doc("only jobs in this state (\"\": all)"))
+
+
+@message("job.JobProgress")
+@dataclass(frozen=True, slots=True)
+class JobProgress:
+    """Shard counts of the job's training dataset (from the shard service's progress events)."""
+
+    shards_total: int = 0
+    shards_todo: int = 0
+    shards_doing: int = 0
+    shards_done: int = 0
+    shards_failed: int = 0
+    records_done: int = 0
+    records_total: int = 0
+    records_duplicated: int = field(default=0, metadata=doc("records served more than once (re-served after a node died)"))
+    epoch: int = 0
+
+
+@message("job.JobRecord")
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """Everything the job service knows about one job (stored in KV ``pacer-jobs``)."""
+
+    job: str
+    spec: JobSpec
+    state: JobState
+    submitted_at: float
+    reason: str = field(default="", metadata=doc("why the job is in its state (failure reason, ...)"))
+    updated_at: float = 0.0
+    started_at: float = field(default=0.0, metadata=doc("first time the job was running (0: never)"))
+    finished_at: float = field(default=0.0, metadata=doc("time it reached a terminal state (0: not yet)"))
+    plan: ResourcePlan | None = None
+    progress: JobProgress = field(default_factory=JobProgress)
+    node_restarts: int = field(default=0, metadata=doc("pods relaunched after failures or KILL_RESTART"))
+    result: dict[str, Any] = field(default_factory=dict, metadata=doc("the chief's final report: auc, logloss, steps, ..."))
+    data_path: str = field(default="", metadata=doc("the record file the workers read (converted from the spec's dataset if needed)"))
+    eval_path: str = field(default="", metadata=doc("the record file of held-out data (\"\": none)"))
+    records: int = field(default=0, metadata=doc("records in the training dataset"))
+    torn_down: bool = field(default=False, metadata=doc("every pod of the job is gone"))
+
+
+@message("job.JobList")
+@dataclass(frozen=True, slots=True)
+class JobList:
+    jobs: list[JobRecord] = field(default_factory=list)

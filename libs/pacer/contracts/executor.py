@@ -1,0 +1,195 @@
+"""pod-executor messages: pods, executor commands, executor events.
+
+The pod-executor turns a job's :class:`~pacer.contracts.jobs.ResourcePlan`
+into pods and keeps them there.  A *node* is a slot of the job (``worker-0``,
+``ps-1``); a *pod* is one incarnation of a node (``<job>-worker-0-g3``): a
+relaunch makes a new pod for the same node with the next ``generation``.
+Each pod runs the trainer process plus its agent sidecar.
+
+* :class:`PodSpec` is what a backend (local processes or Kubernetes) needs
+  to create one pod; :class:`PodStatus` is what it reports back.
+* :class:`ExecutorCommand` (``pacer.rpc.executor.<job>.command``) asks for a
+  node action: ``restart`` (KILL_RESTART), ``migrate`` (a PS moved to new
+  resources, the new one started before the old one stops), ``stop``.
+* :class:`ExecutorEvent` (``pacer.events.executor.<job>.<kind>``) says what
+  the executor did for a job: plan applied (with the overhead it paid), job
+  failed (an unretryable node error), nodes torn down.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from pacer.codec import doc, message
+from pacer.contracts.jobs import ResourcePlan
+
+
+class PodPhase(str, enum.Enum):
+    """Where a pod is: created but not running yet, running, or ended."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    EXITED = "exited"
+
+
+@message("executor.PodSpec")
+@dataclass(frozen=True, slots=True)
+class PodSpec:
+    """One pod to create: the trainer's command, its agent's command, resources.
+
+    ``command`` and ``agent`` are argv lists run with the image's (or the
+    local) Python.  The literal ``{pod_dir}`` in any argument or env value is
+    replaced by the backend with a directory private to the pod that both
+    containers share (a local directory; an ``emptyDir`` on Kubernetes): the
+    agent's IPC file and the trainer's result file live there.
+    """
+
+    name: str = field(metadata=doc("pod name: <job>-<node>-g<generation>, unique per job"))
+    job: str
+    node: str = field(metadata=doc("the slot this pod fills: worker-<i> or ps-<i>"))
+    role: str = field(metadata=doc("worker | ps"))
+    index: int
+    generation: int = field(metadata=doc("0 for the first pod of the node, +1 per relaunch"))
+    cpu: float = field(metadata=doc("CPU limit (1.0 = one core)"))
+    memory_mb: int = field(metadata=doc("memory limit (MiB); over it the pod is OOM-killed"))
+    command: list[str] = field(metadata=doc("trainer argv"))
+    agent: list[str] = field(default_factory=list, metadata=doc("agent sidecar argv; empty = no sidecar"))
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default=0, metadata=doc("the TF server port of the trainer (0: none)"))
+
+
+@message("executor.PodStatus")
+@dataclass(frozen=True, slots=True)
+class PodStatus:
+    """What a backend observed about one pod."""
+
+    name: str
+    job: str
+    node: str
+    role: str
+    generation: int
+    phase: PodPhase
+    created_at: float = field(metadata=doc("unix time (s) the pod was created"))
+    started_at: float = field(default=0.0, metadata=doc("unix time (s) the trainer started running (0: not yet)"))
+    finished_at: float = field(default=0.0, metadata=doc("unix time (s) the trainer ended (0: not yet)"))
+    exit_code: int | None = field(default=None, metadata=doc("trainer exit code; null while running or when killed by a signal"))
+    signal: int | None = field(default=None, metadata=doc("signal that ended the trainer, if any"))
+    reason: str = field(default="", metadata=doc("backend reason: OOMKilled, Evicted, NodeLost, ... (\"\": none)"))
+    oom: bool = field(default=False, metadata=doc("the pod crossed its memory limit and was killed"))
+    cpu: float = 0.0
+    memory_mb: int = 0
+    peak_rss_bytes: int = field(default=0, metadata=doc("largest resident memory seen (local backend)"))
+    cpu_throttled_s: float = field(default=0.0, metadata=doc("time the trainer was held back by its CPU limit (local backend)"))
+    host: str = field(default="", metadata=doc("machine / Kubernetes node the pod runs on"))
+
+
+class CommandKind(str, enum.Enum):
+    """Node actions the executor performs."""
+
+    RESTART = "restart"  # KILL_RESTART: stop the node's pod, start a fresh one (same slot, same resources)
+    MIGRATE = "migrate"  # start a replacement with new resources, then stop the old pod
+    STOP = "stop"  # stop the node for good (scale down a single node)
+
+
+@message("executor.ExecutorCommand")
+@dataclass(frozen=True, slots=True)
+class ExecutorCommand:
+    """``pacer.rpc.executor.<job>.command``: one node action; replied with :class:`CommandResult`."""
+
+    job: str
+    node: str
+    kind: CommandKind
+    reason: str = ""
+    command_id: str = field(default="", metadata=doc("idempotency key: a repeated id is answered, not re-done"))
+    cpu: float | None = field(default=None, metadata=doc("migrate: new CPU limit (null: unchanged)"))
+    memory_mb: int | None = field(default=None, metadata=doc("migrate: new memory limit (null: unchanged)"))
+
+
+@message("executor.CommandResult")
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    job: str
+    node: str
+    command_id: str
+    done: bool
+    pod: str = field(default="", metadata=doc("the pod now serving the node"))
+    detail: str = ""
+
+
+@message("executor.JobQuery")
+@dataclass(frozen=True, slots=True)
+class JobQuery:
+    """``pacer.rpc.executor.<job>.status`` (-> :class:`ExecutorStatus`) and ``.teardown``."""
+
+    job: str
+
+
+@message("executor.NodeInfo")
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One node of a job as the executor tracks it."""
+
+    node: str
+    role: str
+    pod: str = field(metadata=doc("the current (or last) pod of the node"))
+    phase: PodPhase
+    cpu: float
+    memory_mb: int
+    restarts: int = field(metadata=doc("relaunches after retryable failures"))
+    requested_restarts: int = field(metadata=doc("relaunches asked for (KILL_RESTART, migration)"))
+    generation: int
+    pending_s: float = field(default=0.0, metadata=doc("seconds the current pod was (or is) pending"))
+    last_reason: str = field(default="", metadata=doc("classified reason of the last exit"))
+
+
+@message("executor.ExecutorStatus")
+@dataclass(frozen=True, slots=True)
+class ExecutorStatus:
+    job: str
+    state: str = field(metadata=doc("running | completing | failed | torn_down"))
+    plan: ResourcePlan | None
+    nodes: list[NodeInfo] = field(default_factory=list)
+    backend: str = ""
+    reason: str = ""
+
+
+@message("executor.LogsQuery")
+@dataclass(frozen=True, slots=True)
+class LogsQuery:
+    """``pacer.rpc.executor.<job>.logs`` -> :class:`LogsReply`: the tail of a node's trainer (or agent) log."""
+
+    job: str
+    node: str
+    tail: int = field(default=200, metadata=doc("lines from the end, 1..5000"))
+    container: str = field(default="trainer", metadata=doc("trainer | agent"))
+
+
+@message("executor.LogsReply")
+@dataclass(frozen=True, slots=True)
+class LogsReply:
+    job: str
+    node: str
+    pod: str
+    text: str
+
+
+class ExecutorEventKind(str, enum.Enum):
+    APPLIED = "applied"  # a plan was applied (nodes started/stopped to match it)
+    FAILED = "failed"  # an unretryable node error: the job must fail
+    TORN_DOWN = "torn_down"  # every pod of the job is gone
+
+
+@message("executor.ExecutorEvent")
+@dataclass(frozen=True, slots=True)
+class ExecutorEvent:
+    """``pacer.events.executor.<job>.<kind>``: what the executor did for a job."""
+
+    job: str
+    kind: ExecutorEventKind
+    ts: float
+    reason: str = ""
+    plan: ResourcePlan | None = None
+    overhead_s: float = field(default=0.0, metadata=doc("applied: seconds from the plan to every new node running"))
+    started: list[str] = field(default_factory=list, metadata=doc("nodes started by this plan"))
+    stopped: list[str] = field(default_factory=list, metadata=doc("nodes stopped by this plan"))

@@ -1,0 +1,67 @@
+"""The interface between the pod-executor and where pods run.
+
+Two implementations: :mod:`.local` (the embedded default: each pod is a
+small supervisor process running the trainer and its agent with CPU and
+memory limits) and :mod:`.kubernetes` (the official client; pods from a
+template, the agent as a sidecar container).
+
+The executor never looks behind this interface: it creates pods from
+:class:`~pacer.contracts.executor.PodSpec`, deletes them by name, lists
+them (at start, to adopt pods that outlived an executor restart) and reacts
+to the :class:`~pacer.contracts.executor.PodStatus` changes that
+:meth:`Backend.watch` yields.
+
+Contract
+--------
+* ``create`` returns once the pod exists (pending is fine); creating a name
+  that exists raises :class:`~pacer.errors.Conflict`.
+* ``delete`` asks the pod to stop (SIGTERM to the trainer, SIGKILL after
+  ``grace_s``) and returns without waiting; deleting an unknown pod is a
+  no-op.  The pod's last status (``exited``) is still reported by ``watch``
+  and ``list`` until :meth:`Backend.forget`.
+* ``watch`` yields a status every time a pod's phase changes (and once for
+  every known pod when it starts), forever; it survives backend errors by
+  reconnecting / re-listing.  Statuses of one pod arrive in order.
+* ``cluster`` gives the TF addresses a job's PS and worker slots will have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from pacer.contracts.executor import PodSpec, PodStatus
+from pacer.trainer.cluster import ClusterDesc
+
+
+class Backend(Protocol):
+    """Where pods run (local processes or Kubernetes)."""
+
+    name: str
+
+    async def create(self, pod: PodSpec) -> None:
+        """Create the pod; return once it exists."""
+
+    async def delete(self, name: str, grace_s: float = 10.0) -> None:
+        """Stop the pod (SIGTERM, then SIGKILL after ``grace_s``); unknown names are ignored."""
+
+    async def list(self, job: str | None = None) -> list[PodStatus]:
+        """Every pod the backend knows (of ``job``), live or exited."""
+
+    def watch(self) -> AsyncIterator[PodStatus]:
+        """Status changes of every pod, forever."""
+
+    async def logs(self, name: str, tail: int = 200, container: str = "trainer") -> str:
+        """The last ``tail`` lines of a pod's trainer (or agent) output."""
+
+    async def forget(self, name: str) -> None:
+        """Drop an exited pod's record (and, locally, its directory)."""
+
+    def cluster(self, job: str, num_ps: int, max_workers: int) -> ClusterDesc:
+        """TF addresses of the job's PS and worker slots (stable for the job's life)."""
+
+    def pod_port(self, cluster: ClusterDesc, role: str, index: int) -> int:
+        """The TF server port of one slot (what :attr:`PodSpec.port` carries)."""
+
+    async def close(self) -> None:
+        """Release clients and background tasks (pods keep running)."""
