@@ -6,7 +6,14 @@ from pacer import subjects
 from pacer.bus import Bus, RetryPolicy
 from pacer.contracts.executor import ExecutorStatus, LogsQuery, LogsReply
 from pacer.contracts.executor import JobQuery as ExecutorQuery
-from pacer.contracts.jobs import JobList, JobQuery, JobRecord, ListRequest, StopRequest, SubmitRequest
+from pacer.contracts.jobs import (
+    JobList,
+    JobQuery,
+    JobRecord,
+    ListRequest,
+    StopRequest,
+    SubmitRequest,
+)
 from pacer.contracts.monitor import JobStatistics, StatsQuery
 from pacer.subjects import ExecutorOp, JobOp
 
