@@ -3,6 +3,7 @@
     pacer up [--data-dir D] [--port P]   the embedded stack in the foreground
     pacer demo                           a dataset consumed by worker processes
     pacer status JOB DATASET             a dataset's shard status (JSON)
+    pacer submit | jobs | job | logs | stop   training jobs (pacer.jobs.cli)
     pacer version
 """
 
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     from pacer.data.cli import add_cli as add_data_cli
     add_data_cli(sub)
+    from pacer.jobs.cli import add_cli as add_job_cli
+    add_job_cli(sub)
     sub.add_parser("version", help="print the version").set_defaults(fn=lambda a: print(__version__) or 0)
 
     up = sub.add_parser("up", help="run the embedded stack (nats-server + services) in the foreground")
