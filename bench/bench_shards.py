@@ -195,7 +195,7 @@ def main() -> int:
     ap.add_argument("--skip-naive", action="store_true")
     args = ap.parse_args()
 
-    with tempfile.TemporaryDirectory() as tmp, Stack(Path(tmp)) as stack:
+    with tempfile.TemporaryDirectory() as tmp, Stack(Path(tmp), services=["shard", "monitor"]) as stack:
         url = stack.url
 
         async def setup(job: str, shards: int) -> None:

@@ -389,7 +389,7 @@ def main() -> int:
         t0 = time.monotonic()
         generate(data, a.rows, seed=1)
         say(f"generated {a.rows} rows in {time.monotonic() - t0:.1f}s")
-        with Stack(tmp / "stack") as stack:
+        with Stack(tmp / "stack", services=["shard", "monitor"]) as stack:
             say(f"stack up at {stack.url}")
             say(
                 f"shard-fed vs memory-fed: {a.model}, 1 PS + 1 worker, ASP, batch {a.batch_size}, "

@@ -26,7 +26,8 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.kv import KeyValue
 from opentelemetry import propagate, trace
 
 from pacer import subjects
@@ -149,6 +150,19 @@ class Bus:
         except nats.js.errors.BadRequestError:
             # Exists with another config (e.g. replicas changed): update it in place.
             await self.js.update_stream(cfg)
+
+    async def kv(self, bucket: str, description: str = "") -> KeyValue:
+        """The JetStream KV bucket ``bucket`` (file storage, history 1), created on first use."""
+        try:
+            return await self.js.key_value(bucket)
+        except nats.js.errors.BucketNotFoundError:
+            pass
+        try:
+            return await self.js.create_key_value(
+                KeyValueConfig(bucket=bucket, history=1, replicas=self.replicas, description=description,
+                               storage=StorageType.FILE))
+        except nats.js.errors.BadRequestError:  # created concurrently by another instance
+            return await self.js.key_value(bucket)
 
     # ------------------------------------------------------------ request/reply
     async def request(

@@ -21,6 +21,9 @@ from pacer.embedded import EmbeddedNats
 SERVICES: dict[str, str] = {
     "shard": "pacer_services.shard_service.main",
     "monitor": "pacer_services.monitor.main",
+    "jobs": "pacer_services.job_service.main",
+    "executor": "pacer_services.pod_executor.main",
+    "api": "pacer_services.api.main",
 }
 
 
@@ -31,6 +34,7 @@ class Stack:
     services: list[str] = field(default_factory=lambda: list(SERVICES))
     nats: EmbeddedNats | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of every service
 
     @property
     def url(self) -> str:
@@ -45,7 +49,8 @@ class Stack:
         return self
 
     def start_service(self, name: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PACER_NATS_URL": self.url}
+        env = {**os.environ, "PACER_NATS_URL": self.url, "PACER_DATA_DIR": str(self.data_dir),
+               **self.env}
         log = open(self.data_dir / f"{name}.log", "ab")
         try:
             proc = subprocess.Popen([sys.executable, "-m", SERVICES[name]], env=env, stdout=log, stderr=log)

@@ -33,7 +33,7 @@ ROWS = 200_000
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    st = Stack(tmp_path_factory.mktemp("stack")).start()
+    st = Stack(tmp_path_factory.mktemp("stack"), services=["shard", "monitor"]).start()
     yield st
     st.stop()
 

@@ -193,3 +193,51 @@ class ExecutorEvent:
     overhead_s: float = field(default=0.0, metadata=doc("applied: seconds from the plan to every new node running"))
     started: list[str] = field(default_factory=list, metadata=doc("nodes started by this plan"))
     stopped: list[str] = field(default_factory=list, metadata=doc("nodes stopped by this plan"))
+
+
+# ------------------------------------------------- the executor's own record (KV)
+
+
+@message("executor.NodeRecord")
+@dataclass(slots=True)
+class NodeRecord:
+    """One node (slot) of a job in the executor's KV record."""
+
+    node: str
+    role: str
+    index: int
+    cpu: float
+    memory_mb: int
+    generation: int = field(default=0, metadata=doc("generation of the node's current pod"))
+    restarts: int = 0
+    requested_restarts: int = 0
+    handled: int = field(default=-1, metadata=doc("highest generation whose exit was handled"))
+    finished: bool = field(default=False, metadata=doc("the trainer exited 0: not relaunched"))
+    removed: bool = field(default=False, metadata=doc("scaled away or torn down: not relaunched"))
+    created_at: float = 0.0
+    running_at: float = 0.0
+    last_reason: str = ""
+    deleting: list[str] = field(default_factory=list, metadata=doc("pods the executor itself is stopping"))
+    restore: bool = field(default=False, metadata=doc("the next pod restores from the newest checkpoint"))
+    intent: str = field(default="", metadata=doc("restart: the executor stops the pod to start it again"))
+
+
+@message("executor.ExecutorJob")
+@dataclass(slots=True)
+class ExecutorJob:
+    """The executor's durable record of one job (KV ``pacer-executor``, key ``<job>``).
+
+    The pods themselves are not stored: after a restart the executor adopts
+    what the backend lists and closes the gap to this record.
+    """
+
+    job: str
+    state: str = field(metadata=doc("starting | running | completing | failed | torn_down"))
+    plan: ResourcePlan
+    cluster: str = field(metadata=doc("ClusterDesc JSON: the TF addresses of every slot"))
+    nodes: list[NodeRecord] = field(default_factory=list)
+    plan_at: float = field(default=0.0, metadata=doc("when the current plan was received"))
+    applied: bool = field(default=False, metadata=doc("the current plan's APPLIED event was published"))
+    completing_since: float = 0.0
+    reason: str = ""
+    commands: list[str] = field(default_factory=list, metadata=doc("ids of the last executed commands (idempotency)"))

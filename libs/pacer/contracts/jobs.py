@@ -253,6 +253,7 @@ class JobRecord:
     plan: ResourcePlan | None = None
     progress: JobProgress = field(default_factory=JobProgress)
     node_restarts: int = field(default=0, metadata=doc("pods relaunched after failures or KILL_RESTART"))
+    restarts_by_node: dict[str, int] = field(default_factory=dict, metadata=doc("node -> its relaunches"))
     result: dict[str, Any] = field(default_factory=dict, metadata=doc("the chief's final report: auc, logloss, steps, ..."))
     data_path: str = field(default="", metadata=doc("the record file the workers read (converted from the spec's dataset if needed)"))
     eval_path: str = field(default="", metadata=doc("the record file of held-out data (\"\": none)"))

@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     if not url:
         from pacer.stack import Stack
 
-        stack = Stack(work / "stack").start()
+        stack = Stack(work / "stack", services=["shard", "monitor"]).start()
         url = stack.url
     job_id = f"{args.job}-{int(time.time())}"
     spec = LocalJobSpec(job=job_id, data=str(data), eval_data=eval_data, nats_url=url, model=args.model,

@@ -1,0 +1,134 @@
+"""A durable JetStream consumer loop with Pacer's error rules, for services that live on events.
+
+:class:`DurableConsumer` binds (creating on first use) a durable pull
+consumer on ``PACER_EVENTS`` with explicit acks and runs ``handle`` on every
+message in stream order:
+
+* success -> ack;
+* a :class:`~pacer.errors.PacerError` that is not temporary (the message can
+  never be applied: not msgpack, wrong schema, unknown job) -> counted as
+  ``bad_events``, dead-lettered on ``pacer.deadletter.<service>`` with the
+  reason, and terminated (never redelivered);
+* a temporary error (a peer is down) -> ``nak`` with a delay: redelivered;
+* any other exception (a bug) -> counted as ``internal_errors``,
+  dead-lettered and terminated, so one poisonous message cannot stop the
+  service.
+
+The consumer keeps its position across restarts: what was published while
+the service was down is delivered when it comes back, and a message whose
+handling was cut short by a crash (no ack) is delivered again, so handlers
+must be idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from pacer import subjects
+from pacer.bus import Bus
+from pacer.errors import PacerError
+from pacer.telemetry import Counters
+
+log = logging.getLogger("pacer.consumer")
+
+
+async def dead_letter(bus: Bus, service: str, msg: Msg, why: str) -> None:
+    """Publish a refused message's bytes on ``pacer.deadletter.<service>`` and say why."""
+    await bus.nc.publish(
+        subjects.dead_letter(service), msg.data, headers={"Pacer-Error": why[:1024], "Pacer-Subject": msg.subject}
+    )
+
+
+class DurableConsumer:
+    def __init__(
+        self,
+        bus: Bus,
+        service: str,
+        durable: str,
+        filters: list[str],
+        handle: Callable[[Msg], Awaitable[None]],
+        counters: Counters,
+        *,
+        deliver: DeliverPolicy = DeliverPolicy.ALL,
+        batch: int = 64,
+        fetch_timeout_s: float = 0.5,
+        ack_wait_s: float = 30.0,
+        retry_delay_s: float = 1.0,
+    ) -> None:
+        self.bus, self.service, self.durable, self.filters = bus, service, durable, filters
+        self.handle, self.counters = handle, counters
+        self.deliver, self.batch = deliver, batch
+        self.fetch_timeout_s, self.ack_wait_s, self.retry_delay_s = fetch_timeout_s, ack_wait_s, retry_delay_s
+        self.stopping = False
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    async def bind(self) -> JetStreamContext.PullSubscription:
+        return await self.bus.js.pull_subscribe(
+            "",
+            durable=self.durable,
+            stream=subjects.EVENTS_STREAM,
+            config=ConsumerConfig(
+                durable_name=self.durable,
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=self.deliver,
+                ack_wait=self.ack_wait_s,
+                max_deliver=-1,
+                filter_subjects=list(self.filters),
+            ),
+        )
+
+    async def run(self) -> None:
+        """Fetch and handle until :meth:`stop`; then park (the runtime cancels the task)."""
+        sub = await self.bind()
+        try:
+            while not self.stopping:
+                try:
+                    msgs = await sub.fetch(self.batch, timeout=self.fetch_timeout_s)
+                except TimeoutError:
+                    continue
+                self.idle.clear()
+                try:
+                    for m in msgs:
+                        await self._one(m)
+                finally:
+                    self.idle.set()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        await asyncio.Event().wait()
+
+    async def _one(self, m: Msg) -> None:
+        try:
+            await self.handle(m)
+        except PacerError as exc:
+            if exc.temporary:
+                self.counters.inc("events_retried")
+                await m.nak(delay=self.retry_delay_s)
+                return
+            self.counters.inc("bad_events", code=exc.code)
+            log.warning("event refused", extra={"fields": {"subject": m.subject, "error": exc.message}})
+            await self._refuse(m, exc.message)
+            return
+        except Exception as exc:  # loop boundary: a bug must not stop the service
+            self.counters.inc("internal_errors", op="event")
+            log.exception("event failed", extra={"fields": {"subject": m.subject}})
+            await self._refuse(m, f"internal error: {type(exc).__name__}: {exc}")
+            return
+        await m.ack()
+
+    async def _refuse(self, m: Msg, why: str) -> None:
+        await dead_letter(self.bus, self.service, m, why)
+        await m.term()
+
+    async def stop(self) -> None:
+        """Finish the batch in hand; fetch no more."""
+        self.stopping = True
+        await self.idle.wait()

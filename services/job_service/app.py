@@ -1,0 +1,359 @@
+"""The job service: submissions, the lifecycle of every job, and its first plan.
+
+Requests (``pacer.rpc.jobs.<job>.<op>``): ``submit`` (a YAML/JSON spec ->
+JobRecord, or an ``invalid`` error naming every bad field), ``get``,
+``list`` (on ``pacer.rpc.jobs._all.list``), ``stop``.
+
+A submission is validated (:func:`pacer.jobs.spec.parse_job_spec`), its
+dataset prepared (a Criteo TSV/CSV is converted to a record file; the record
+count is read from the file) and registered with the shard service, and the
+job gets a plan: the documented default plan
+(:func:`pacer.jobs.spec.default_plan`) until the brain-optimizer exists.
+The plan is published as ``pacer.events.job.<job>.plan``, which the
+pod-executor applies.
+
+Lifecycle (:mod:`pacer.jobs.lifecycle`, one event per state on
+``pacer.events.job.<job>.<state>``): ``submitted -> planning`` when the spec
+is accepted; ``running`` when the executor says every node of the plan runs
+(``pacer.events.executor.<job>.applied``); ``completed`` when the shard
+service says the training dataset finished; ``failed`` when the executor
+reports an unretryable node error or a shard is parked after repeated
+failures; ``stopped`` on request.
+
+The job records live in the KV bucket ``pacer-jobs`` (the executor and the
+HTTP API read them) and are rebuilt from it on restart; the inputs come from
+a durable consumer, so events published while the service was down are
+applied when it comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.kv import KeyValue
+from pacer import subjects
+from pacer.bus import Bus, RetryPolicy
+from pacer.codec import decode, encode
+from pacer.consumer import DurableConsumer
+from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind
+from pacer.contracts.jobs import (
+    DataFormat,
+    JobEvent,
+    JobList,
+    JobProgress,
+    JobQuery,
+    JobRecord,
+    JobSpec,
+    JobState,
+    ListRequest,
+    StopRequest,
+    SubmitRequest,
+)
+from pacer.contracts.nodes import NodeEvent
+from pacer.contracts.shards import DatasetSpec, DatasetStatus, ProgressEvent, ShardEvent
+from pacer.errors import Conflict, NotFound, PacerError, ValidationError
+from pacer.jobs.lifecycle import TERMINAL, JobLifecycle, JobTrigger
+from pacer.jobs.spec import default_plan, parse_job_spec
+from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
+from pacer.shards.client import ShardAdmin
+from pacer.subjects import JobEventKind, JobOp, NodeEventKind, ShardEventKind
+from pacer.telemetry import Counters
+
+log = logging.getLogger("pacer.jobs")
+
+
+@dataclass
+class JobServiceConfig:
+    data_dir: Path = Path(".pacer")  # converted datasets go to <data_dir>/datasets/<job>/
+    durable: str = "job-service"
+    batches_per_shard: int = 100
+    lease_s: float = 30.0
+    max_spec_bytes: int = 256 * 1024
+
+    @classmethod
+    def from_env(cls) -> JobServiceConfig:
+        env = os.environ
+        return cls(data_dir=Path(env.get("PACER_DATA_DIR", ".pacer")),
+                   batches_per_shard=int(env.get("PACER_BATCHES_PER_SHARD", "100")),
+                   lease_s=float(env.get("PACER_SHARD_LEASE_S", "30")))
+
+
+class JobService:
+    name = subjects.JOB_SERVICE
+
+    def __init__(self, bus: Bus, cfg: JobServiceConfig | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.bus = bus
+        self.cfg = cfg or JobServiceConfig()
+        self.clock = clock
+        self.counters = Counters(self.name)
+        self.records: dict[str, JobRecord] = {}
+        self.lifecycles: dict[str, JobLifecycle] = {}
+        self.lock = asyncio.Lock()
+        self.admin = ShardAdmin(bus, timeout=10.0, retry=RetryPolicy(attempts=10))
+        self.rpc = {JobOp.SUBMIT: self._submit, JobOp.GET: self._get, JobOp.LIST: self._list, JobOp.STOP: self._stop}
+        self.consumer = DurableConsumer(
+            bus, self.name, self.cfg.durable,
+            [subjects.events_of("shard", kind=k) for k in
+             (ShardEventKind.FINISHED, ShardEventKind.PROGRESS, ShardEventKind.PARKED)]
+            + [subjects.events_of(subjects.EXECUTOR_SERVICE),
+               subjects.events_of("node", kind=NodeEventKind.DIED),
+               subjects.events_of("node", kind=NodeEventKind.FINISHED)],
+            self._on_event, self.counters)
+        self._kv: KeyValue | None = None
+        self._rpc_sub: Subscription | None = None
+
+    # ================================================================ lifecycle
+    async def start(self, tg: asyncio.TaskGroup) -> None:
+        await self.bus.ensure_streams()
+        self._kv = await self.bus.kv(subjects.JOB_BUCKET, "Pacer jobs: one JobRecord per job")
+        await self._load()
+        self._rpc_sub = await self.bus.nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name,
+                                                    cb=self._on_rpc)
+        await self.bus.nc.flush()
+        tg.create_task(guard("events", self.consumer.run), name="pacer:jobs:events")
+        tg.create_task(self._resume(), name="pacer:jobs:resume")
+
+    async def drain(self) -> None:
+        if self._rpc_sub is not None:
+            with contextlib.suppress(nats.errors.Error):
+                await self._rpc_sub.unsubscribe()
+        await self.consumer.stop()
+        async with self.lock:
+            pass
+
+    async def _load(self) -> None:
+        assert self._kv is not None
+        try:
+            keys = await self._kv.keys()
+        except nats.js.errors.NoKeysError:
+            return
+        for key in keys:
+            entry = await self._kv.get(key)
+            if not entry.value:
+                continue
+            try:
+                rec = decode(JobRecord, entry.value)
+            except PacerError:
+                self.counters.inc("bad_records")
+                log.error("unreadable job record %s; ignored", key)
+                continue
+            self.records[key] = rec
+            lc = JobLifecycle(key, [rec.spec.dataset.name], rec.state)
+            if rec.progress.shards_total and rec.progress.shards_done >= rec.progress.shards_total:
+                lc.done.add(rec.spec.dataset.name)
+            self.lifecycles[key] = lc
+
+    async def _resume(self) -> None:
+        """After a restart: a job still planning may have lost its plan event; publish it again (idempotent)."""
+        for rec in list(self.records.values()):
+            if rec.state is JobState.PLANNING and rec.plan is not None:
+                with contextlib.suppress(PacerError, nats.errors.Error):
+                    await self.bus.publish_durable(subjects.job_event(rec.job, JobEventKind.PLAN), rec.plan)
+
+    async def _save(self, rec: JobRecord) -> JobRecord:
+        assert self._kv is not None
+        rec = replace(rec, updated_at=self.clock())
+        await self._kv.put(rec.job, encode(rec))
+        self.records[rec.job] = rec
+        return rec
+
+    async def _transition(self, job: str, trigger: JobTrigger, reason: str = "") -> JobRecord:
+        """Take one lifecycle edge: save the record, then publish the event (at least once)."""
+        lc = self.lifecycles[job]
+        now = self.clock()
+        ev = lc.apply(trigger, now, reason)
+        await self._apply_event(ev)
+        return self.records[job]
+
+    async def _apply_event(self, ev: JobEvent) -> None:
+        rec = self.records[ev.job]
+        rec = replace(rec, state=ev.state, reason=ev.reason or rec.reason)
+        if ev.state is JobState.RUNNING and not rec.started_at:
+            rec = replace(rec, started_at=ev.ts)
+        if ev.state in TERMINAL:
+            rec = replace(rec, finished_at=ev.ts)
+        await self._save(rec)
+        await self.bus.publish_durable(subjects.job_event(ev.job, ev.state.value), ev)
+        self.counters.inc("transitions", state=ev.state.value)
+        log.info("job %s", ev.state.value, extra={"fields": {"job": ev.job, "reason": ev.reason}})
+
+    # ================================================================ rpc
+    async def _on_rpc(self, msg: Msg) -> None:
+        await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
+
+    def _record(self, job: str) -> JobRecord:
+        rec = self.records.get(job)
+        if rec is None:
+            raise NotFound(f"no job named {job!r}")
+        return rec
+
+    async def _submit(self, job: str, msg: Msg) -> None:
+        req = decode(SubmitRequest, msg.data)
+        if len(req.spec.encode()) > self.cfg.max_spec_bytes:
+            raise ValidationError(f"spec: larger than {self.cfg.max_spec_bytes} bytes")
+        spec = parse_job_spec(req.spec)  # JobSpecError: one line per bad field
+        if spec.name != job:
+            raise ValidationError(f"name: the spec names {spec.name!r} but it was submitted as {job!r}")
+        if spec.name.startswith("_"):
+            raise ValidationError(f"name: names starting with '_' are reserved, got {spec.name!r}")
+        async with self.lock:
+            if job in self.records:
+                raise Conflict(f"name: a job named {job!r} exists ({self.records[job].state.value}); "
+                               "choose another name")
+            data_path, eval_path, records = await asyncio.to_thread(self._prepare_data, spec)
+            plan = default_plan(spec)
+            per_worker = max(1, spec.batch_size // plan.workers)
+            await self.admin.register(DatasetSpec(
+                job=job, dataset=spec.dataset.name, records=records, batch_size=per_worker,
+                batches_per_shard=self.cfg.batches_per_shard, epochs=spec.epochs, lease_s=self.cfg.lease_s))
+            now = self.clock()
+            lc, first = JobLifecycle.submitted(job, [spec.dataset.name], now)
+            self.lifecycles[job] = lc
+            self.records[job] = JobRecord(job, spec, JobState.SUBMITTED, now, plan=plan, data_path=data_path,
+                                          eval_path=eval_path, records=records)
+            await self._apply_event(first)
+            rec = await self._transition(job, JobTrigger.ACCEPT, f"plan: {plan.source.value} ({plan.reason})"
+                                         if plan.reason else f"plan: {plan.source.value}")
+            await self.bus.publish_durable(subjects.job_event(job, JobEventKind.PLAN), plan)
+            self.counters.inc("submitted")
+        await self.bus.respond(msg, rec)
+
+    def _prepare_data(self, spec: JobSpec) -> tuple[str, str, int]:
+        """The record files the workers read: the spec's, or converted from Criteo text; and the record count."""
+        from pacer.data.criteo import RecordFile, convert
+
+        def one(path: str, fmt: DataFormat, name: str, field: str) -> tuple[str, int]:
+            if not Path(path).is_file():
+                raise ValidationError(f"{field}: no such file: {path}")
+            if fmt is DataFormat.RECORD:
+                try:
+                    return path, len(RecordFile.open(path))
+                except Exception as exc:
+                    raise ValidationError(f"{field}: not a Pacer record file ({exc})") from None
+            dst = self.cfg.data_dir / "datasets" / spec.name / f"{name}.rec"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                n = convert(path, dst)
+            except Exception as exc:
+                raise ValidationError(f"{field}: cannot read it as {fmt.value} ({exc})") from None
+            return str(dst), n
+
+        d = spec.dataset
+        data_path, records = one(d.path, d.format, "train", "dataset.path")
+        if records == 0:
+            raise ValidationError(f"dataset.path: {d.path} holds no records")
+        if d.records:
+            records = min(records, d.records)
+        eval_path = ""
+        if d.test_path:
+            eval_path, _ = one(d.test_path, d.format, "test", "dataset.test_path")
+        return data_path, eval_path, records
+
+    async def _get(self, job: str, msg: Msg) -> None:
+        q = decode(JobQuery, msg.data)
+        if q.job != job:
+            raise ValidationError(f"job: body names {q.job!r} but the subject is for {job!r}")
+        await self.bus.respond(msg, self._record(job))
+
+    async def _list(self, job: str, msg: Msg) -> None:
+        req = decode(ListRequest, msg.data)
+        if not 1 <= req.limit <= 1000:
+            raise ValidationError(f"limit: must be 1..1000, got {req.limit}")
+        if req.state and req.state not in {s.value for s in JobState}:
+            raise ValidationError(f"state: must be one of {', '.join(s.value for s in JobState)}, got {req.state!r}")
+        recs = sorted(self.records.values(), key=lambda r: r.submitted_at, reverse=True)
+        if req.state:
+            recs = [r for r in recs if r.state.value == req.state]
+        await self.bus.respond(msg, JobList(recs[: req.limit]))
+
+    async def _stop(self, job: str, msg: Msg) -> None:
+        req = decode(StopRequest, msg.data)
+        if req.job != job:
+            raise ValidationError(f"job: body names {req.job!r} but the subject is for {job!r}")
+        async with self.lock:
+            self._record(job)
+            rec = await self._transition(job, JobTrigger.STOP, req.reason or "stopped by the user")
+        await self.bus.respond(msg, rec)
+
+    # ================================================================ events in
+    async def _on_event(self, m: Msg) -> None:
+        parts = m.subject.split(".")  # pacer.events.<domain>.<job>.<kind>
+        if len(parts) != 5:
+            raise ValidationError(f"not an event subject: {m.subject!r}")
+        domain, job, kind = parts[2], parts[3], parts[4]
+        async with self.lock:
+            if job not in self.records:
+                self.counters.inc("events_unknown_job")
+                return  # a job this service does not run (e.g. `pacer train local`)
+            if domain == "shard":
+                await self._on_shard(job, kind, m.data)
+            elif domain == subjects.EXECUTOR_SERVICE:
+                await self._on_executor(job, decode(ExecutorEvent, m.data))
+            elif domain == "node":
+                await self._on_node(job, kind, decode(NodeEvent, m.data))
+
+    async def _on_shard(self, job: str, kind: str, data: bytes) -> None:
+        rec = self.records[job]
+        if kind == ShardEventKind.PROGRESS:
+            st = decode(ProgressEvent, data).status
+            if st.dataset == rec.spec.dataset.name:
+                await self._save(replace(rec, progress=_progress(st)))
+            return
+        ev = decode(ShardEvent, data)
+        if ev.dataset != rec.spec.dataset.name:
+            return
+        lc = self.lifecycles[job]
+        if kind == ShardEventKind.FINISHED:
+            with contextlib.suppress(PacerError):  # the exact final counts
+                st = await self.admin.status(job, ev.dataset)
+                rec = await self._save(replace(rec, progress=_progress(st)))
+            if lc.terminal:
+                return
+            fin = lc.dataset_done(ev.dataset, self.clock())
+            if fin is not None:
+                await self._apply_event(fin)
+        elif kind == ShardEventKind.PARKED and lc.state in (JobState.RUNNING, JobState.PLANNING):
+            await self._transition(job, JobTrigger.FAIL,
+                                   f"shard {ev.shard} of {ev.dataset} failed repeatedly and was parked ({ev.detail})")
+
+    async def _on_executor(self, job: str, ev: ExecutorEvent) -> None:
+        lc = self.lifecycles[job]
+        if ev.kind is ExecutorEventKind.APPLIED and lc.state is JobState.PLANNING:
+            for e in lc.start(self.clock(), f"plan applied in {ev.overhead_s:.1f}s"):
+                await self._apply_event(e)
+        elif ev.kind is ExecutorEventKind.FAILED and not lc.terminal:
+            await self._transition(job, JobTrigger.FAIL, ev.reason or "the executor failed the job")
+        elif ev.kind is ExecutorEventKind.TORN_DOWN:
+            await self._save(replace(self.records[job], torn_down=True))
+
+    async def _on_node(self, job: str, kind: str, ev: NodeEvent) -> None:
+        rec = self.records[job]
+        if kind == NodeEventKind.DIED and ev.relaunch:
+            # ev.restarts counts the node's relaunches before this one; a redelivered event changes nothing.
+            by_node = {**rec.restarts_by_node, ev.node: max(rec.restarts_by_node.get(ev.node, 0), ev.restarts + 1)}
+            await self._save(replace(rec, restarts_by_node=by_node, node_restarts=sum(by_node.values())))
+        elif kind == NodeEventKind.FINISHED and ev.result and ev.node == "worker-0":
+            await self._save(replace(rec, result=dict(ev.result)))
+
+
+def _progress(st: DatasetStatus) -> JobProgress:
+    return JobProgress(shards_total=st.todo + st.doing + st.done + st.failed, shards_todo=st.todo,
+                       shards_doing=st.doing, shards_done=st.done, shards_failed=st.failed,
+                       records_done=st.records_done, records_total=st.records_total,
+                       records_duplicated=st.records_duplicated, epoch=st.epoch)
+
+
+async def create(bus: Bus, rc: RuntimeConfig) -> JobService:
+    """App factory: the only place that builds a JobService from configuration."""
+    return JobService(bus, JobServiceConfig.from_env())

@@ -1,0 +1,96 @@
+"""What runs in a pod: the trainer's and the agent's command lines for one node of a job.
+
+Pure: a job record, the plan, the cluster addresses and a node in; a
+:class:`~pacer.contracts.executor.PodSpec` out.  Both backends run the same
+commands (``python -m pacer.trainer.ps|worker`` plus ``python -m
+pacer.agent.main``); ``{pod_dir}`` is the backend's per-pod directory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pacer.contracts.executor import PodSpec
+from pacer.contracts.jobs import JobRecord, ResourcePlan
+from pacer.trainer.cluster import ClusterDesc
+from pacer.trainer.worker import WorkerConfig
+
+POD_DIR = "{pod_dir}"
+IPC = f"{POD_DIR}/trainer.ipc"
+RESULT = f"{POD_DIR}/result.json"
+RESULT_PREFIX = '{"node"'  # the chief's last stdout line is its result JSON (pacer.trainer.worker)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchConfig:
+    """Where the executor's pods find the bus and the job's files."""
+
+    nats_url: str
+    checkpoint_root: str = ""  # "": no checkpoints; else <root>/<job> for the chief
+    checkpoint_every: int = 500  # chief steps between flash checkpoints
+    lease_s: float = 30.0
+    agents: bool = True  # an agent sidecar beside every worker
+    # Fault injection for tests and benchmarks: node ("*" = every worker) -> StragglerSpec JSON
+    # (sleep-based, costs no CPU).  From PACER_INJECT_STRAGGLERS, a JSON map of node -> spec fields.
+    stragglers: tuple[tuple[str, str], ...] = ()
+
+
+def pod_name(job: str, node: str, generation: int) -> str:
+    return f"{job}-{node}-g{generation}"
+
+
+def worker_config(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, index: int, cfg: LaunchConfig,
+                  restore: bool = False) -> WorkerConfig:
+    spec = rec.spec
+    m = spec.model
+    per_worker = max(1, spec.batch_size // max(1, plan.workers))
+    chief = index == 0
+    return WorkerConfig(
+        job=rec.job, node=f"worker-{index}", index=index, cluster=cluster.to_json(), data=rec.data_path,
+        dataset=spec.dataset.name, nats_url=cfg.nats_url, model=m.name.value,
+        model_args={"hash_buckets": m.hash_buckets, "embed_dim": m.embed_dim, "hidden": list(m.hidden),
+                    "cross_layers": m.cross_layers, "cin_layers": list(m.cin_layers),
+                    "learning_rate": m.learning_rate, "optimizer": m.optimizer},
+        mode=spec.mode.value, num_workers=plan.workers, backup_workers=spec.backup_workers,
+        batch_size=per_worker, global_batch=per_worker * plan.workers, learning_rate=m.learning_rate,
+        ipc=IPC if cfg.agents else "",
+        checkpoint_dir=f"{cfg.checkpoint_root}/{rec.job}" if chief and cfg.checkpoint_root else "",
+        checkpoint_every=cfg.checkpoint_every if chief and cfg.checkpoint_root else 0,
+        restore=restore and chief and bool(cfg.checkpoint_root),
+        eval_data=rec.eval_path if chief else "", result=RESULT,
+        straggler=dict(cfg.stragglers).get(f"worker-{index}", dict(cfg.stragglers).get("*", "")),
+    )
+
+
+def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str, index: int,
+             generation: int, cpu: float, memory_mb: int, port: int, cfg: LaunchConfig,
+             restore: bool = False) -> PodSpec:
+    node = f"{role}-{index}"
+    env = {"PACER_NATS_URL": cfg.nats_url, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    agent: list[str] = []
+    if role == "ps":
+        command = ["python", "-m", "pacer.trainer.ps", "--cluster", cluster.to_json(), "--index", str(index)]
+    else:
+        wc = worker_config(rec, plan, cluster, index, cfg, restore)
+        command = ["python", "-m", "pacer.trainer.worker", "--config", wc.to_json()]
+        if cfg.agents:
+            agent = ["python", "-m", "pacer.agent.main", "--job", rec.job, "--node", node, "--role", role,
+                     "--ipc", IPC, "--nats", cfg.nats_url]
+    return PodSpec(name=pod_name(rec.job, node, generation), job=rec.job, node=node, role=role, index=index,
+                   generation=generation, cpu=cpu, memory_mb=memory_mb, command=command, agent=agent,
+                   env=env, port=port)
+
+
+def parse_result(log_tail: str) -> dict[str, object]:
+    """The chief's result: the last line of its output that is a JSON object naming the node."""
+    for line in reversed(log_tail.splitlines()):
+        line = line.strip()
+        if line.startswith(RESULT_PREFIX):
+            try:
+                out = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(out, dict):
+                return out
+    return {}

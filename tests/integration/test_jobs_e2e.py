@@ -1,0 +1,183 @@
+"""Whole jobs on the embedded stack: job service + pod-executor (local backend) + shard service + monitor.
+
+Every service is its own OS process on a real nats-server (``pacer.stack``);
+every node is a real TensorFlow PS or worker process with its agent, run by
+a pod supervisor with CPU and memory limits.  Sleep-based stragglers slow
+the workers down (no CPU cost) so that kills land mid-job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from pacer.bus import Bus
+from pacer.contracts.jobs import JobRecord, JobState
+from pacer.contracts.nodes import NodeEvent
+from pacer.data.criteo import generate, heldout_path
+from pacer.errors import ValidationError
+from pacer.jobs.client import JobClient
+from pacer.stack import Stack
+from pacer.subjects import events_of
+
+pytestmark = pytest.mark.slow
+
+ROWS = 24_000  # 512-record global batches: 47 steps, ~0.1 s each with the injected sleep
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "train.rec"
+    generate(path, ROWS, seed=7)
+    generate(heldout_path(path), 4_000, seed=7, stream=1)
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    env = {
+        "PACER_API_PORT": "0",
+        "PACER_MONITOR_INTERVAL_S": "2",
+        "PACER_INJECT_STRAGGLERS": json.dumps({"*": {"kind": "persistent", "sleep_s": 0.25}}),
+        "PACER_BATCHES_PER_SHARD": "5",
+        "PACER_SHARD_LEASE_S": "20",
+    }
+    st = Stack(tmp_path_factory.mktemp("stack"), services=["shard", "monitor", "jobs", "executor"], env=env)
+    st.start()
+    try:
+        yield st
+    finally:
+        st.stop()
+
+
+@pytest.fixture
+async def client(stack: Stack) -> AsyncIterator[JobClient]:
+    bus = await Bus.connect(stack.url, name="e2e-test")
+    try:
+        yield JobClient(bus, timeout=20.0)
+    finally:
+        await bus.close()
+
+
+def spec_yaml(name: str, data: Path, extra: str = "") -> str:
+    return (f"name: {name}\nmodel: wide_deep\n"
+            f"dataset:\n  path: {data}\n  test_path: {heldout_path(data)}\n"
+            f"batch_size: 512\n{extra}")
+
+
+async def wait_for(client: JobClient, job: str, done, timeout: float = 240.0, what: str = "") -> JobRecord:
+    deadline = time.monotonic() + timeout
+    rec = await client.get(job)
+    while not done(rec):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job}: timed out waiting for {what or 'a condition'}; last record: {rec}")
+        await asyncio.sleep(0.5)
+        rec = await client.get(job)
+    return rec
+
+
+def terminal(rec: JobRecord) -> bool:
+    return rec.state in (JobState.COMPLETED, JobState.FAILED, JobState.STOPPED) and rec.torn_down
+
+
+def assert_complete(rec: JobRecord) -> None:
+    assert rec.state is JobState.COMPLETED, rec.reason
+    p = rec.progress
+    assert p.shards_total > 0
+    assert p.shards_done == p.shards_total and p.shards_failed == 0
+    assert p.records_done == p.records_total == ROWS
+
+
+def trainer_pid(stack: Stack, job: str, node: str) -> int:
+    """The pid of a node's running TensorFlow process (found by its command line)."""
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "pacer.trainer.worker" in cmd and f'"job": "{job}"' in cmd and f'"node": "{node}"' in cmd:
+            return int(p.info["pid"])
+    raise AssertionError(f"no trainer process for {job}/{node}")
+
+
+async def node_events(stack: Stack, job: str) -> list[NodeEvent]:
+    from pacer.codec import decode
+
+    bus = await Bus.connect(stack.url, name="e2e-events")
+    try:
+        sub = await bus.js.subscribe(events_of("node", job), ordered_consumer=True)
+        out: list[NodeEvent] = []
+        while True:
+            try:
+                m = await sub.next_msg(timeout=1.0)
+            except TimeoutError:
+                return out
+            out.append(decode(NodeEvent, m.data))
+    finally:
+        await bus.close()
+
+
+async def test_job_completes_and_an_externally_killed_worker_is_relaunched(
+        stack: Stack, client: JobClient, data: Path) -> None:
+    rec = await client.submit("e2e-basic", spec_yaml("e2e-basic", data))
+    assert rec.state is JobState.PLANNING and rec.plan is not None and rec.plan.source.value == "default"
+    rec = await wait_for(client, "e2e-basic", lambda r: r.state is JobState.RUNNING
+                         and 0 < r.progress.shards_done < r.progress.shards_total / 2, what="a running job")
+    os.kill(trainer_pid(stack, "e2e-basic", "worker-1"), signal.SIGKILL)
+    rec = await wait_for(client, "e2e-basic", terminal, what="the end")
+    assert_complete(rec)
+    assert rec.node_restarts >= 1 and rec.restarts_by_node.get("worker-1", 0) >= 1
+    assert 0.5 < float(rec.result["auc"]) <= 1.0  # the chief evaluated the held-out data
+    events = await node_events(stack, "e2e-basic")
+    died = [e for e in events if e.kind == "died" and e.node == "worker-1" and e.generation == 0]
+    assert died and died[0].reason == "killed" and died[0].relaunch
+    assert any(e.kind == "running" and e.node == "worker-1" and e.generation == 1 for e in events)
+    assert any(e.kind == "finished" and e.node == "worker-0" and e.result for e in events)
+    status = await client.nodes("e2e-basic")
+    assert status.state == "torn_down" and all(n.phase.value == "exited" for n in status.nodes)
+
+
+async def test_kill_9_of_each_service_mid_job_loses_nothing(stack: Stack, client: JobClient, data: Path) -> None:
+    await client.submit("e2e-kills", spec_yaml("e2e-kills", data))
+    await wait_for(client, "e2e-kills", lambda r: r.state is JobState.RUNNING and r.progress.shards_done > 0,
+                   what="a running job")
+    for name in ("executor", "shard", "monitor"):
+        before = (await client.get("e2e-kills")).progress.shards_done
+        stack.procs[name].kill()
+        stack.procs[name].wait()
+        await asyncio.sleep(1.0)
+        stack.start_service(name)
+        await wait_for(client, "e2e-kills", lambda r, b=before: r.progress.shards_done > b or terminal(r),
+                       what=f"progress after restarting {name}")
+    rec = await wait_for(client, "e2e-kills", terminal, what="the end")
+    assert_complete(rec)
+    stats = await client.statistics("e2e-kills")  # the restarted monitor rebuilt the job's windows
+    assert stats.shards is not None and stats.shards.done == rec.progress.shards_total
+
+
+async def test_oom_killed_node_is_relaunched_with_more_memory(stack: Stack, client: JobClient, data: Path) -> None:
+    extra = "resources:\n  workers: 1\n  worker_memory_mb: 200\n"
+    await client.submit("e2e-oom", spec_yaml("e2e-oom", data, extra))
+    rec = await wait_for(client, "e2e-oom", terminal, timeout=400, what="the end")
+    assert_complete(rec)
+    events = await node_events(stack, "e2e-oom")
+    ooms = [e for e in events if e.kind == "died" and e.node == "worker-0" and e.reason == "oom"]
+    assert ooms and all(e.relaunch for e in ooms)
+    created = [e.memory_mb for e in events if e.kind == "created" and e.node == "worker-0"]
+    assert created[0] == 200 and created == sorted(created) and created[-1] >= 400
+    assert created[1] == 2 * created[0]  # DLRover: an OOM-killed node comes back with twice the memory
+
+
+async def test_invalid_spec_is_rejected_naming_the_field(stack: Stack, client: JobClient, data: Path) -> None:
+    bad = f"name: e2e-bad\nmodel: resnet\ndataset:\n  path: {data}\nbatch_size: -3\n"
+    with pytest.raises(ValidationError) as err:
+        await client.submit("e2e-bad", bad)
+    assert "model" in str(err.value) and "batch_size" in str(err.value)
+    with pytest.raises(ValidationError, match=r"dataset\.path"):
+        await client.submit("e2e-bad2", "name: e2e-bad2\nmodel: dcn\ndataset:\n  path: /nonexistent.rec\n")
+    jobs = await client.list()
+    assert not any(r.job.startswith("e2e-bad") for r in jobs.jobs)  # nothing was stored
