@@ -15,9 +15,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/nats-server --version
 	touch $(STAMP)
 
-install: $(STAMP)
+# Debian's Chromium drives the dashboard test (tests/integration/test_dashboard.py).
+CHROMIUM := /usr/bin/chromium
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium
+	$(CHROMIUM) --version
 
-test: $(STAMP)
+install: $(STAMP) $(CHROMIUM)
+
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

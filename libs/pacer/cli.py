@@ -1,7 +1,7 @@
 """The ``pacer`` command line: a thin client of the bus.
 
     pacer up [--data-dir D] [--port P]   the embedded stack in the foreground
-    pacer demo                           a dataset consumed by worker processes
+    pacer demo                           a whole Wide&Deep job on the embedded stack
     pacer status JOB DATASET             a dataset's shard status (JSON)
     pacer submit | jobs | job | logs | stop   training jobs (pacer.jobs.cli)
     pacer version
@@ -108,11 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--url", default=_default_url())
     st.set_defaults(fn=cmd_status)
 
-    demo = sub.add_parser("demo", help="start the stack and consume a dataset with worker processes")
-    demo.add_argument("--workers", type=int, default=3)
-    demo.add_argument("--records", type=int, default=400_000)
+    demo = sub.add_parser("demo", help="start the stack and run a whole Wide&Deep job with no resource config")
+    demo.add_argument("--rows", type=int, default=1_000_000, help="training rows to generate")
+    demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument("--api-port", type=int, default=0, help="dashboard port (0: a free one)")
+    demo.add_argument("--timeout", type=float, default=900.0)
+    demo.add_argument("--keep", action="store_true", help="keep the stack and dashboard running at the end")
     demo.add_argument("--kill-one", action="store_true", default=True,
-                      help="kill -9 one worker midway to show its shards are served again (default on)")
+                      help="kill -9 one worker's TensorFlow process midway: it is relaunched (default on)")
     demo.add_argument("--no-kill", dest="kill_one", action="store_false")
     demo.add_argument("--data-dir", default=".pacer/demo")
     demo.set_defaults(fn=cmd_demo)

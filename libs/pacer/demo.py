@@ -1,16 +1,21 @@
-"""``pacer demo``: the embedded stack, a dataset, and worker processes consuming it.
+"""``pacer demo``: a whole Wide&Deep job on the embedded stack, from nothing.
 
-What it shows (until the trainer and the executor exist, the demo plays the
-executor's part itself):
+What it does:
 
-* the embedded stack starts (nats-server with JetStream + the shard service);
-* a dataset is registered and consumed by several worker *processes* through
-  the shard client, with a live progress bar from the service's events;
-* one worker is a straggler (it takes 3x longer per shard) and simply takes
-  fewer shards: dynamic sharding keeps the others busy;
-* midway one worker is killed with SIGKILL; a node-death event returns its
-  shards at once and a replacement worker starts;
-* a summary; its last line is one JSON object.
+* starts the embedded stack: nats-server with JetStream, the shard service,
+  the monitor, the job service, the pod-executor (local processes) and the
+  HTTP API with its dashboard (the URL is printed at once);
+* generates a Criteo-like dataset with a planted signal, plus held-out data;
+* submits a Wide&Deep job with **no resource fields**: the executor applies
+  the documented default plan (:func:`pacer.jobs.spec.default_plan`);
+* midway, kills one worker's TensorFlow process with SIGKILL (``--no-kill``
+  to skip): the executor classifies the death, the shard service returns
+  the worker's shards at once, and the worker is relaunched;
+* shows progress, then a summary whose last line is one JSON object with
+  ``status``, ``jct_s``, ``auc``, ``shards_total``, ``shards_done``,
+  ``shards_failed``, ``records_duplicated``, ``node_restarts`` (and more).
+
+Exit status 0 when the job completed with every shard done.
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -27,117 +31,113 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pacer import subjects
-from pacer.bus import Bus, RetryPolicy
-from pacer.codec import decode
-from pacer.contracts.nodes import NodeEvent
-from pacer.contracts.shards import DatasetSpec, DatasetStatus, ProgressEvent
-from pacer.shards.client import ShardAdmin, ShardClient
+import psutil
 
-JOB, DATASET = "demo", "train"
-RECORD_S = 20e-6  # simulated read+train time per record
+from pacer.bus import Bus
+from pacer.contracts.jobs import JobRecord, JobState
+from pacer.jobs.client import JobClient
+from pacer.progress import Progress
+
+JOB = "demo-wide-deep"
+TERMINAL = (JobState.COMPLETED, JobState.FAILED, JobState.STOPPED)
 
 
-def _worker(url: str, node: str, slowdown: float) -> None:
-    async def main() -> None:
-        bus = await Bus.connect(url, name=node)
-        c = ShardClient(bus, JOB, DATASET, node, prefetch=2)
-        await c.start()
-        while (s := await c.next()) is not None:
-            n = s.end - s.start
-            for i in range(0, n, 250):  # a "step" of 250 records
-                await asyncio.sleep(250 * RECORD_S * slowdown)
-                c.progress(s, s.start - s.offset + min(i + 250, n))
-            c.done(s)
-        await c.close()
+def _spec(data: Path, test: Path) -> str:
+    return (f"# A Wide&Deep job with no resources: Pacer decides.\n"
+            f"name: {JOB}\nmodel: wide_deep\n"
+            f"dataset:\n  path: {data}\n  test_path: {test}\n"
+            f"epochs: 1\nbatch_size: 512\nmode: asp\n")
+
+
+def _kill_trainer(job: str, node: str) -> bool:
+    """SIGKILL the TensorFlow process of one node, as a failing machine would."""
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "pacer.trainer.worker" in cmd and f'"job": "{job}"' in cmd and f'"node": "{node}"' in cmd:
+            os.kill(p.info["pid"], signal.SIGKILL)
+            return True
+    return False
+
+
+async def _follow(url: str, spec: str, kill: bool, timeout: float) -> JobRecord:
+    bus = await Bus.connect(url, name="pacer-demo")
+    try:
+        client = JobClient(bus, timeout=30.0)
+        rec = await client.submit(JOB, spec)
+        plan = rec.plan
+        if plan is not None:
+            print(f"pacer demo: job {JOB} submitted; plan ({plan.source.value}): {plan.workers} workers x "
+                  f"{plan.worker_cpu:g} CPU/{plan.worker_memory_mb} MiB, {plan.ps} PS x "
+                  f"{plan.ps_cpu:g} CPU/{plan.ps_memory_mb} MiB", file=sys.stderr)
+        killed = not kill
+        deadline = time.monotonic() + timeout
+        with Progress(interval=5.0) as bar:
+            while not (rec.state in TERMINAL and rec.torn_down):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"job {JOB} did not finish within {timeout:.0f}s")
+                await asyncio.sleep(0.5)
+                rec = await client.get(JOB)
+                p = rec.progress
+                bar.update(p.shards_done, p.shards_total, rec.state.value,
+                           f"restarts {rec.node_restarts}  dup {p.records_duplicated}")
+                if not killed and p.shards_total and p.shards_done >= p.shards_total // 3:
+                    killed = _kill_trainer(JOB, "worker-1")
+                    if killed:
+                        print("\npacer demo: killed worker-1's TensorFlow process (SIGKILL)", file=sys.stderr)
+        return rec
+    finally:
         await bus.close()
 
-    asyncio.run(main())
 
-
-def _bar(st: DatasetStatus, width: int = 32) -> str:
-    total = st.todo + st.doing + st.done + st.failed
-    frac = st.done / total if total else 0.0
-    fill = int(frac * width)
-    return (
-        f"\r[{'#' * fill}{'.' * (width - fill)}] {100 * frac:5.1f}%  "
-        f"done {st.done}/{total}  doing {st.doing}  failed {st.failed}  dup {st.records_duplicated}   "
-    )
-
-
-async def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    bus = await Bus.connect(url, name="demo")
-    admin = ShardAdmin(bus, retry=RetryPolicy(attempts=50))  # the service may still be starting
-    await admin.register(DatasetSpec(job=JOB, dataset=DATASET, records=args.records, batch_size=100,
-                                     batches_per_shard=10, epochs=1, lease_s=10.0))
-    latest: list[DatasetStatus] = [await admin.status(JOB, DATASET)]
-
-    async def on_progress(msg: Any) -> None:
-        latest[0] = decode(ProgressEvent, msg.data).status
-
-    sub = await bus.nc.subscribe(subjects.event("shard", JOB, subjects.ShardEventKind.PROGRESS), cb=on_progress)
-    ctx = mp.get_context("spawn")
-    procs: dict[str, Any] = {}
-    for i in range(args.workers):
-        slow = 3.0 if i == args.workers - 1 else 1.0  # the last worker is a straggler
-        procs[f"worker-{i}"] = ctx.Process(target=_worker, args=(url, f"worker-{i}", slow), daemon=True)
-    for p in procs.values():
-        p.start()
-    t0 = time.time()
-    restarts = 0
-    killed = False
-    while True:
-        st = latest[0]
-        print(_bar(st), end="", file=sys.stderr, flush=True)
-        if st.finished:
-            break
-        total = st.todo + st.doing + st.done
-        if args.kill_one and not killed and total and st.done >= total // 3:
-            killed = True
-            victim = "worker-0"
-            os.kill(procs[victim].pid, signal.SIGKILL)
-            procs[victim].join()
-            print(f"\nkilled {victim} (SIGKILL) holding {next((n.doing for n in st.nodes if n.node == victim), 0)} "
-                  "shards; publishing its death and starting worker-0b", file=sys.stderr)
-            await bus.publish_durable(subjects.event("node", JOB, subjects.NodeEventKind.DIED),
-                                      NodeEvent(JOB, victim, "died", time.time(), "killed", "worker"))
-            procs["worker-0b"] = ctx.Process(target=_worker, args=(url, "worker-0b", 1.0), daemon=True)
-            procs["worker-0b"].start()
-            restarts += 1
-        await asyncio.sleep(0.25)
-        if not any(p.is_alive() for p in procs.values()):
-            latest[0] = await admin.status(JOB, DATASET)
-            if not latest[0].finished:
-                raise RuntimeError("every worker exited but the dataset is not finished")
-    for p in procs.values():
-        p.join(10)
-    await sub.unsubscribe()
-    st = await admin.status(JOB, DATASET)
-    await bus.close()
-    print(file=sys.stderr)
-    for n in st.nodes:
-        print(f"  {n.node:<10} shards {n.shards_done:>4}  records {n.records:>8}", file=sys.stderr)
+def summary(rec: JobRecord) -> dict[str, Any]:
+    p = rec.progress
+    auc = rec.result.get("auc")
     return {
-        "status": "completed" if st.finished else "incomplete",
-        "seconds": round(time.time() - t0, 2),
-        "records_total": st.records_total,
-        "records_done": st.records_done,
-        "shards_total": st.todo + st.doing + st.done + st.failed,
-        "shards_done": st.done,
-        "shards_failed": st.failed,
-        "records_duplicated": st.records_duplicated,
-        "node_restarts": restarts,
+        "status": rec.state.value,
+        "reason": rec.reason,
+        "jct_s": round(rec.finished_at - rec.submitted_at, 2) if rec.finished_at else None,
+        "auc": round(float(auc), 4) if isinstance(auc, int | float) else None,
+        "shards_total": p.shards_total,
+        "shards_done": p.shards_done,
+        "shards_failed": p.shards_failed,
+        "records_total": p.records_total,
+        "records_done": p.records_done,
+        "records_duplicated": p.records_duplicated,
+        "node_restarts": rec.node_restarts,
+        "plan": None if rec.plan is None else {"workers": rec.plan.workers, "ps": rec.plan.ps,
+                                               "source": rec.plan.source.value},
     }
 
 
 def main(args: argparse.Namespace) -> int:
+    from pacer.data.criteo import generate, heldout_path
+    from pacer.embedded import free_port
     from pacer.stack import Stack
 
-    data = Path(args.data_dir)
-    shutil.rmtree(data, ignore_errors=True)  # every demo starts from a clean store
-    print(f"pacer demo: starting the embedded stack in {data} ...", file=sys.stderr)
-    with Stack(data) as stack:
-        summary = asyncio.run(_run(stack.url, args))
+    data_dir = Path(args.data_dir)
+    shutil.rmtree(data_dir, ignore_errors=True)  # every demo starts from a clean store
+    port = args.api_port or free_port()
+    print(f"pacer demo: starting the embedded stack in {data_dir} ...", file=sys.stderr)
+    with Stack(data_dir, env={"PACER_API_PORT": str(port)}) as stack:
+        print(f"pacer demo: dashboard at http://127.0.0.1:{port}/  (jobs, live throughput, nodes, shards)",
+              file=sys.stderr)
+        data = data_dir / "data" / "train.rec"
+        data.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        generate(data, args.rows, seed=args.seed)
+        generate(heldout_path(data), max(10_000, args.rows // 10), seed=args.seed, stream=1)
+        print(f"pacer demo: generated {args.rows:,} training rows in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+        rec = asyncio.run(_follow(stack.url, _spec(data, heldout_path(data)), args.kill_one, args.timeout))
+        out = summary(rec)
+        if args.keep:
+            print(f"pacer demo: the stack keeps running; dashboard at http://127.0.0.1:{port}/ "
+                  "(Ctrl-C to stop)", file=sys.stderr)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
     print("pacer demo summary:", file=sys.stderr)
-    print(json.dumps(summary))
-    return 0 if summary["status"] == "completed" and summary["records_done"] == summary["records_total"] else 1
+    print(json.dumps(out))
+    ok = out["status"] == "completed" and out["shards_done"] == out["shards_total"] and out["shards_failed"] == 0
+    return 0 if ok else 1

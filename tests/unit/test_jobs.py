@@ -81,7 +81,7 @@ def test_zero_config_example() -> None:
     assert spec.dataset.format is DataFormat.CRITEO_TSV
     plan = default_plan(spec)
     assert plan.source is PlanSource.DEFAULT
-    assert (plan.workers, plan.ps, plan.worker_cpu, plan.worker_memory_mb) == (2, 2, 1.0, 1024)
+    assert (plan.workers, plan.ps, plan.worker_cpu, plan.worker_memory_mb) == (2, 2, 1.0, 2048)
 
 
 def test_bsp_example_has_limits_and_custom_policy() -> None:
@@ -91,7 +91,7 @@ def test_bsp_example_has_limits_and_custom_policy() -> None:
     assert spec.limits is not None and spec.limits.max_ps == 1
     plan = default_plan(spec)
     assert plan.ps == 1 and plan.source is PlanSource.USER
-    assert plan.worker_memory_mb == 2048  # the user's value
+    assert plan.worker_memory_mb == 3072  # the user's value
     assert "max_ps" in plan.reason
 
 
@@ -243,13 +243,13 @@ def _plan(**changes: Any) -> ResourcePlan:
 def test_default_plan_without_limits() -> None:
     p = _plan()
     assert (p.workers, p.ps, p.worker_cpu, p.worker_memory_mb, p.ps_cpu, p.ps_memory_mb) == (
-        2, 2, 1.0, 1024, 1.0, 1024)
+        2, 2, 1.0, 2048, 1.0, 2048)
     assert p.source is PlanSource.DEFAULT and p.reason
 
 
 def test_user_resources_win_over_defaults() -> None:
     p = _plan(resources={"workers": 5, "ps_memory_mb": 4096})
-    assert (p.workers, p.ps, p.ps_memory_mb, p.worker_memory_mb) == (5, 2, 4096, 1024)
+    assert (p.workers, p.ps, p.ps_memory_mb, p.worker_memory_mb) == (5, 2, 4096, 2048)
     assert p.source is PlanSource.USER and "workers" in p.reason
 
 

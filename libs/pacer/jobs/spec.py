@@ -35,7 +35,8 @@ Defaults (a field left out)
 The default plan
 ----------------
 Until the brain-optimizer exists the executor runs :func:`default_plan`:
-2 workers and 2 PS, each with 1 CPU and 1024 MiB.  Fields the user gave in
+2 workers and 2 PS, each with 1 CPU and 2048 MiB (a Wide&Deep chief with
+flash checkpoints peaks near 1.5 GiB here).  Fields the user gave in
 ``resources`` win over these defaults.  Then ``limits`` clamp what was
 defaulted: counts to ``max_workers`` / ``max_ps``; if the job's total CPU or
 memory still exceeds ``max_cpu`` / ``max_memory_mb``, defaulted workers are
@@ -83,9 +84,9 @@ class DefaultPlan:
     workers: int = 2
     ps: int = 2
     worker_cpu: float = 1.0
-    worker_memory_mb: int = 1024
+    worker_memory_mb: int = 2048
     ps_cpu: float = 1.0
-    ps_memory_mb: int = 1024
+    ps_memory_mb: int = 2048
     min_cpu: float = 0.1  # floor when scaling defaulted CPU down to fit max_cpu
     min_memory_mb: int = 128  # floor when scaling defaulted memory down to fit max_memory_mb
 
