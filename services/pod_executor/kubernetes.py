@@ -1,0 +1,515 @@
+"""The Kubernetes backend of the pod-executor (official ``kubernetes`` client).
+
+One :class:`~pacer.contracts.executor.PodSpec` becomes one Pod: the trainer
+container plus the agent sidecar, sharing an ``emptyDir`` (``{pod_dir}``) and
+a process namespace (the agent reads the trainer's ``/proc``).  Each job gets
+a headless Service named after it, so slot ``<job>-<node>`` has the stable
+DNS name ``<job>-<node>.<job>.<namespace>.svc`` that the TF ClusterSpec uses.
+
+Concurrency: the client is blocking, so every call runs in a thread
+(``asyncio.to_thread``); a watch runs in a daemon thread of its own that
+feeds an ``asyncio.Queue`` and is stopped (its socket shut down) when the
+consuming generator is closed or cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import datetime as dt
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client as k8s
+import kubernetes.config as _k8s_config
+import kubernetes.watch as k8s_watch
+import yaml
+from kubernetes.client import ApiException
+from pacer.contracts.executor import PodPhase, PodSpec, PodStatus
+from pacer.errors import Conflict, Unavailable
+from pacer.trainer.cluster import ClusterDesc
+
+log = logging.getLogger(__name__)
+
+POD_DIR = "/var/run/pacer"  # where the emptyDir shared by trainer and agent is mounted
+TF_PORT = 2222  # every slot has its own DNS name, so all can use one port
+PART_OF = "app.kubernetes.io/part-of"
+L_JOB, L_NODE, L_ROLE, L_INDEX, L_GEN = (
+    "pacer.io/job", "pacer.io/node", "pacer.io/role", "pacer.io/index", "pacer.io/generation",
+)
+AGENT_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+
+# A pending trainer waiting for one of these will never start: report it as
+# exited with that reason, which core.classify() maps to CONFIG_ERROR.
+_DEAD_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "InvalidImageName"})
+DELETED_REASON = "Deleted"
+_SIGTERM = 15
+_Statuses = list[PodStatus]  # `list` is a method name of the backend
+_Item = tuple[str, Any] | str | BaseException  # a watch event, the last version (clean end) or the error
+_Watch: Any = k8s_watch.Watch  # untyped in the client
+k8s_config: Any = _k8s_config  # untyped too
+
+
+class KubernetesBackend:
+    """Pods on a Kubernetes cluster through ``CoreV1Api``.
+
+    This backend is tested only against an in-process fake of the Kubernetes
+    REST endpoints it uses (``tests/fake_k8s.py``), because no API server can
+    run on the development machine (DESIGN.md); it has not been run against a
+    real cluster.
+
+    ``api_client`` is owned by the caller (``close`` does not close it).
+    ``owner`` is an ownerReference (``apiVersion``, ``kind``, ``name``,
+    ``uid``) put on every pod and Service, so deleting that object
+    garbage-collects them.  ``template`` is a Pod manifest (e.g.
+    ``deploy/base/pod-templates/worker.yaml`` loaded as a dict), or a dict
+    of them by role (``{"worker": ..., "ps": ...}``), whose metadata,
+    pod-level spec and ``trainer``/``agent`` container settings (security
+    context, extra env and mounts) are kept; everything the PodSpec says
+    (command, image, resources, labels, port) replaces its values, the
+    template's ``args`` and ``ports`` are dropped (the PodSpec's argv is the
+    whole command line) and other containers are not used.
+
+    Pods that disappear (deleted by us or by anyone) keep their last status,
+    as ``exited``, in memory until :meth:`forget`, as the Backend contract
+    asks; those records do not survive a restart of the executor.  A pod
+    deleted before its trainer ended is reported as exited with reason
+    ``"Deleted"`` and ``signal=15`` (the kubelet's SIGTERM), so classify()
+    calls it KILLED (retryable) unless the executor deleted it itself.
+    """
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        api_client: Any,
+        namespace: str,
+        image: str,
+        owner: dict[str, Any] | None = None,
+        service_account: str = "",
+        template: dict[str, Any] | None = None,
+        *,
+        watch_timeout_s: int = 300,
+        retry_s: float = 1.0,
+    ) -> None:
+        if owner is not None and not {"apiVersion", "kind", "name", "uid"} <= owner.keys():
+            raise ValueError("owner needs apiVersion, kind, name and uid")
+        self.api = k8s.CoreV1Api(api_client)
+        self.namespace = namespace
+        self.image = image
+        self.owner = owner
+        self.service_account = service_account
+        self.template = template or {}
+        self.watch_timeout_s = watch_timeout_s
+        self.retry_s = retry_s
+        self._services: set[str] = set()  # jobs whose headless Service exists
+        self._gone: dict[str, PodStatus] = {}  # pods deleted from the API, until forget()
+        self._watches: set[Any] = set()  # open kubernetes.watch.Watch objects
+        self._closed = False
+
+    # -- the Backend protocol ------------------------------------------------
+
+    async def create(self, pod: PodSpec) -> None:
+        if pod.job not in self._services:
+            await self._ensure_service(pod.job)
+        try:
+            body: Any = self.pod_manifest(pod)  # the client takes plain dicts too
+            await asyncio.to_thread(self.api.create_namespaced_pod, self.namespace, body)
+        except ApiException as e:
+            if e.status == 409:
+                raise Conflict(f"pod {pod.name} exists") from e
+            raise _unavailable("create pod " + pod.name, e) from e
+        except Exception as e:
+            raise _unavailable("create pod " + pod.name, e) from e
+        self._gone.pop(pod.name, None)
+
+    async def delete(self, name: str, grace_s: float = 10.0) -> None:
+        try:
+            obj = await asyncio.to_thread(
+                self.api.delete_namespaced_pod, name, self.namespace, grace_period_seconds=max(0, round(grace_s)),
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return
+            raise _unavailable("delete pod " + name, e) from e
+        except Exception as e:
+            raise _unavailable("delete pod " + name, e) from e
+        if isinstance(obj, k8s.V1Pod) and _is_pacer(obj):
+            self._gone[name] = deleted(pod_status(obj))
+
+    async def list(self, job: str | None = None) -> list[PodStatus]:
+        pods, _ = await self._list(job)
+        return self._with_gone(pods, job)
+
+    async def watch(self) -> AsyncIterator[PodStatus]:
+        """List, then watch from the list's resourceVersion; re-list after a 410 or an error.
+
+        Only statuses that differ from the last one yielded for the pod are
+        yielded, so a re-list after a reconnect repeats nothing.  A clean end
+        of the stream (``timeoutSeconds``) resumes from the last version seen.
+        """
+        last: dict[str, PodStatus] = {}
+        rv: str | None = None
+        while not self._closed:
+            if rv is None:
+                try:
+                    pods, rv = await self._list(None)
+                except Unavailable as e:
+                    log.warning("kubernetes list failed, retrying: %s", e.message)
+                    await asyncio.sleep(self.retry_s)
+                    continue
+                live = {s.name for s in pods}
+                for s in self._with_gone(pods, None):
+                    if last.get(s.name) != s:
+                        last[s.name] = s
+                        yield s
+                for name in [n for n in last if n not in live and n not in self._gone]:
+                    if last[name].phase is PodPhase.EXITED:
+                        del last[name]  # forgotten (or deleted after it exited: nothing new)
+                    else:  # deleted while we were not watching
+                        self._gone[name] = last[name] = deleted(last[name])
+                        yield last[name]
+            async with contextlib.aclosing(self._stream(rv)) as stream:
+                async for item in stream:
+                    if isinstance(item, str):  # clean end: resume from the last version seen
+                        rv = item
+                        break
+                    if isinstance(item, BaseException):
+                        if isinstance(item, ApiException) and item.status == 410:
+                            log.info("kubernetes watch expired (410), re-listing")
+                        else:
+                            log.warning("kubernetes watch failed, re-listing: %r", item)
+                            await asyncio.sleep(self.retry_s)
+                        rv = None
+                        break
+                    etype, obj = item
+                    if not _is_pacer(obj):
+                        continue
+                    s = pod_status(obj)
+                    if etype == "DELETED":
+                        s = deleted(s)
+                        self._gone[s.name] = s
+                    if last.get(s.name) != s:
+                        last[s.name] = s
+                        yield s
+
+    async def logs(self, name: str, tail: int = 200, container: str = "trainer") -> str:
+        try:
+            text = await asyncio.to_thread(
+                self.api.read_namespaced_pod_log, name, self.namespace, container=container, tail_lines=tail,
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return ""  # as the local backend: a pod that is gone has no logs
+            raise _unavailable("logs of " + name, e) from e
+        except Exception as e:
+            raise _unavailable("logs of " + name, e) from e
+        return str(text or "")
+
+    async def forget(self, name: str) -> None:
+        self._gone.pop(name, None)
+        await self.delete(name, 0)
+        self._gone.pop(name, None)
+
+    def cluster(self, job: str, num_ps: int, max_workers: int) -> ClusterDesc:
+        def addr(node: str) -> str:
+            return f"{job}-{node}.{job}.{self.namespace}.svc:{TF_PORT}"
+
+        return ClusterDesc(
+            tuple(addr(f"ps-{i}") for i in range(num_ps)),
+            tuple(addr(f"worker-{i}") for i in range(max_workers)),
+        )
+
+    def pod_port(self, cluster: ClusterDesc, role: str, index: int) -> int:
+        return TF_PORT
+
+    async def close(self) -> None:
+        """Stop the watches (their generators end); the caller closes ``api_client``."""
+        self._closed = True
+        for w in list(self._watches):
+            w.stop()
+
+    # -- manifests -----------------------------------------------------------
+
+    def pod_manifest(self, pod: PodSpec) -> dict[str, Any]:
+        """The Pod body for one PodSpec (a plain dict in API field names)."""
+        tpl = copy.deepcopy(self.template.get(pod.role, {}) if "spec" not in self.template else self.template)
+        meta: dict[str, Any] = tpl.get("metadata") or {}
+        spec: dict[str, Any] = tpl.get("spec") or {}
+        labels = dict(meta.get("labels") or {})
+        labels.update(_labels(pod))
+        metadata: dict[str, Any] = {"name": pod.name, "labels": labels}
+        if meta.get("annotations"):
+            metadata["annotations"] = meta["annotations"]
+        if self.owner is not None:
+            metadata["ownerReferences"] = [dict(self.owner)]
+        mount = {"name": "pod-dir", "mountPath": POD_DIR}
+        env = [{"name": k, "value": _pod_dir(v)} for k, v in pod.env.items()]
+        by_name = {c.get("name"): c for c in spec.get("containers") or []}
+
+        def container(name: str, argv: list[str], resources: dict[str, Any]) -> dict[str, Any]:
+            c: dict[str, Any] = by_name.get(name, {})
+            c.pop("args", None)  # the PodSpec's argv is the whole command line
+            kept_env = [e for e in c.get("env") or [] if e.get("name") not in pod.env]
+            c.update(
+                name=name, image=self.image, command=[_pod_dir(a) for a in argv],
+                env=kept_env + env, resources=resources,
+                volumeMounts=[m for m in c.get("volumeMounts") or [] if m.get("name") != "pod-dir"] + [mount],
+            )
+            c.pop("ports", None)
+            return c
+
+        cpu = f"{max(1, round(pod.cpu * 1000))}m"
+        mem = f"{pod.memory_mb}Mi"
+        trainer = container("trainer", pod.command, {"requests": {"cpu": cpu, "memory": mem},
+                                                     "limits": {"cpu": cpu, "memory": mem}})
+        if pod.port > 0:
+            trainer["ports"] = [{"name": "tf-grpc", "containerPort": pod.port}]
+        containers = [trainer]
+        if pod.agent:
+            containers.append(container("agent", pod.agent, copy.deepcopy(AGENT_RESOURCES)))
+        volumes = [v for v in spec.get("volumes") or [] if v.get("name") != "pod-dir"]
+        spec.update(
+            restartPolicy="Never", hostname=f"{pod.job}-{pod.node}", subdomain=pod.job,
+            shareProcessNamespace=True, containers=containers,
+            volumes=[*volumes, {"name": "pod-dir", "emptyDir": {}}],
+        )
+        if self.service_account:
+            spec["serviceAccountName"] = self.service_account
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+    def service_manifest(self, job: str) -> dict[str, Any]:
+        """The headless Service that gives each slot of ``job`` its DNS name."""
+        metadata: dict[str, Any] = {"name": job, "labels": {PART_OF: "pacer", L_JOB: job}}
+        if self.owner is not None:
+            metadata["ownerReferences"] = [dict(self.owner)]
+        return {
+            "apiVersion": "v1", "kind": "Service", "metadata": metadata,
+            "spec": {
+                "clusterIP": "None",
+                "selector": {PART_OF: "pacer", L_JOB: job},
+                # TF servers must resolve each other before any readiness.
+                "publishNotReadyAddresses": True,
+                "ports": [{"name": "tf-grpc", "port": TF_PORT, "targetPort": TF_PORT}],
+            },
+        }
+
+    # -- helpers -------------------------------------------------------------
+
+    async def _ensure_service(self, job: str) -> None:
+        try:
+            body: Any = self.service_manifest(job)
+            await asyncio.to_thread(self.api.create_namespaced_service, self.namespace, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise _unavailable("create service " + job, e) from e
+        except Exception as e:
+            raise _unavailable("create service " + job, e) from e
+        self._services.add(job)
+
+    async def _list(self, job: str | None) -> tuple[_Statuses, str]:
+        try:
+            result: Any = await asyncio.to_thread(self.api.list_namespaced_pod, self.namespace, label_selector=_selector(job))
+        except ApiException as e:
+            raise _unavailable("list pods", e) from e
+        except Exception as e:
+            raise _unavailable("list pods", e) from e
+        pods = [pod_status(p) for p in result.items if _is_pacer(p)]
+        return pods, str(result.metadata.resource_version or "")
+
+    def _with_gone(self, pods: _Statuses, job: str | None) -> _Statuses:
+        live = {s.name for s in pods}
+        gone = [s for n, s in self._gone.items() if n not in live and (job is None or s.job == job)]
+        return sorted([*pods, *gone], key=lambda s: s.name)
+
+    async def _stream(self, rv: str) -> AsyncGenerator[_Item, None]:
+        """One watch request from ``rv``: events, then the last version (clean end) or the error."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        w = _Watch()
+        closed = threading.Event()
+
+        def put(item: _Item) -> None:
+            if not closed.is_set():
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, item)
+                except RuntimeError:  # the loop is gone
+                    closed.set()
+
+        def run() -> None:
+            last = rv
+            try:
+                for event in w.stream(
+                    self.api.list_namespaced_pod, self.namespace, label_selector=_selector(None),
+                    resource_version=rv, timeout_seconds=self.watch_timeout_s, allow_watch_bookmarks=True,
+                ):
+                    if closed.is_set():
+                        return
+                    last = w.resource_version or last
+                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        put((event["type"], event["object"]))
+                put(str(last))
+            except BaseException as e:  # delivered to the consumer, which re-lists
+                put(e)
+
+        self._watches.add(w)
+        thread = threading.Thread(target=run, name="pacer-k8s-watch", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = await queue.get()
+                yield item
+                if not isinstance(item, tuple):
+                    return
+        finally:
+            closed.set()
+            w.stop()
+            self._watches.discard(w)
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> KubernetesBackend:
+    """The backend as the pod-executor's Deployment configures it (``PACER_EXECUTOR_BACKEND=kubernetes``).
+
+    * ``PACER_KUBE_HOST``: an API server URL without auth (``kubectl proxy``,
+      tests); otherwise the in-cluster service account, else ``~/.kube/config``.
+    * ``PACER_NAMESPACE``: where pods go (default: the service account's
+      namespace, else ``default``).
+    * ``PACER_TRAINER_IMAGE`` (default ``pacer:0.1.0``),
+      ``PACER_TRAINER_SERVICE_ACCOUNT`` (default: the namespace's default).
+    * ``PACER_POD_TEMPLATES``: a directory with ``worker.yaml`` and
+      ``ps.yaml`` (default ``/etc/pacer/pod-templates``; missing files: no template).
+    * ``PACER_OWNER``: an ownerReference as JSON (optional).
+    """
+    env = os.environ if environ is None else environ
+    if env.get("PACER_KUBE_HOST"):
+        api = k8s.ApiClient(k8s.Configuration(host=env["PACER_KUBE_HOST"]))
+    else:
+        try:
+            k8s_config.load_incluster_config()
+        except k8s_config.ConfigException:
+            k8s_config.load_kube_config()
+        api = k8s.ApiClient()
+    namespace = env.get("PACER_NAMESPACE", "")
+    sa_ns = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    if not namespace and sa_ns.exists():
+        namespace = sa_ns.read_text().strip()
+    templates: dict[str, Any] = {}
+    tdir = Path(env.get("PACER_POD_TEMPLATES", "/etc/pacer/pod-templates"))
+    for role in ("worker", "ps"):
+        if (tdir / f"{role}.yaml").exists():
+            templates[role] = yaml.safe_load((tdir / f"{role}.yaml").read_text())
+    owner = json.loads(env["PACER_OWNER"]) if env.get("PACER_OWNER") else None
+    return KubernetesBackend(
+        api, namespace or "default", env.get("PACER_TRAINER_IMAGE", "pacer:0.1.0"), owner=owner,
+        service_account=env.get("PACER_TRAINER_SERVICE_ACCOUNT", ""), template=templates,
+    )
+
+
+# -- conversion (pure) -------------------------------------------------------
+
+
+def _labels(pod: PodSpec) -> dict[str, str]:
+    return {
+        PART_OF: "pacer", L_JOB: pod.job, L_NODE: pod.node, L_ROLE: pod.role,
+        L_INDEX: str(pod.index), L_GEN: str(pod.generation),
+    }
+
+
+def _selector(job: str | None) -> str:
+    return f"{PART_OF}=pacer" + (f",{L_JOB}={job}" if job else "")
+
+
+def _pod_dir(text: str) -> str:
+    return text.replace("{pod_dir}", POD_DIR)
+
+
+def _is_pacer(pod: Any) -> bool:
+    labels = getattr(getattr(pod, "metadata", None), "labels", None) or {}
+    return bool(labels.get(L_JOB)) and labels.get(PART_OF) == "pacer"
+
+
+def _ts(value: Any) -> float:
+    return value.timestamp() if isinstance(value, dt.datetime) else 0.0
+
+
+_QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
+_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "m": 1e-3}
+
+
+def _quantity(text: Any) -> float:
+    """A Kubernetes quantity (``1500m``, ``2``, ``4Gi``) as a number; 0 if absent or unknown."""
+    m = _QUANTITY.match(str(text or ""))
+    if not m or m.group(2) not in _SUFFIX:
+        return 0.0
+    return float(m.group(1)) * _SUFFIX[m.group(2)]
+
+
+def pod_status(pod: Any) -> PodStatus:
+    """A ``V1Pod`` -> what the executor needs (the trainer container decides)."""
+    md, spec, st = pod.metadata, pod.spec, pod.status
+    labels = md.labels or {}
+    phase_name = (st.phase if st else None) or "Pending"
+    phase = {"Running": PodPhase.RUNNING, "Succeeded": PodPhase.EXITED,
+             "Failed": PodPhase.EXITED}.get(phase_name, PodPhase.PENDING)
+    trainer = next((c for c in (st.container_statuses or []) if c.name == "trainer"), None) if st else None
+    started = finished = 0.0
+    exit_code: int | None = None
+    signal: int | None = None
+    reason = ""
+    state = trainer.state if trainer else None
+    if state is not None and state.running is not None:
+        started = _ts(state.running.started_at)
+    if state is not None and state.terminated is not None:
+        # The pod stays Running while the agent sidecar lives: the trainer's
+        # end is the pod's end for the executor.
+        term = state.terminated
+        phase = PodPhase.EXITED
+        exit_code, signal = term.exit_code, term.signal
+        reason = term.reason or ""
+        started = _ts(term.started_at) or started
+        finished = _ts(term.finished_at)
+    if (state is not None and state.waiting is not None and phase is PodPhase.PENDING
+            and state.waiting.reason in _DEAD_WAITING):
+        phase, reason = PodPhase.EXITED, state.waiting.reason
+    if st is not None and st.reason and phase_name == "Failed":
+        reason = st.reason  # Evicted, DeadlineExceeded, NodeLost, ...: the pod's reason wins
+    cpu = mem = 0.0
+    for c in spec.containers or [] if spec else []:
+        if c.name == "trainer" and c.resources is not None:
+            limits = c.resources.limits or c.resources.requests or {}
+            cpu, mem = _quantity(limits.get("cpu")), _quantity(limits.get("memory"))
+    try:
+        generation = int(labels.get(L_GEN, "0"))
+    except ValueError:
+        generation = 0
+    job = labels.get(L_JOB, "")
+    return PodStatus(
+        name=md.name, job=job,
+        node=labels.get(L_NODE, ""), role=labels.get(L_ROLE, ""), generation=generation,
+        phase=phase, created_at=_ts(md.creation_timestamp), started_at=started, finished_at=finished,
+        exit_code=exit_code, signal=signal, reason=reason, oom=reason == "OOMKilled",
+        cpu=cpu, memory_mb=round(mem / 2**20), host=(spec.node_name if spec else None) or "",
+    )
+
+
+def deleted(status: PodStatus, now: Callable[[], float] = time.time) -> PodStatus:
+    """The last status of a pod that is gone from the API server."""
+    if status.phase is PodPhase.EXITED:
+        return status
+    return replace(status, phase=PodPhase.EXITED, reason=DELETED_REASON, signal=_SIGTERM, finished_at=now())
+
+
+def _unavailable(what: str, e: BaseException) -> Unavailable:
+    if isinstance(e, ApiException):
+        return Unavailable(f"kubernetes: {what}: {e.status} {e.reason}", temporary=True)
+    return Unavailable(f"kubernetes: {what}: {e!r}", temporary=True)

@@ -1,0 +1,477 @@
+"""A small in-process fake of the Kubernetes REST endpoints the pod-executor uses.
+
+No Kubernetes API server can run on the development machine (DESIGN.md), so
+:mod:`pacer_services.pod_executor.kubernetes` is tested against this fake over
+real HTTP, with the official ``kubernetes`` client.  It implements only:
+
+* ``POST/GET /api/v1/namespaces/{ns}/pods`` (list with ``labelSelector``;
+  ``watch=true`` streams newline-delimited JSON events with resourceVersions,
+  replays history after a given ``resourceVersion``, ends after
+  ``timeoutSeconds``, answers a compacted version with a 410 ``ERROR`` event),
+* ``GET/DELETE /api/v1/namespaces/{ns}/pods/{name}`` and ``.../log``,
+* ``POST/GET /api/v1/namespaces/{ns}/services[/{name}]``.
+
+It validates what a real API server would reject first (missing or
+non-DNS-1123 names, duplicate names -> 409 ``AlreadyExists``, unknown
+names -> 404 ``NotFound``), assigns ``resourceVersion``, ``uid`` and
+``creationTimestamp``, and records every request for assertions.  There is
+no kubelet: tests move pods through phases with :meth:`FakeK8s.set_running`,
+:meth:`FakeK8s.terminate`, :meth:`FakeK8s.evict` and
+:meth:`FakeK8s.image_pull_error`.  Deletion removes the pod at once (as the
+API server does for a pod whose kubelet confirmed the kill).
+
+Concurrency: the server runs on its own event loop in a daemon thread, so the
+blocking client (called from other threads) never waits on the test's loop.
+The test helpers are plain functions that run on the server's loop and wait
+for it; they may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import datetime as dt
+import json
+import re
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+T = TypeVar("T")
+
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+@dataclass
+class Request:
+    """One request the fake received."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any = None
+
+
+@dataclass
+class _Watch:
+    ns: str
+    selector: dict[str, str]
+    queue: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+def _error(code: int, reason: str, message: str) -> web.Response:
+    return web.json_response(_status(code, reason, message), status=code)
+
+
+def _parse_selector(text: str) -> dict[str, str]:
+    """Equality-based label selectors only (``a=b,c==d``): all the backend sends."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.replace("==", "=").partition("=")
+        out[key] = value
+    return out
+
+
+def _matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+class FakeK8s:
+    """The fake API server; ``start()`` it, point a client at :attr:`host`, ``stop()`` it."""
+
+    def __init__(self, namespace: str = "default") -> None:
+        self.namespace = namespace  # the helpers' default namespace
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        self.logs: dict[tuple[str, str, str], str] = {}
+        self.requests: list[Request] = []
+        self.rv = 0
+        self.compacted_rv = 0  # watches from before this version get 410 Gone
+        self._history: list[tuple[int, str, str, dict[str, Any]]] = []  # (rv, type, ns, pod)
+        self._watches: list[_Watch] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="fake-k8s", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # -- lifecycle -----------------------------------------------------------
+
+    @property
+    def host(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> FakeK8s:
+        self._thread.start()
+        self._call(self._start())
+        return self
+
+    def stop(self) -> None:
+        self._call(self._stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    async def _start(self) -> None:
+        app = web.Application()
+        base = "/api/v1/namespaces/{ns}"
+        app.router.add_post(base + "/pods", self._create_pod)
+        app.router.add_get(base + "/pods", self._list_pods)
+        app.router.add_get(base + "/pods/{name}", self._get_pod)
+        app.router.add_delete(base + "/pods/{name}", self._delete_pod)
+        app.router.add_get(base + "/pods/{name}/log", self._pod_log)
+        app.router.add_post(base + "/services", self._create_service)
+        app.router.add_get(base + "/services", self._list_services)
+        app.router.add_get(base + "/services/{name}", self._get_service)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        site = web.SockSite(self._runner, sock)
+        await site.start()
+
+    async def _stop(self) -> None:
+        for w in self._watches:
+            w.queue.put_nowait(("end", None))
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(10)
+
+    def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        async def go() -> T:
+            return fn(*args)
+
+        result: T = self._call(go())
+        return result
+
+    # -- recording -----------------------------------------------------------
+
+    async def _record(self, request: web.Request) -> Any:
+        body = await request.json() if request.can_read_body else None
+        self.requests.append(Request(request.method, request.path, dict(request.query), body))
+        return body
+
+    def requests_to(self, method: str, path_suffix: str = "") -> list[Request]:
+        """Recorded requests with this method whose path ends with ``path_suffix``."""
+        return [r for r in list(self.requests) if r.method == method and r.path.endswith(path_suffix)]
+
+    # -- storage and events --------------------------------------------------
+
+    def _bump(self, obj: dict[str, Any]) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+
+    def _emit(self, etype: str, ns: str, pod: dict[str, Any]) -> None:
+        snapshot = copy.deepcopy(pod)
+        self._history.append((self.rv, etype, ns, snapshot))
+        for w in self._watches:
+            if w.ns == ns and _matches(snapshot, w.selector):
+                w.queue.put_nowait(("event", {"type": etype, "object": snapshot}))
+
+    def _validate_meta(self, body: Any, kind: str) -> web.Response | None:
+        if not isinstance(body, dict) or not isinstance(body.get("metadata"), dict):
+            return _error(400, "BadRequest", f"{kind}: body is not an object with metadata")
+        name = body["metadata"].get("name")
+        if not name:
+            return _error(422, "Invalid", f"{kind}: metadata.name: Required value")
+        if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+            return _error(422, "Invalid", f"{kind} {name!r}: metadata.name: Invalid value: a lowercase RFC 1123 subdomain")
+        for k, v in (body["metadata"].get("labels") or {}).items():
+            if not isinstance(v, str) or len(v) > 63 or not _LABEL_VALUE.match(v):
+                return _error(422, "Invalid", f"{kind} {name!r}: metadata.labels[{k}]: Invalid value: {v!r}")
+        return None
+
+    # -- pods ----------------------------------------------------------------
+
+    async def _create_pod(self, request: web.Request) -> web.Response:
+        body = await self._record(request)
+        ns = request.match_info["ns"]
+        if (bad := self._validate_meta(body, "Pod")) is not None:
+            return bad
+        name = body["metadata"]["name"]
+        spec = body.get("spec") or {}
+        containers = spec.get("containers") or []
+        if not containers or not all(c.get("name") and c.get("image") for c in containers):
+            return _error(422, "Invalid", f"Pod {name!r}: spec.containers: every container needs a name and an image")
+        for key in ("hostname", "subdomain"):
+            if key in spec and (len(spec[key]) > 63 or not _DNS1123_LABEL.match(spec[key])):
+                return _error(422, "Invalid", f"Pod {name!r}: spec.{key}: Invalid value: a lowercase RFC 1123 label")
+        if (ns, name) in self.pods:
+            return _error(409, "AlreadyExists", f'pods "{name}" already exists')
+        pod = copy.deepcopy(body)
+        pod.setdefault("apiVersion", "v1")
+        pod.setdefault("kind", "Pod")
+        pod["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
+        pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
+        self._bump(pod)
+        self.pods[(ns, name)] = pod
+        self._emit("ADDED", ns, pod)
+        return web.json_response(pod, status=201)
+
+    async def _list_pods(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        ns = request.match_info["ns"]
+        selector = _parse_selector(request.query.get("labelSelector", ""))
+        if request.query.get("watch") in ("true", "1"):
+            return await self._watch_pods(request, ns, selector)
+        items = [p for (n, _), p in sorted(self.pods.items()) if n == ns and _matches(p, selector)]
+        return web.json_response({"kind": "PodList", "apiVersion": "v1",
+                                  "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+
+    async def _watch_pods(self, request: web.Request, ns: str, selector: dict[str, str]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+
+        async def send(event: dict[str, Any]) -> None:
+            await resp.write(json.dumps(event).encode() + b"\n")
+
+        since = request.query.get("resourceVersion", "")
+        if since and int(since) < self.compacted_rv:
+            await send({"type": "ERROR", "object": _status(410, "Expired", f"too old resource version: {since} ({self.compacted_rv})")})
+            await resp.write_eof()
+            return resp
+        w = _Watch(ns, selector)
+        if not since or since == "0":
+            for (n, _), p in sorted(self.pods.items()):
+                if n == ns and _matches(p, selector):
+                    w.queue.put_nowait(("event", {"type": "ADDED", "object": copy.deepcopy(p)}))
+        else:
+            for rv, etype, n, p in self._history:
+                if rv > int(since) and n == ns and _matches(p, selector):
+                    w.queue.put_nowait(("event", {"type": etype, "object": p}))
+        self._watches.append(w)
+        timeout = float(request.query.get("timeoutSeconds", "0")) or None
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    kind, payload = await w.queue.get()
+                    if kind == "event":
+                        await send(payload)
+                    elif kind == "gone":
+                        await send({"type": "ERROR", "object": _status(410, "Expired", "watch expired")})
+                        break
+                    elif kind == "abort":
+                        # A dropped connection: no terminating chunk.
+                        assert request.transport is not None
+                        request.transport.abort()
+                        return resp
+                    else:
+                        break
+        except TimeoutError:
+            pass
+        except ConnectionError:
+            return resp
+        finally:
+            self._watches.remove(w)
+        with contextlib.suppress(ConnectionError):  # the client went away first
+            await resp.write_eof()
+        return resp
+
+    async def _get_pod(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        key = (request.match_info["ns"], request.match_info["name"])
+        if key not in self.pods:
+            return _error(404, "NotFound", f'pods "{key[1]}" not found')
+        return web.json_response(self.pods[key])
+
+    async def _delete_pod(self, request: web.Request) -> web.Response:
+        body = await self._record(request)
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        pod = self.pods.pop((ns, name), None)
+        if pod is None:
+            return _error(404, "NotFound", f'pods "{name}" not found')
+        grace = request.query.get("gracePeriodSeconds")
+        if grace is None and isinstance(body, dict):
+            grace = body.get("gracePeriodSeconds")
+        pod["metadata"]["deletionTimestamp"] = _now()
+        pod["metadata"]["deletionGracePeriodSeconds"] = int(grace) if grace is not None else 30
+        self._bump(pod)
+        self._emit("DELETED", ns, pod)
+        return web.json_response(pod)
+
+    async def _pod_log(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        if (ns, name) not in self.pods:
+            return _error(404, "NotFound", f'pods "{name}" not found')
+        container = request.query.get("container", "trainer")
+        lines = self.logs.get((ns, name, container), "").splitlines(keepends=True)
+        if "tailLines" in request.query:
+            lines = lines[len(lines) - min(len(lines), int(request.query["tailLines"])):]
+        return web.Response(text="".join(lines), content_type="text/plain")
+
+    # -- services ------------------------------------------------------------
+
+    async def _create_service(self, request: web.Request) -> web.Response:
+        body = await self._record(request)
+        ns = request.match_info["ns"]
+        if (bad := self._validate_meta(body, "Service")) is not None:
+            return bad
+        name = body["metadata"]["name"]
+        if (ns, name) in self.services:
+            return _error(409, "AlreadyExists", f'services "{name}" already exists')
+        svc = copy.deepcopy(body)
+        svc.setdefault("apiVersion", "v1")
+        svc.setdefault("kind", "Service")
+        svc["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
+        self._bump(svc)
+        self.services[(ns, name)] = svc
+        return web.json_response(svc, status=201)
+
+    async def _list_services(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        ns = request.match_info["ns"]
+        items = [s for (n, _), s in sorted(self.services.items()) if n == ns]
+        return web.json_response({"kind": "ServiceList", "apiVersion": "v1",
+                                  "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+
+    async def _get_service(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        key = (request.match_info["ns"], request.match_info["name"])
+        if key not in self.services:
+            return _error(404, "NotFound", f'services "{key[1]}" not found')
+        return web.json_response(self.services[key])
+
+    # -- kubelet-like helpers for tests -------------------------------------
+
+    def _update(self, ns: str, name: str, change: Callable[[dict[str, Any]], None]) -> None:
+        pod = self.pods[(ns, name)]
+        change(pod)
+        self._bump(pod)
+        self._emit("MODIFIED", ns, pod)
+
+    @staticmethod
+    def _container_names(pod: dict[str, Any]) -> list[str]:
+        return [c["name"] for c in pod["spec"]["containers"]]
+
+    def set_running(self, name: str, ns: str = "", node: str = "node-1") -> None:
+        """Scheduled on ``node``, every container running."""
+        ns = ns or self.namespace
+        def change(pod: dict[str, Any]) -> None:
+            now = _now()
+            pod["spec"]["nodeName"] = node
+            pod["status"].update(
+                phase="Running", hostIP="10.0.0.1", podIP="10.1.0.7", startTime=now,
+                containerStatuses=[
+                    {"name": c, "ready": True, "restartCount": 0, "image": "pacer", "imageID": "",
+                     "state": {"running": {"startedAt": now}}}
+                    for c in self._container_names(pod)
+                ],
+            )
+        self._run(self._update, ns, name, change)
+
+    def terminate(self, name: str, exit_code: int, reason: str = "", ns: str = "", agent_alive: bool = False) -> None:
+        """The trainer ended with ``exit_code`` (the agent with 0); phase Succeeded or Failed.
+
+        With ``agent_alive`` the sidecar keeps running, so (restartPolicy
+        Never) the pod stays Running with only the trainer terminated.
+        """
+        ns = ns or self.namespace
+        def change(pod: dict[str, Any]) -> None:
+            now = _now()
+            started = pod["status"].get("startTime", now)
+            statuses = []
+            for c in self._container_names(pod):
+                if agent_alive and c != "trainer":
+                    statuses.append({"name": c, "ready": True, "restartCount": 0, "image": "pacer", "imageID": "",
+                                     "state": {"running": {"startedAt": started}}})
+                    continue
+                code = exit_code if c == "trainer" else 0
+                why = (reason or ("Completed" if code == 0 else "Error")) if c == "trainer" else "Completed"
+                statuses.append({"name": c, "ready": False, "restartCount": 0, "image": "pacer", "imageID": "",
+                                 "state": {"terminated": {"exitCode": code, "reason": why,
+                                                          "startedAt": started, "finishedAt": now}}})
+            phase = "Running" if agent_alive else "Succeeded" if exit_code == 0 else "Failed"
+            pod["status"].update(phase=phase, containerStatuses=statuses)
+        self._run(self._update, ns, name, change)
+
+    def touch(self, name: str, ns: str = "") -> None:
+        """A change the executor does not care about (a condition), as kubelets make often."""
+        ns = ns or self.namespace
+        def change(pod: dict[str, Any]) -> None:
+            conditions = pod["status"].setdefault("conditions", [])
+            conditions.append({"type": "Ready", "status": "True", "lastTransitionTime": _now()})
+        self._run(self._update, ns, name, change)
+
+    def evict(self, name: str, ns: str = "") -> None:
+        """The kubelet evicted the pod (node under memory pressure)."""
+        ns = ns or self.namespace
+        def change(pod: dict[str, Any]) -> None:
+            now = _now()
+            pod["status"].update(
+                phase="Failed", reason="Evicted",
+                message="The node was low on resource: memory.",
+                containerStatuses=[
+                    {"name": c, "ready": False, "restartCount": 0, "image": "pacer", "imageID": "",
+                     "state": {"terminated": {"exitCode": 137, "reason": "Error", "finishedAt": now}}}
+                    for c in self._container_names(pod)
+                ],
+            )
+        self._run(self._update, ns, name, change)
+
+    def image_pull_error(self, name: str, ns: str = "", reason: str = "ErrImagePull") -> None:
+        """The image cannot be pulled: the pod stays Pending with its containers waiting."""
+        ns = ns or self.namespace
+        def change(pod: dict[str, Any]) -> None:
+            pod["status"].update(
+                phase="Pending",
+                containerStatuses=[
+                    {"name": c, "ready": False, "restartCount": 0, "image": "pacer", "imageID": "",
+                     "state": {"waiting": {"reason": reason, "message": "pull access denied"}}}
+                    for c in self._container_names(pod)
+                ],
+            )
+        self._run(self._update, ns, name, change)
+
+    def set_log(self, name: str, text: str, container: str = "trainer", ns: str = "") -> None:
+        ns = ns or self.namespace
+        self.logs[(ns, name, container)] = text
+
+    # -- watch disruption ----------------------------------------------------
+
+    def open_watches(self) -> int:
+        return self._run(lambda: len(self._watches))
+
+    def _signal_watches(self, kind: str) -> None:
+        for w in list(self._watches):
+            w.queue.put_nowait((kind, None))
+
+    def end_watches(self) -> None:
+        """End every open watch cleanly (as the API server does at ``timeoutSeconds``)."""
+        self._run(self._signal_watches, "end")
+
+    def drop_watches(self) -> None:
+        """Drop every open watch connection mid-stream (no terminating chunk)."""
+        self._run(self._signal_watches, "abort")
+
+    def expire_watches(self) -> None:
+        """Send ``410 Gone`` on every open watch and forget history up to now (etcd compaction)."""
+        def go() -> None:
+            # Another object changed after the compaction, so a fresh list
+            # (at the new version) may watch again but an old version may not.
+            self.rv += 1
+            self.compacted_rv = self.rv
+            self._history.clear()
+            self._signal_watches("gone")
+        self._run(go)

@@ -1,0 +1,450 @@
+"""The Kubernetes backend over real HTTP, against the in-process fake API server.
+
+No API server can run here (DESIGN.md), so these tests check what the
+backend sends and how it reads back what a kubelet would report, through the
+official client and ``tests/fake_k8s.py``; they say nothing about a real
+cluster's scheduling, DNS or garbage collection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import kubernetes.client as k8s
+import pytest
+import yaml
+from fake_k8s import FakeK8s
+from pacer.contracts.executor import PodPhase, PodSpec, PodStatus
+from pacer.errors import Conflict, Unavailable
+from pacer_services.pod_executor.core import ExitInfo, ExitReason, classify
+from pacer_services.pod_executor.kubernetes import KubernetesBackend, from_env
+
+NS = "training"
+JOB = "job1"
+OWNER = {"apiVersion": "pacer.io/v1", "kind": "PacerJob", "name": JOB, "uid": "6a1f-0042"}
+TEMPLATE = Path(__file__).resolve().parents[2] / "deploy/base/pod-templates/worker.yaml"
+
+
+def spec(node: str = "worker-0", generation: int = 0, job: str = JOB) -> PodSpec:
+    role, index = node.split("-")
+    return PodSpec(
+        name=f"{job}-{node}-g{generation}", job=job, node=node, role=role, index=int(index),
+        generation=generation, cpu=1.5, memory_mb=2048,
+        command=["python", "-m", "pacer.trainer.worker", "--result", "{pod_dir}/result.json"],
+        agent=["python", "-m", "pacer.agent.main", "--ipc", "{pod_dir}/agent.ipc"],
+        env={"PACER_AGENT_IPC": "{pod_dir}/agent.ipc", "PACER_NATS_URL": "nats://nats:4222"},
+        port=2222,
+    )
+
+
+def exit_reason(s: PodStatus) -> ExitReason:
+    return classify(ExitInfo(code=s.exit_code, signal=s.signal, k8s_reason=s.reason, oom=s.oom))
+
+
+def new_backend(fake: FakeK8s | str, **kw: object) -> KubernetesBackend:
+    host = fake if isinstance(fake, str) else fake.host
+    api = k8s.ApiClient(k8s.Configuration(host=host))
+    return KubernetesBackend(api, NS, "pacer:test", owner=OWNER, service_account="pacer-trainer",
+                             watch_timeout_s=30, retry_s=0.05, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeK8s]:
+    f = FakeK8s(namespace=NS).start()
+    yield f
+    f.stop()
+
+
+@pytest.fixture
+async def backend(fake: FakeK8s) -> AsyncIterator[KubernetesBackend]:
+    b = new_backend(fake)
+    yield b
+    await b.close()
+    b.api.api_client.close()
+
+
+async def until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+class Watcher:
+    """Runs ``backend.watch()`` in a task and keeps what it yields."""
+
+    def __init__(self, backend: KubernetesBackend) -> None:
+        self.seen: list[PodStatus] = []
+        self.task = asyncio.create_task(self._run(backend))
+
+    async def _run(self, backend: KubernetesBackend) -> None:
+        async for s in backend.watch():
+            self.seen.append(s)
+
+    def of(self, name: str) -> list[PodStatus]:
+        return [s for s in self.seen if s.name == name]
+
+    def phases(self, name: str) -> list[PodPhase]:
+        return [s.phase for s in self.of(name)]
+
+    async def wait(self, name: str, phase: PodPhase) -> PodStatus:
+        await until(lambda: any(s.phase is phase for s in self.of(name)))
+        return next(s for s in self.of(name) if s.phase is phase)
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await self.task
+
+
+@pytest.fixture
+async def watcher(backend: KubernetesBackend) -> AsyncIterator[Watcher]:
+    w = Watcher(backend)
+    yield w
+    await w.stop()
+
+
+def lists(fake: FakeK8s) -> int:
+    """Pod list requests (not watches) the fake received."""
+    return sum(1 for r in fake.requests_to("GET", "/pods") if r.query.get("watch") != "true")
+
+
+# -- create -------------------------------------------------------------------
+
+
+async def test_create_builds_the_pod(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    await backend.create(spec("worker-0"))
+    await backend.create(spec("ps-1"))
+
+    pod = fake.pods[(NS, "job1-worker-0-g0")]
+    assert "{pod_dir}" not in json.dumps(pod)
+    md, ps = pod["metadata"], pod["spec"]
+    assert md["labels"] == {
+        "app.kubernetes.io/part-of": "pacer", "pacer.io/job": JOB, "pacer.io/node": "worker-0",
+        "pacer.io/role": "worker", "pacer.io/index": "0", "pacer.io/generation": "0",
+    }
+    assert md["ownerReferences"] == [OWNER]
+    assert ps["restartPolicy"] == "Never"
+    assert ps["hostname"] == "job1-worker-0" and ps["subdomain"] == JOB
+    assert ps["shareProcessNamespace"] is True
+    assert ps["serviceAccountName"] == "pacer-trainer"
+    assert ps["volumes"] == [{"name": "pod-dir", "emptyDir": {}}]
+    trainer, agent = ps["containers"]
+    assert trainer["name"] == "trainer" and agent["name"] == "agent"
+    assert trainer["image"] == agent["image"] == "pacer:test"
+    assert trainer["command"] == ["python", "-m", "pacer.trainer.worker", "--result", "/var/run/pacer/result.json"]
+    assert agent["command"] == ["python", "-m", "pacer.agent.main", "--ipc", "/var/run/pacer/agent.ipc"]
+    assert trainer["resources"] == {"requests": {"cpu": "1500m", "memory": "2048Mi"},
+                                    "limits": {"cpu": "1500m", "memory": "2048Mi"}}
+    assert agent["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}
+    assert trainer["ports"] == [{"name": "tf-grpc", "containerPort": 2222}]
+    for c in (trainer, agent):
+        assert {"name": "PACER_AGENT_IPC", "value": "/var/run/pacer/agent.ipc"} in c["env"]
+        assert c["volumeMounts"] == [{"name": "pod-dir", "mountPath": "/var/run/pacer"}]
+
+    # The headless Service of the job: created once, for the first pod.
+    posts = fake.requests_to("POST", "/services")
+    assert len(posts) == 1
+    svc = fake.services[(NS, JOB)]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {"app.kubernetes.io/part-of": "pacer", "pacer.io/job": JOB}
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["metadata"]["ownerReferences"] == [OWNER]
+
+
+async def test_service_exists_after_an_executor_restart(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    await backend.create(spec("worker-0"))
+    again = new_backend(fake)  # a restarted executor does not know the Service exists: 409 is fine
+    await again.create(spec("worker-1"))
+    assert [r.path for r in fake.requests_to("POST", "/services")] == [f"/api/v1/namespaces/{NS}/services"] * 2
+    assert (NS, "job1-worker-1-g0") in fake.pods
+    again.api.api_client.close()
+
+
+async def test_create_without_agent_or_port(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    bare = PodSpec(name="job1-ps-0-g0", job=JOB, node="ps-0", role="ps", index=0, generation=0,
+                   cpu=0.25, memory_mb=512, command=["python", "-c", "pass"])
+    await backend.create(bare)
+    (trainer,) = fake.pods[(NS, "job1-ps-0-g0")]["spec"]["containers"]
+    assert "ports" not in trainer
+    assert trainer["resources"]["limits"] == {"cpu": "250m", "memory": "512Mi"}
+
+
+async def test_create_from_the_deploy_template(fake: FakeK8s) -> None:
+    b = new_backend(fake, template=yaml.safe_load(TEMPLATE.read_text()))
+    await b.create(spec("worker-3"))
+    pod = fake.pods[(NS, "job1-worker-3-g0")]
+    md, ps = pod["metadata"], pod["spec"]
+    assert md["labels"]["pacer.io/job"] == JOB and md["labels"]["pacer.io/index"] == "3"
+    assert md["labels"]["app.kubernetes.io/name"] == "pacer-trainer"
+    assert ps["securityContext"]["runAsUser"] == 10001
+    assert ps["terminationGracePeriodSeconds"] == 60
+    assert [v["name"] for v in ps["volumes"]] == ["shm", "pod-dir"]
+    trainer = ps["containers"][0]
+    assert "args" not in trainer  # the PodSpec argv is the whole command line
+    assert trainer["command"][:3] == ["python", "-m", "pacer.trainer.worker"]
+    env = {e["name"]: e for e in trainer["env"]}
+    assert "valueFrom" in env["PACER_JOB"]  # the template's downward-API env is kept
+    assert env["PACER_AGENT_IPC"]["value"] == "/var/run/pacer/agent.ipc"  # the PodSpec's wins
+    assert [m["name"] for m in trainer["volumeMounts"]] == ["shm", "pod-dir"]
+    b.api.api_client.close()
+
+
+async def test_duplicate_create_is_a_conflict(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    await backend.create(spec())
+    with pytest.raises(Conflict):
+        await backend.create(spec())
+
+
+async def test_api_errors_are_unavailable(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    bad = PodSpec(name="Job1_Worker", job=JOB, node="worker-0", role="worker", index=0, generation=0,
+                  cpu=1, memory_mb=1, command=["python"])
+    with pytest.raises(Unavailable, match="422") as e:
+        await backend.create(bad)
+    assert e.value.temporary
+
+    down = new_backend("http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(Unavailable):
+        await down.list()
+    down.api.api_client.close()
+
+
+# -- list ---------------------------------------------------------------------
+
+
+async def test_list_maps_phases(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    for node in ("worker-0", "worker-1", "worker-2", "ps-0"):
+        await backend.create(spec(node))
+    await backend.create(spec("worker-0", job="job2"))
+    fake.set_running("job1-worker-1-g0", node="node-7")
+    fake.set_running("job1-worker-2-g0")
+    fake.terminate("job1-worker-2-g0", 0)
+    fake.set_running("job1-ps-0-g0")
+    fake.terminate("job1-ps-0-g0", 1)
+
+    got = {s.name: s for s in await backend.list(JOB)}
+    assert sorted(got) == ["job1-ps-0-g0", "job1-worker-0-g0", "job1-worker-1-g0", "job1-worker-2-g0"]
+    assert got["job1-worker-0-g0"].phase is PodPhase.PENDING
+    running = got["job1-worker-1-g0"]
+    assert running.phase is PodPhase.RUNNING and running.host == "node-7" and running.started_at > 0
+    assert (running.job, running.node, running.role, running.generation) == (JOB, "worker-1", "worker", 0)
+    assert (running.cpu, running.memory_mb) == (1.5, 2048)
+    assert abs(running.created_at - time.time()) < 60
+    done = got["job1-worker-2-g0"]
+    assert (done.phase, done.exit_code, done.reason) == (PodPhase.EXITED, 0, "Completed")
+    assert done.finished_at > 0 and exit_reason(done) is ExitReason.COMPLETED
+    failed = got["job1-ps-0-g0"]
+    assert (failed.phase, failed.exit_code) == (PodPhase.EXITED, 1)
+    assert exit_reason(failed) is ExitReason.USER_ERROR
+    assert len(await backend.list()) == 5
+    assert fake.requests_to("GET", "/pods")[0].query["labelSelector"] == "app.kubernetes.io/part-of=pacer,pacer.io/job=job1"
+
+
+# -- watch --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("end", "reason", "code", "expected"),
+    [
+        (lambda f, n: f.terminate(n, 0), "Completed", 0, ExitReason.COMPLETED),
+        (lambda f, n: f.terminate(n, 75), "Error", 75, ExitReason.RESTART_REQUESTED),
+        (lambda f, n: f.terminate(n, 137, "OOMKilled"), "OOMKilled", 137, ExitReason.OOM),
+        (lambda f, n: f.evict(n), "Evicted", 137, ExitReason.EVICTED),
+    ],
+    ids=["completed", "kill-restart", "oom", "evicted"],
+)
+async def test_watch_pending_running_exited(
+    fake: FakeK8s, backend: KubernetesBackend, watcher: Watcher,
+    end: Callable[[FakeK8s, str], None], reason: str, code: int, expected: ExitReason,
+) -> None:
+    name = "job1-worker-0-g0"
+    await backend.create(spec())
+    await watcher.wait(name, PodPhase.PENDING)
+    fake.set_running(name)
+    await watcher.wait(name, PodPhase.RUNNING)
+    end(fake, name)
+    s = await watcher.wait(name, PodPhase.EXITED)
+    assert watcher.phases(name) == [PodPhase.PENDING, PodPhase.RUNNING, PodPhase.EXITED]
+    assert (s.exit_code, s.reason, s.oom) == (code, reason, expected is ExitReason.OOM)
+    assert s.finished_at > 0
+    assert exit_reason(s) is expected
+
+
+async def test_trainer_exit_ends_the_pod_while_the_agent_runs(fake: FakeK8s, backend: KubernetesBackend, watcher: Watcher) -> None:
+    name = "job1-worker-0-g0"
+    await backend.create(spec())
+    fake.set_running(name)
+    await watcher.wait(name, PodPhase.RUNNING)
+    fake.terminate(name, 1, agent_alive=True)
+    s = await watcher.wait(name, PodPhase.EXITED)
+    assert fake.pods[(NS, name)]["status"]["phase"] == "Running"
+    assert (s.exit_code, s.reason) == (1, "Error") and exit_reason(s) is ExitReason.USER_ERROR
+
+
+async def test_watch_image_pull_error_is_a_config_error(fake: FakeK8s, backend: KubernetesBackend, watcher: Watcher) -> None:
+    name = "job1-worker-0-g0"
+    await backend.create(spec())
+    await watcher.wait(name, PodPhase.PENDING)
+    fake.image_pull_error(name)
+    s = await watcher.wait(name, PodPhase.EXITED)
+    assert watcher.phases(name) == [PodPhase.PENDING, PodPhase.EXITED]
+    assert (s.reason, s.exit_code) == ("ErrImagePull", None)
+    assert exit_reason(s) is ExitReason.CONFIG_ERROR
+
+
+async def test_watch_reports_existing_pods_first(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    await backend.create(spec("worker-0"))
+    await backend.create(spec("worker-1"))
+    fake.set_running("job1-worker-1-g0")
+    w = Watcher(backend)
+    await until(lambda: len(w.seen) == 2)
+    assert [(s.name, s.phase) for s in w.seen] == [
+        ("job1-worker-0-g0", PodPhase.PENDING), ("job1-worker-1-g0", PodPhase.RUNNING),
+    ]
+    await w.stop()
+
+
+async def test_watch_survives_dropped_and_ended_streams(fake: FakeK8s, backend: KubernetesBackend, watcher: Watcher) -> None:
+    a, b = "job1-worker-0-g0", "job1-worker-1-g0"
+    await backend.create(spec("worker-0"))
+    await backend.create(spec("worker-1"))
+    await watcher.wait(b, PodPhase.PENDING)
+    await until(lambda: fake.open_watches() == 1)
+    assert lists(fake) == 1
+
+    fake.drop_watches()  # a dropped connection: re-list, then watch again
+    fake.set_running(a)
+    await watcher.wait(a, PodPhase.RUNNING)
+    await until(lambda: lists(fake) == 2 and fake.open_watches() == 1)
+
+    fake.set_running(b)
+    await watcher.wait(b, PodPhase.RUNNING)
+    fake.touch(b)  # an event that changes nothing the executor sees: not yielded
+    fake.end_watches()  # a clean end (timeoutSeconds): resume from the last version, no list
+    await until(lambda: len(fake.requests_to("GET", "/pods")) == 5)
+    fake.terminate(a, 0)
+    await watcher.wait(a, PodPhase.EXITED)
+    assert lists(fake) == 2
+    watches = [r for r in fake.requests_to("GET", "/pods") if r.query.get("watch") == "true"]
+    assert int(watches[-1].query["resourceVersion"]) > int(watches[-2].query["resourceVersion"])
+
+    # Statuses are not repeated across reconnects.
+    assert watcher.phases(a) == [PodPhase.PENDING, PodPhase.RUNNING, PodPhase.EXITED]
+    assert watcher.phases(b) == [PodPhase.PENDING, PodPhase.RUNNING]
+
+
+async def test_watch_relists_after_410_gone(fake: FakeK8s, backend: KubernetesBackend, watcher: Watcher) -> None:
+    a = "job1-worker-0-g0"
+    await backend.create(spec("worker-0"))
+    await watcher.wait(a, PodPhase.PENDING)
+    await until(lambda: fake.open_watches() == 1)
+    fake.expire_watches()
+    await until(lambda: lists(fake) == 2 and fake.open_watches() == 1)
+    fake.set_running(a)
+    await watcher.wait(a, PodPhase.RUNNING)
+    assert watcher.phases(a) == [PodPhase.PENDING, PodPhase.RUNNING]
+
+
+async def test_watch_reports_a_pod_deleted_while_disconnected(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    a = "job1-worker-0-g0"
+    await backend.create(spec("worker-0"))
+    fake.set_running(a)
+    w = Watcher(backend)
+    await w.wait(a, PodPhase.RUNNING)
+    await until(lambda: fake.open_watches() == 1)
+    fake.expire_watches()  # history is gone: only a re-list can tell
+    other = new_backend(fake)
+    await other.delete(a)  # someone else deletes it
+    s = await w.wait(a, PodPhase.EXITED)
+    assert s.reason == "Deleted" and exit_reason(s) is ExitReason.KILLED
+    await w.stop()
+    other.api.api_client.close()
+
+
+async def test_watch_cancel_stops_the_watch_thread(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    w = Watcher(backend)
+    await until(lambda: fake.open_watches() == 1)
+    await w.stop()
+    await until(lambda: not any(t.name == "pacer-k8s-watch" and t.is_alive() for t in threading.enumerate()), 5)
+
+
+async def test_close_ends_the_watch(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    w = Watcher(backend)
+    await until(lambda: fake.open_watches() == 1)
+    await backend.close()
+    await asyncio.wait_for(w.task, 5)
+
+
+# -- delete, forget, logs, cluster -------------------------------------------
+
+
+async def test_delete_sends_the_grace_period(fake: FakeK8s, backend: KubernetesBackend, watcher: Watcher) -> None:
+    a = "job1-worker-0-g0"
+    await backend.create(spec())
+    fake.set_running(a)
+    await watcher.wait(a, PodPhase.RUNNING)
+    await backend.delete(a, grace_s=7)
+    (req,) = fake.requests_to("DELETE", f"/pods/{a}")
+    assert req.query["gracePeriodSeconds"] == "7"
+    assert (NS, a) not in fake.pods
+
+    # The last status stays visible (exited) until forget().
+    s = await watcher.wait(a, PodPhase.EXITED)
+    assert (s.reason, s.signal) == ("Deleted", 15)
+    assert [(x.name, x.phase) for x in await backend.list(JOB)] == [(a, PodPhase.EXITED)]
+    await backend.forget(a)
+    assert await backend.list(JOB) == []
+
+    await backend.delete("job1-nothing-g0")  # 404: a no-op
+    assert len(fake.requests_to("DELETE")) == 3  # forget() tried to delete too
+
+
+async def test_delete_of_an_exited_pod_keeps_its_exit(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    a = "job1-worker-0-g0"
+    await backend.create(spec())
+    fake.set_running(a)
+    fake.terminate(a, 137, "OOMKilled")
+    await backend.delete(a, 0)
+    (s,) = await backend.list(JOB)
+    assert (s.phase, s.reason, s.oom, s.exit_code) == (PodPhase.EXITED, "OOMKilled", True, 137)
+
+
+async def test_logs(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    a = "job1-worker-0-g0"
+    await backend.create(spec())
+    fake.set_log(a, "one\ntwo\nthree\n")
+    fake.set_log(a, "agent up\n", container="agent")
+    assert await backend.logs(a, tail=2) == "two\nthree\n"
+    assert await backend.logs(a, container="agent") == "agent up\n"
+    assert fake.requests_to("GET", "/log")[0].query == {"container": "trainer", "tailLines": "2"}
+    assert await backend.logs("job1-nothing-g0") == ""  # as the local backend
+
+
+async def test_from_env_uses_the_role_templates(fake: FakeK8s) -> None:
+    b = from_env({
+        "PACER_KUBE_HOST": fake.host, "PACER_NAMESPACE": NS, "PACER_TRAINER_IMAGE": "reg/pacer:9",
+        "PACER_POD_TEMPLATES": str(TEMPLATE.parent), "PACER_OWNER": json.dumps(OWNER),
+    })
+    await b.create(spec("ps-0"))
+    await b.create(spec("worker-0"))
+    ps, worker = fake.pods[(NS, "job1-ps-0-g0")], fake.pods[(NS, "job1-worker-0-g0")]
+    assert ps["spec"]["terminationGracePeriodSeconds"] == 30  # ps.yaml
+    assert worker["spec"]["terminationGracePeriodSeconds"] == 60  # worker.yaml
+    assert ps["spec"]["containers"][0]["image"] == "reg/pacer:9"
+    assert ps["metadata"]["ownerReferences"] == [OWNER]
+    assert "serviceAccountName" not in ps["spec"]
+    b.api.api_client.close()
+
+
+def test_cluster_addresses(fake: FakeK8s) -> None:
+    b = new_backend(fake)
+    c = b.cluster(JOB, 2, 3)
+    assert c.ps == ("job1-ps-0.job1.training.svc:2222", "job1-ps-1.job1.training.svc:2222")
+    assert c.workers[2] == "job1-worker-2.job1.training.svc:2222" and len(c.workers) == 3
+    assert b.pod_port(c, "worker", 1) == 2222 and b.name == "kubernetes"
+    b.api.api_client.close()
