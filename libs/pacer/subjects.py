@@ -143,6 +143,19 @@ def executor_event(job: str, kind: str) -> str:
     return event(EXECUTOR_SERVICE, job, kind)
 
 
+# ------------------------------------------------------------------ cluster
+# Cluster-wide information (AntDT V-D "third party information"): the
+# executor publishes its backend's queue and capacity; the monitor derives
+# "is the cluster busy" from it.  The job level of the subject is a fixed
+# token, as these events concern no single job.
+CLUSTER_SCOPE = "_cluster"
+
+
+def cluster_status() -> str:
+    """``pacer.events.cluster._cluster.status``: executor.ClusterStatus, every few seconds."""
+    return event("cluster", CLUSTER_SCOPE, "status")
+
+
 # ------------------------------------------------------------------ jobs
 # The job service: submissions, the lifecycle of each job, its plan.
 JOB_SERVICE = "jobs"
@@ -270,4 +283,5 @@ def monitor_inputs() -> list[str]:
         events_of(AGENT_SERVICE, kind=AgentEventKind.HEARTBEAT),
         events_of("node"),
         events_of("shard", kind=ShardEventKind.PROGRESS),
+        events_of("cluster", kind="status"),
     ]

@@ -41,9 +41,10 @@ see only part of the events.  Acks are explicit: ack after applying; a
 message that can never be applied is terminated, dead-lettered (header
 ``Pacer-Error``) and counted; nothing in a message can stop the loop.
 
-Cluster information (the scheduler's queue, "is the cluster busy") is not
-consumed here yet: :meth:`MonitorService.observe_cluster` is the entry point
-for it, and the pod-executor issue will publish it.
+Cluster information (AntDT V-D "third party"): the pod-executor publishes
+its backend's queue and capacity on ``pacer.events.cluster._cluster.status``
+(:class:`~pacer.contracts.executor.ClusterStatus`); the core derives
+``cluster_busy`` of every job's statistics from it.
 """
 
 from __future__ import annotations
@@ -142,16 +143,6 @@ class MonitorService:
                 await self._rpc_sub.unsubscribe()
         await self._consumer_idle.wait()  # the batch in hand is applied and acked
 
-    def observe_cluster(
-        self, pending_pods: int, *, free_cpu: float | None = None, total_cpu: float | None = None
-    ) -> bool:
-        """Cluster-scheduler information (AntDT V-D, third party); returns whether the cluster is busy.
-
-        Nothing calls this yet: the pod-executor will publish the cluster's
-        queue and capacity, and the subscription belongs with that change.
-        """
-        return bool(self.core.observe_cluster(pending_pods, self.clock(), free_cpu=free_cpu, total_cpu=total_cpu))
-
     # ================================================================ events
     def _now_of(self, m: Msg) -> float:
         now = self.clock()
@@ -168,7 +159,8 @@ class MonitorService:
             return
         now = self._now_of(m)
         handler(job, m.data, now)
-        self.last_data[job] = max(self.last_data.get(job, 0.0), now)
+        if job != subjects.CLUSTER_SCOPE:
+            self.last_data[job] = max(self.last_data.get(job, 0.0), now)
         self.counters.inc("events", domain=domain)
 
     async def _replay(self) -> None:

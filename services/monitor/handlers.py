@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from pacer import subjects
 from pacer.codec import decode
 from pacer.contracts.agent import AgentMetrics, Heartbeat
+from pacer.contracts.executor import ClusterStatus
 from pacer.contracts.monitor import StatsQuery
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import ProgressEvent
@@ -69,7 +70,13 @@ def build_events(core: MonitorCore) -> dict[tuple[str, str], EventHandler]:
         _same_job(job, ev.status.job)
         core.observe_shards(ev.status, now)
 
+    def cluster(job: str, data: bytes, now: float) -> None:
+        st = decode(ClusterStatus, data)
+        core.observe_cluster(st.pending_pods, now, free_cpu=st.free_cpu if st.total_cpu else None,
+                             total_cpu=st.total_cpu or None)
+
     return {
+        ("cluster", "status"): cluster,
         (subjects.AGENT_SERVICE, AgentEventKind.METRICS): metrics,
         (subjects.AGENT_SERVICE, AgentEventKind.HEARTBEAT): heartbeat,
         ("node", ANY_KIND): node_event,

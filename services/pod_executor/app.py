@@ -61,6 +61,7 @@ from pacer.bus import Bus
 from pacer.codec import decode, encode
 from pacer.consumer import DurableConsumer
 from pacer.contracts.executor import (
+    ClusterStatus,
     CommandKind,
     CommandResult,
     ExecutorCommand,
@@ -74,6 +75,7 @@ from pacer.contracts.executor import (
     NodeInfo,
     NodeRecord,
     PodPhase,
+    PodSpec,
     PodStatus,
 )
 from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
@@ -88,6 +90,8 @@ from pacer_services.pod_executor import core, launch
 from pacer_services.pod_executor.backend import Backend
 
 log = logging.getLogger("pacer.executor")
+
+PodBuilder = Callable[..., PodSpec]
 
 # Job states of the executor's record.
 STARTING, RUNNING, COMPLETING, TEARING, FAILED, TORN_DOWN = (
@@ -109,6 +113,7 @@ class ExecutorConfig:
     reconcile_s: float = 1.0
     completion_grace_s: float = 300.0  # after the job completed, workers get this long to exit by themselves
     delete_grace_s: float = 10.0
+    cluster_every_s: float = 5.0  # how often ClusterStatus is published
     agents: bool = True
     max_worker_slots: int = 0  # TF worker slots per job (0: the first plan's workers, or limits.max_workers)
     stragglers: dict[str, str] = field(default_factory=dict)  # fault injection: node or "*" -> StragglerSpec JSON
@@ -135,8 +140,9 @@ class ExecutorService:
     name = subjects.EXECUTOR_SERVICE
 
     def __init__(self, bus: Bus, backend: Backend, cfg: ExecutorConfig | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, pod_builder: PodBuilder = launch.pod_spec) -> None:
         self.bus = bus
+        self.pod_builder = pod_builder  # what runs in a pod (tests run small stand-in programs)
         self.backend = backend
         self.cfg = cfg or ExecutorConfig()
         self.clock = clock
@@ -176,6 +182,7 @@ class ExecutorService:
         tg.create_task(guard("watch", self._watch_loop), name="pacer:executor:watch")
         tg.create_task(guard("jobs", self.consumer.run), name="pacer:executor:jobs")
         tg.create_task(guard("reconcile", self._reconcile_loop), name="pacer:executor:reconcile")
+        tg.create_task(guard("cluster", self._cluster_loop), name="pacer:executor:cluster")
         log.info("executor ready", extra={"fields": {"backend": self.backend.name, "jobs": len(self.jobs),
                                                       "pods": len(self.pods)}})
 
@@ -327,7 +334,7 @@ class ExecutorService:
     async def _create(self, ej: ExecutorJob, n: NodeRecord) -> None:
         rec = await self._record(ej.job)
         cluster = ClusterDesc.from_json(ej.cluster)
-        spec = launch.pod_spec(rec, ej.plan, cluster, n.role, n.index, n.generation, n.cpu, n.memory_mb,
+        spec = self.pod_builder(rec, ej.plan, cluster, n.role, n.index, n.generation, n.cpu, n.memory_mb,
                                self.backend.pod_port(cluster, n.role, n.index), self.launch, restore=n.restore)
         n.created_at, n.running_at = self.clock(), 0.0
         await self._save(ej)
@@ -493,6 +500,22 @@ class ExecutorService:
                 await self._executor_event(ej, ExecutorEventKind.TORN_DOWN, ej.reason)
                 self.records.pop(ej.job, None)
 
+    # ================================================================ cluster
+    def cluster_status(self) -> ClusterStatus:
+        """The backend's queue and what is left of its capacity after the limits of live pods."""
+        live = [p for p in self.pods.values() if p.phase is not PodPhase.EXITED]
+        pending = sum(1 for p in live if p.phase is PodPhase.PENDING)
+        cpu, mem = self.backend.capacity()
+        used_cpu = sum(p.cpu for p in live)
+        used_mem = sum(p.memory_mb for p in live)
+        return ClusterStatus(self.clock(), self.backend.name, pending, len(live) - pending, cpu,
+                             max(0.0, cpu - used_cpu) if cpu else 0.0, mem, max(0, mem - used_mem) if mem else 0)
+
+    async def _cluster_loop(self) -> None:
+        while True:
+            await self.bus.publish(subjects.cluster_status(), self.cluster_status())
+            await asyncio.sleep(self.cfg.cluster_every_s)
+
     # ================================================================ rpc
     async def _on_rpc(self, msg: Msg) -> None:
         await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
@@ -545,8 +568,10 @@ class ExecutorService:
                 n.generation += 1
                 await self._create(ej, n)
             self.counters.inc("commands", kind=cmd.kind.value)
+            # A restart is under way when the old pod is still stopping: its successor is the next generation.
+            serving = n.generation + 1 if n.intent == RESTART else n.generation
             await self.bus.respond(msg, CommandResult(job, n.node, cmd.command_id, True,
-                                                      launch.pod_name(job, n.node, n.generation), detail))
+                                                      launch.pod_name(job, n.node, serving), detail))
 
     def _status(self, ej: ExecutorJob) -> ExecutorStatus:
         nodes = []

@@ -63,5 +63,8 @@ class Backend(Protocol):
     def pod_port(self, cluster: ClusterDesc, role: str, index: int) -> int:
         """The TF server port of one slot (what :attr:`PodSpec.port` carries)."""
 
+    def capacity(self) -> tuple[float, int]:
+        """(CPUs, memory MiB) that pods can use in total; (0, 0) when the backend cannot tell."""
+
     async def close(self) -> None:
         """Release clients and background tasks (pods keep running)."""

@@ -58,6 +58,7 @@ _K8S_REASONS: dict[str, ExitReason] = {
     "DeadlineExceeded": ExitReason.KILLED,
     "NodeLost": ExitReason.KILLED,
     "Shutdown": ExitReason.KILLED,
+    "Deleted": ExitReason.KILLED,  # the pod object was deleted under a running trainer
     "ErrImagePull": ExitReason.CONFIG_ERROR,
     "ImagePullBackOff": ExitReason.CONFIG_ERROR,
     "CreateContainerConfigError": ExitReason.CONFIG_ERROR,

@@ -232,6 +232,10 @@ class KubernetesBackend:
     def pod_port(self, cluster: ClusterDesc, role: str, index: int) -> int:
         return TF_PORT
 
+    def capacity(self) -> tuple[float, int]:
+        """Unknown here: summing node allocatable would need cluster-wide RBAC to list nodes."""
+        return 0.0, 0
+
     async def close(self) -> None:
         """Stop the watches (their generators end); the caller closes ``api_client``."""
         self._closed = True

@@ -173,6 +173,10 @@ class LocalBackend:
         addrs = cluster.ps if role == "ps" else cluster.workers
         return int(addrs[index].rsplit(":", 1)[1])
 
+    def capacity(self) -> tuple[float, int]:
+        """This machine's CPUs and memory: every local pod shares them."""
+        return float(os.cpu_count() or 1), int(psutil.virtual_memory().total // (1 << 20))
+
     async def close(self) -> None:
         """Forget the supervisor handles (pods keep running; Python reaps them later)."""
         for name, proc in list(self._children.items()):

@@ -217,3 +217,20 @@ async def test_restart_rebuilds_windows_from_the_stream(bus: Bus, nats_server: E
         assert st.nodes[1].straggler is StragglerKind.NONE
     finally:
         await m.stop()
+
+
+async def test_cluster_status_from_the_executor_sets_cluster_busy(monitor: InProcess[MonitorService], bus: Bus) -> None:
+    from pacer.contracts.executor import ClusterStatus
+
+    await publish_history(bus)
+    assert not (await until(lambda s: len(s.nodes) == 3, bus)).cluster_busy  # no cluster info: not busy
+    await bus.publish_durable(subjects.cluster_status(), ClusterStatus(time.time(), "local", 2, 4, 8.0, 1.0))
+    await until(lambda s: s.cluster_busy, bus)  # pods are queued
+    await bus.publish_durable(subjects.cluster_status(), ClusterStatus(time.time(), "local", 0, 6, 8.0, 4.0))
+    await until(lambda s: not s.cluster_busy, bus)  # queue empty, half the CPU free
+    await bus.publish_durable(subjects.cluster_status(), ClusterStatus(time.time(), "local", 0, 6, 8.0, 0.1))
+    await until(lambda s: s.cluster_busy, bus)  # almost no CPU left
+    await bus.nc.publish(subjects.cluster_status(), b"\x01garbage")  # refused and dead-lettered, not fatal
+    await bus.publish_durable(subjects.cluster_status(), ClusterStatus(time.time(), "local", 0, 6, 8.0, 4.0))
+    await until(lambda s: not s.cluster_busy, bus)
+    assert any(k.startswith("bad_events") for k in monitor.svc.counters.snapshot())

@@ -195,6 +195,21 @@ class ExecutorEvent:
     stopped: list[str] = field(default_factory=list, metadata=doc("nodes stopped by this plan"))
 
 
+@message("executor.ClusterStatus")
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    """``pacer.events.cluster._cluster.status``: the backend's queue and capacity (for "is the cluster busy")."""
+
+    ts: float
+    backend: str
+    pending_pods: int = field(metadata=doc("pods created but not running yet, over all jobs"))
+    running_pods: int
+    total_cpu: float = field(default=0.0, metadata=doc("CPUs of the machines pods run on (0: unknown)"))
+    free_cpu: float = field(default=0.0, metadata=doc("total_cpu minus the CPU limits of live pods"))
+    total_memory_mb: int = 0
+    free_memory_mb: int = 0
+
+
 # ------------------------------------------------- the executor's own record (KV)
 
 

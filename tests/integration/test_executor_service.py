@@ -1,0 +1,259 @@
+"""The pod-executor service over a real nats-server and the real local backend.
+
+The pods run small stand-in programs instead of TensorFlow (the executor's
+``pod_builder``): each waits until the test writes its exit code into a
+control file, so every exit the executor must handle can be produced on
+purpose and fast.  Whole TensorFlow jobs run in ``test_jobs_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import InProcess
+from nats.aio.msg import Msg
+from pacer import subjects
+from pacer.bus import NO_RETRY, Bus
+from pacer.codec import decode, encode
+from pacer.contracts.executor import (
+    ClusterStatus,
+    CommandKind,
+    CommandResult,
+    ExecutorCommand,
+    ExecutorEvent,
+    ExecutorStatus,
+    JobQuery,
+    LogsQuery,
+    LogsReply,
+    PodSpec,
+)
+from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
+from pacer.contracts.nodes import NodeEvent
+from pacer.embedded import EmbeddedNats
+from pacer.errors import NotFound, ValidationError
+from pacer.jobs.spec import parse_job_spec
+from pacer_services.pod_executor import launch
+from pacer_services.pod_executor.app import ExecutorConfig, ExecutorService
+from pacer_services.pod_executor.core import ExecutorPolicy
+from pacer_services.pod_executor.local import LocalBackend
+
+pytestmark = pytest.mark.timeout(90)
+
+JOB = "exjob"
+# Waits for its control file, prints a result line like the chief's, exits with the code in the file.
+STANDIN = (
+    "import os, sys, time\n"
+    "p = sys.argv[1]\n"
+    "while not os.path.exists(p): time.sleep(0.05)\n"
+    "code = int(open(p).read().strip() or 0)\n"
+    "print('{\"node\": \"%s\", \"auc\": 0.75}' % sys.argv[2], flush=True)\n"
+    "sys.exit(code)\n"
+)
+
+
+class Harness:
+    def __init__(self, url: str, root: Path, ctrl: Path) -> None:
+        self.url, self.root, self.ctrl = url, root, ctrl
+        self.cfg = ExecutorConfig(root=root, reconcile_s=0.1, cluster_every_s=0.2, delete_grace_s=2.0,
+                                  durable="executor-test", policy=ExecutorPolicy(relaunch_budget=2))
+        self.proc: InProcess[ExecutorService] | None = None
+
+    def build(self, rec: JobRecord, plan: ResourcePlan, cluster: Any, role: str, index: int, generation: int,
+              cpu: float, memory_mb: int, port: int, cfg: launch.LaunchConfig, restore: bool = False) -> PodSpec:
+        node = f"{role}-{index}"
+        name = launch.pod_name(rec.job, node, generation)
+        return PodSpec(name=name, job=rec.job, node=node, role=role, index=index, generation=generation, cpu=cpu,
+                       memory_mb=memory_mb, command=["python", "-c", STANDIN, str(self.ctrl / name), node])
+
+    async def start(self) -> ExecutorService:
+        self.proc = InProcess(self.url, lambda b: ExecutorService(b, LocalBackend(self.root, poll_s=0.05), self.cfg,
+                                                                  pod_builder=self.build))
+        return await self.proc.start()
+
+    async def stop(self) -> None:
+        assert self.proc is not None
+        await self.proc.stop()
+
+    def exit(self, node: str, generation: int, code: int) -> None:
+        (self.ctrl / launch.pod_name(JOB, node, generation)).write_text(str(code))
+
+
+class Events:
+    """Every event of the job, as the executor published it."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, Any]] = []
+
+    async def on(self, m: Msg) -> None:
+        domain, kind = m.subject.split(".")[2], m.subject.split(".")[4]
+        cls = {"node": NodeEvent, "executor": ExecutorEvent, "cluster": ClusterStatus}.get(domain)
+        if cls is not None:
+            self.items.append((f"{domain}.{kind}", decode(cls, m.data)))
+
+    def of(self, key: str) -> list[Any]:
+        return [e for k, e in self.items if k == key]
+
+    async def wait(self, check: Callable[[], Any], within: float = 30.0) -> Any:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            got = check()
+            if got:
+                return got
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out; events: {[k for k, _ in self.items]}")
+
+
+@pytest.fixture
+async def env(nats_server: EmbeddedNats, bus: Bus, tmp_path: Path) -> AsyncIterator[tuple[Harness, Events, Bus]]:
+    ctrl = tmp_path / "ctrl"
+    ctrl.mkdir()
+    h = Harness(nats_server.url, tmp_path / "pods", ctrl)
+    ev = Events()
+    sub = await bus.nc.subscribe("pacer.events.>", cb=ev.on)
+    spec = parse_job_spec(f"name: {JOB}\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
+    rec = JobRecord(JOB, spec, JobState.PLANNING, time.time(), data_path="/data/train.rec", records=1000)
+    kv = await bus.kv(subjects.JOB_BUCKET)
+    await kv.put(JOB, encode(rec))
+    await h.start()
+    yield h, ev, bus
+    await sub.unsubscribe()
+    await h.stop()
+    for d in (tmp_path / "pods").glob("*/*"):  # let every stand-in a failing test left running end
+        (ctrl / d.name).write_text("0")
+
+
+def plan(workers: int = 2, ps: int = 1) -> ResourcePlan:
+    return ResourcePlan(JOB, workers, ps, 0.5, 256, 0.5, 256, PlanSource.USER)
+
+
+async def status(bus: Bus) -> ExecutorStatus:
+    return await bus.request(subjects.executor_rpc(JOB, subjects.ExecutorOp.STATUS), JobQuery(JOB), ExecutorStatus,
+                             retry=NO_RETRY)
+
+
+async def publish_plan(bus: Bus, p: ResourcePlan) -> None:
+    await bus.publish_durable(subjects.job_event(JOB, subjects.JobEventKind.PLAN), p)
+
+
+def running(ev: Events, node: str, generation: int) -> Callable[[], bool]:
+    return lambda: any(e.node == node and e.generation == generation for e in ev.of("node.running"))
+
+
+async def test_plan_starts_nodes_and_a_finished_job_is_torn_down(env: tuple[Harness, Events, Bus]) -> None:
+    h, ev, bus = env
+    await publish_plan(bus, plan())
+    applied = await ev.wait(lambda: ev.of("executor.applied"))
+    assert sorted(applied[0].started) == ["ps-0", "worker-0", "worker-1"] and applied[0].overhead_s >= 0
+    created = {e.node: e for e in ev.of("node.created")}
+    assert created["worker-0"].cpu == 0.5 and created["worker-0"].memory_mb == 256
+    st = await status(bus)
+    assert {n.node: n.phase.value for n in st.nodes} == {"ps-0": "running", "worker-0": "running",
+                                                           "worker-1": "running"}
+    assert all(e.pending_s >= 0 for e in ev.of("node.running"))
+    h.exit("worker-0", 0, 0)
+    h.exit("worker-1", 0, 0)
+    await ev.wait(lambda: ev.of("executor.torn_down"))
+    fin = {e.node: e for e in ev.of("node.finished")}
+    assert fin["worker-0"].result == {"node": "worker-0", "auc": 0.75}  # the chief's result line
+    ps_end = [e for e in ev.of("node.died") if e.node == "ps-0"]
+    assert ps_end and not ps_end[0].relaunch  # stopped by the executor, not relaunched
+    cs = await ev.wait(lambda: ev.of("cluster.status"))
+    assert cs[-1].backend == "local" and cs[-1].total_cpu >= 1
+
+
+async def test_exits_are_classified_relaunched_or_fail_the_job(env: tuple[Harness, Events, Bus]) -> None:
+    h, ev, bus = env
+    await publish_plan(bus, plan())
+    await ev.wait(lambda: ev.of("executor.applied"))
+    h.exit("worker-1", 0, 75)  # KILL_RESTART asked by the trainer: relaunched, no budget spent
+    await ev.wait(running(ev, "worker-1", 1))
+    died = [e for e in ev.of("node.died") if e.node == "worker-1"]
+    assert died[0].reason == "restart_requested" and died[0].relaunch
+    h.exit("worker-1", 1, 137)  # killed (128 + 9): retryable, budget 1/2
+    await ev.wait(running(ev, "worker-1", 2))
+    st = {n.node: n for n in (await status(bus)).nodes}
+    assert (st["worker-1"].restarts, st["worker-1"].requested_restarts, st["worker-1"].generation) == (1, 1, 2)
+    h.exit("worker-0", 0, 2)  # a configuration error: unretryable, the job fails
+    failed = await ev.wait(lambda: ev.of("executor.failed"))
+    assert "config_error" in failed[0].reason and "worker-0" in failed[0].reason
+    await ev.wait(lambda: ev.of("executor.torn_down"))
+    assert (await status(bus)).state == "torn_down"
+
+
+async def test_relaunch_budget_spent_fails_the_job(env: tuple[Harness, Events, Bus]) -> None:
+    h, ev, bus = env
+    await publish_plan(bus, plan(workers=1))
+    await ev.wait(lambda: ev.of("executor.applied"))
+    for gen in range(2):
+        h.exit("worker-0", gen, 137)
+        await ev.wait(running(ev, "worker-0", gen + 1))
+    h.exit("worker-0", 2, 137)
+    failed = await ev.wait(lambda: ev.of("executor.failed"))
+    assert "budget" in failed[0].reason
+
+
+async def test_restart_command_scale_down_and_up(env: tuple[Harness, Events, Bus]) -> None:
+    _h, ev, bus = env
+    await publish_plan(bus, plan())
+    await ev.wait(lambda: ev.of("executor.applied"))
+    cmd = ExecutorCommand(JOB, "worker-1", CommandKind.RESTART, "persistent straggler", command_id="c1")
+    subject = subjects.executor_rpc(JOB, subjects.ExecutorOp.COMMAND)
+    res = await bus.request(subject, cmd, CommandResult, retry=NO_RETRY)
+    assert res.done and res.pod == launch.pod_name(JOB, "worker-1", 1)
+    await ev.wait(running(ev, "worker-1", 1))
+    died = [e for e in ev.of("node.died") if e.node == "worker-1"]
+    assert died[0].reason == "restart_requested" and died[0].relaunch  # the shard service requeues its shards
+    again = await bus.request(subject, cmd, CommandResult, retry=NO_RETRY)  # same id: not done twice
+    assert again.detail == "already done" and again.pod == res.pod
+    await asyncio.sleep(0.5)
+    assert len([e for e in ev.of("node.created") if e.node == "worker-1"]) == 2
+
+    await publish_plan(bus, plan(workers=1))  # scale down: the highest slot goes
+    gone = await ev.wait(lambda: [e for e in ev.of("node.died") if e.node == "worker-1" and e.generation == 1])
+    assert not gone[0].relaunch
+    await publish_plan(bus, plan(workers=2))  # and back up: a fresh pod in the slot
+    await ev.wait(running(ev, "worker-1", 2))
+    with pytest.raises(NotFound):
+        await bus.request(subject, ExecutorCommand(JOB, "worker-9", CommandKind.RESTART), CommandResult,
+                          retry=NO_RETRY)
+
+
+async def test_exit_while_the_executor_is_down_is_handled_after_restart(env: tuple[Harness, Events, Bus]) -> None:
+    h, ev, bus = env
+    await publish_plan(bus, plan())
+    await ev.wait(lambda: ev.of("executor.applied"))
+    await h.stop()  # pods keep running: they are supervisor processes of their own
+    h.exit("worker-1", 0, 75)
+    await asyncio.sleep(1.0)
+    await h.start()  # a new executor: reloads its KV record, adopts the pods
+    await ev.wait(running(ev, "worker-1", 1))
+    st = {n.node: n for n in (await status(bus)).nodes}
+    assert st["worker-0"].generation == 0 and st["worker-0"].phase.value == "running"  # adopted, not restarted
+    assert st["worker-1"].requested_restarts == 1
+    assert len(ev.of("executor.applied")) == 1
+
+
+async def test_bad_input_is_refused_and_counted(env: tuple[Harness, Events, Bus]) -> None:
+    h, ev, bus = env
+    await bus.js.publish(subjects.job_event(JOB, subjects.JobEventKind.PLAN), b"\xc1 not msgpack")
+    await publish_plan(bus, ResourcePlan(JOB, 0, 1, 0.5, 256, 0.5, 256, PlanSource.USER))  # 0 workers
+    await bus.publish_durable(subjects.job_event("nojob", subjects.JobEventKind.PLAN),
+                              ResourcePlan("nojob", 1, 1, 1.0, 512, 1.0, 512, PlanSource.USER))
+    assert h.proc is not None and h.proc.svc is not None
+    counters = h.proc.svc.counters
+    await ev.wait(lambda: counters.snapshot().get("bad_events", 0) >= 3)
+    with pytest.raises(NotFound):
+        await status(bus)  # nothing was started for any of them
+    with pytest.raises(ValidationError, match="tail"):
+        await publish_plan(bus, plan())
+        await ev.wait(lambda: ev.of("executor.applied"))
+        await bus.request(subjects.executor_rpc(JOB, subjects.ExecutorOp.LOGS), LogsQuery(JOB, "worker-0", 0),
+                          LogsReply, retry=NO_RETRY)
+    logs = await bus.request(subjects.executor_rpc(JOB, subjects.ExecutorOp.LOGS), LogsQuery(JOB, "worker-0", 10),
+                             LogsReply, retry=NO_RETRY)
+    assert logs.pod == launch.pod_name(JOB, "worker-0", 0)
