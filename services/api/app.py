@@ -1,0 +1,504 @@
+"""The HTTP API and the live dashboard: a thin aiohttp client of the bus.
+
+Routes (JSON unless said otherwise; errors are ``{"error": {"code", "message"}}``
+with the HTTP status of the :class:`~pacer.errors.PacerError` code, see
+:data:`STATUS`):
+
+* ``GET  /api/jobs?limit=&state=``        job service ``list`` -> ``{"jobs": [JobRecord]}``
+* ``POST /api/jobs``                      body: a job spec (YAML or JSON text) -> 201 + JobRecord
+* ``GET  /api/jobs/{job}``                ``{"job": JobRecord, "nodes": ExecutorStatus | null,
+  "statistics": JobStatistics | null, "unavailable": {part: why}}``; the executor and the
+  monitor parts are optional (null when that service does not answer)
+* ``POST /api/jobs/{job}/stop``           optional JSON body ``{"reason": ...}`` -> JobRecord
+* ``GET  /api/jobs/{job}/logs?node=&tail=&container=``  executor ``logs`` -> LogsReply
+* ``GET  /api/events?job=<job>&replay=1`` Server-Sent Events: every ``pacer.events.*.<job>.*``
+  event as ``event: <domain>.<kind>`` / ``data: <message as JSON>``; on connect, first the
+  job's recent history from ``PACER_EVENTS`` then ``event: replayed``, then live events and
+  a ``: keep-alive`` comment every ``keepalive_s``
+* ``GET  /healthz``                        ``{"status": "ok" | "degraded", ...}`` (503 without NATS)
+* ``GET  /`` and ``GET /jobs/{job}``       the dashboard (one page, ``static/``)
+
+Concurrency contract
+--------------------
+Every request runs on the service's event loop.  Each SSE client owns one
+core NATS subscription and one bounded queue; the subscription is removed in
+a ``finally`` when the client goes away (noticed within ``poll_s``), when the
+write fails, or when the service drains.  A client too slow to keep up loses
+live events (counted as ``sse_dropped``) rather than growing memory.
+
+History replay: before the replay the live subscription already buffers, so
+nothing falls between the two; messages that reached both (published during
+the replay) are sent once.  The replay keeps the newest ``replay_limit``
+timeline events and the newest ``replay_series`` periodic ones (monitor
+statistics, shard progress) so that a long job's series cannot push its node
+events out.  Agent heartbeats and metrics are live only: they are many and
+the monitor's statistics summarise them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import nats.errors
+import yaml
+from aiohttp import web
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from pacer import codec, subjects
+from pacer.bus import Bus, RetryPolicy
+from pacer.contracts.agent import ActionResult, AgentMetrics, Heartbeat
+from pacer.contracts.executor import ExecutorEvent
+from pacer.contracts.jobs import JobEvent, JobRecord, ResourcePlan
+from pacer.contracts.monitor import JobStatistics
+from pacer.contracts.nodes import NodeEvent
+from pacer.contracts.shards import ProgressEvent, ShardEvent
+from pacer.errors import DecodeError, PacerError, ValidationError
+from pacer.ids import is_token
+from pacer.jobs.client import JobClient
+from pacer.jobs.spec import parse_job_spec
+from pacer.runtime import RuntimeConfig
+from pacer.telemetry import Counters
+
+log = logging.getLogger("pacer.api")
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+#: HTTP status of each PacerError code (anything else is a 500).
+STATUS: dict[str, int] = {
+    "invalid": 400,
+    "bad_message": 400,
+    "not_found": 404,
+    "conflict": 409,
+    "unavailable": 503,
+}
+
+#: The message class of each event, by (domain, kind); ``"*"`` = any kind.
+EVENT_TYPES: dict[tuple[str, str], type[Any]] = {
+    ("job", subjects.JobEventKind.PLAN): ResourcePlan,
+    ("job", "*"): JobEvent,
+    ("node", "*"): NodeEvent,
+    ("executor", "*"): ExecutorEvent,
+    ("monitor", subjects.MonitorEventKind.STATISTICS): JobStatistics,
+    ("shard", subjects.ShardEventKind.PROGRESS): ProgressEvent,
+    ("shard", "*"): ShardEvent,
+    ("agent", subjects.AgentEventKind.METRICS): AgentMetrics,
+    ("agent", subjects.AgentEventKind.HEARTBEAT): Heartbeat,
+    ("agent", subjects.AgentEventKind.ACTION): ActionResult,
+}
+
+#: Periodic events: replayed with their own cap (see the module docstring).
+SERIES_KINDS = frozenset({"monitor.statistics", "shard.progress"})
+
+#: Spec content types accepted by ``POST /api/jobs`` (empty = not given).
+SPEC_TYPES = frozenset(
+    {"", "text/yaml", "application/yaml", "application/x-yaml", "text/x-yaml", "application/json", "text/plain"}
+)
+
+
+@dataclass
+class ApiConfig:
+    host: str = "127.0.0.1"
+    port: int = 8750  # 0: any free port (tests); the bound one is ApiService.port
+    keepalive_s: float = 15.0  # SSE comment interval: proxies drop silent connections
+    poll_s: float = 1.0  # how often an idle SSE handler checks that its client is still there
+    replay_limit: int = 2000  # newest timeline events replayed to a new SSE client
+    replay_series: int = 500  # newest statistics / progress events replayed
+    queue_size: int = 10_000  # live events buffered per SSE client
+    rpc_timeout_s: float = 5.0  # job service requests
+    part_timeout_s: float = 1.5  # executor / monitor parts of GET /api/jobs/{job} (optional)
+
+    @classmethod
+    def from_env(cls) -> ApiConfig:
+        """``PACER_API_HOST`` (default 127.0.0.1) and ``PACER_API_PORT`` (default 8750)."""
+        env = os.environ
+        return cls(host=env.get("PACER_API_HOST", cls.host), port=int(env.get("PACER_API_PORT", str(cls.port))))
+
+
+# ------------------------------------------------------------------ pure helpers
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain msgpack data -> data ``json.dumps`` accepts and ``JSON.parse`` reads back.
+
+    Bytes become hex, map keys strings, and non-finite floats ``null`` (JSON
+    has no NaN; a trainer's diverged loss must not break the page).
+    """
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, bytes):
+        return obj.hex()
+    if isinstance(obj, str | int | float | bool) or obj is None:
+        return obj
+    return str(obj)
+
+
+def to_json(msg: Any) -> Any:
+    """A wire message (dataclass) as JSON-able data, enums as their values."""
+    return jsonable(codec.to_dict(msg))
+
+
+def event_name(subject: str) -> tuple[str, str, str] | None:
+    """``pacer.events.<domain>.<job>.<kind>`` -> (domain, job, kind); None for anything else."""
+    parts = subject.split(".")
+    if len(parts) != 5 or parts[0] != subjects.PREFIX or parts[1] != "events":
+        return None
+    return parts[2], parts[3], parts[4]
+
+
+def decode_event(domain: str, kind: str, data: bytes) -> Any:
+    """The event as JSON-able data: its contract class when known and valid, else generic msgpack.
+
+    Raises :class:`DecodeError` only when the bytes are not msgpack at all.
+    """
+    cls = EVENT_TYPES.get((domain, kind)) or EVENT_TYPES.get((domain, "*"))
+    if cls is not None:
+        try:
+            return to_json(codec.decode(cls, data))
+        except DecodeError:
+            pass  # a newer or foreign sender: show what it sent rather than nothing
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception:  # msgpack raises several unrelated types
+        raise DecodeError(f"{domain}.{kind}: not valid msgpack") from None
+    return jsonable(obj)
+
+
+def sse_frame(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def spec_name(text: str) -> str:
+    """The ``name`` of a spec document, or a ValidationError naming what is wrong.
+
+    Only the name is needed here (it is the job token of the submit subject);
+    the job service validates the whole spec.  When the name cannot be read,
+    the full parser says why, field by field.
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("name"), str) and is_token(data["name"]):
+        name: str = data["name"]
+        return name
+    parse_job_spec(text)  # raises JobSpecError with every problem, the name's included
+    raise ValidationError("name: missing or not an id token")
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+# ------------------------------------------------------------------ the service
+
+
+class ApiService:
+    """The HTTP API + dashboard as a Pacer service (``start`` / ``drain``)."""
+
+    name = "api"
+
+    def __init__(self, bus: Bus, cfg: ApiConfig | None = None) -> None:
+        self.bus = bus
+        self.cfg = cfg or ApiConfig()
+        self.counters = Counters(self.name)
+        self.jobs = JobClient(bus, timeout=self.cfg.rpc_timeout_s, retry=RetryPolicy(attempts=3))
+        # Optional parts of the job page: one quick try, the page works without them.
+        self.parts = JobClient(bus, timeout=self.cfg.part_timeout_s, retry=RetryPolicy(attempts=1))
+        self.port = 0
+        self.streams = 0  # SSE clients connected now
+        self._closing = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+
+    # ================================================================ lifecycle
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors], client_max_size=1 << 20)
+        r = app.router
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/api/jobs", self.list_jobs)
+        r.add_post("/api/jobs", self.submit)
+        r.add_get("/api/jobs/{job}", self.get_job)
+        r.add_post("/api/jobs/{job}/stop", self.stop_job)
+        r.add_get("/api/jobs/{job}/logs", self.logs)
+        r.add_get("/api/events", self.events)
+        r.add_get("/", self.index)
+        r.add_get("/jobs/{job}", self.index)
+        r.add_static("/static/", STATIC_DIR, follow_symlinks=False)
+        return app
+
+    async def start(self, tg: asyncio.TaskGroup) -> None:
+        await self.bus.ensure_streams()  # the replay reads PACER_EVENTS
+        self._runner = web.AppRunner(self.make_app(), access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port)
+        await site.start()
+        addr = self._runner.addresses[0]
+        self.port = int(addr[1])
+        log.info("api listening", extra={"fields": {"url": f"http://{self.cfg.host}:{self.port}/"}})
+
+    async def drain(self) -> None:
+        self._closing.set()  # SSE handlers return at their next wake-up
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ================================================================ middleware
+    @web.middleware
+    async def _errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """The loop boundary of every request: errors become JSON bodies and counts."""
+        try:
+            return await handler(request)
+        except PacerError as exc:
+            status = STATUS.get(exc.code, 500)
+            self.counters.inc("errors", code=exc.code)
+            return web.json_response(error_body(exc.code, exc.message), status=status)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            self.counters.inc("errors", code=f"http_{exc.status}")
+            code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(exc.status, "invalid")
+            return web.json_response(error_body(code, exc.reason), status=exc.status)
+        except asyncio.CancelledError:
+            raise
+        except (ConnectionResetError, nats.errors.ConnectionClosedError):
+            raise
+        except Exception as exc:
+            self.counters.inc("internal_errors")
+            log.exception("request failed: %s %s", request.method, request.path)
+            return web.json_response(error_body("internal", f"internal error: {type(exc).__name__}"), status=500)
+
+    # ================================================================ JSON API
+    async def healthz(self, request: web.Request) -> web.Response:
+        connected = self.bus.nc.is_connected
+        body = {"status": "ok" if connected else "degraded", "service": self.name, "nats": connected,
+                "streams": self.streams, "counters": self.counters.snapshot()}
+        return web.json_response(body, status=200 if connected else 503)
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        limit = _int_param(request, "limit", 100, 1, 1000)
+        state = request.query.get("state", "")
+        jobs = await self.jobs.list(limit, state)
+        self.counters.inc("requests", op="list")
+        return web.json_response(to_json(jobs))
+
+    async def submit(self, request: web.Request) -> web.Response:
+        if request.content_type not in SPEC_TYPES and request.content_type != "application/octet-stream":
+            raise ValidationError(f"body: content type {request.content_type!r}; send the spec as text/yaml or application/json")
+        raw = await request.read()
+        if not raw.strip():
+            raise ValidationError("body: empty; send the job spec as YAML or JSON text")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValidationError("body: not UTF-8 text") from None
+        record = await self.jobs.submit(spec_name(text), text)
+        self.counters.inc("requests", op="submit")
+        return web.json_response(to_json(record), status=201)
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        job = _job(request)
+        record_t = asyncio.ensure_future(self.jobs.get(job))
+        nodes_t = asyncio.ensure_future(self.parts.nodes(job))
+        stats_t = asyncio.ensure_future(self.parts.statistics(job))
+        try:
+            record = await record_t
+        finally:
+            await asyncio.gather(nodes_t, stats_t, return_exceptions=True)
+        body: dict[str, Any] = {"job": to_json(record), "nodes": None, "statistics": None, "unavailable": {}}
+        for part, task in (("nodes", nodes_t), ("statistics", stats_t)):
+            exc = task.exception()
+            if exc is None:
+                body[part] = to_json(task.result())
+            else:
+                body["unavailable"][part] = exc.message if isinstance(exc, PacerError) else type(exc).__name__
+        self.counters.inc("requests", op="get")
+        return web.json_response(body)
+
+    async def stop_job(self, request: web.Request) -> web.Response:
+        job = _job(request)
+        reason = "stopped by the user"
+        if request.can_read_body:
+            try:
+                payload = json.loads(await request.text() or "{}")
+            except json.JSONDecodeError:
+                raise ValidationError("body: not JSON; send {\"reason\": \"...\"} or nothing") from None
+            if not isinstance(payload, dict) or not isinstance(payload.get("reason", ""), str):
+                raise ValidationError("reason: expected a string")
+            reason = payload.get("reason") or reason
+        record: JobRecord = await self.jobs.stop(job, reason)
+        self.counters.inc("requests", op="stop")
+        return web.json_response(to_json(record))
+
+    async def logs(self, request: web.Request) -> web.Response:
+        job = _job(request)
+        node = request.query.get("node", "")
+        if not is_token(node):
+            raise ValidationError(f"node: {node!r} is not a node id (e.g. worker-0)")
+        tail = _int_param(request, "tail", 200, 1, 5000)
+        container = request.query.get("container", "trainer")
+        if container not in ("trainer", "agent"):
+            raise ValidationError(f"container: {container!r}; one of trainer, agent")
+        reply = await self.jobs.logs(job, node, tail, container)
+        self.counters.inc("requests", op="logs")
+        return web.json_response(to_json(reply))
+
+    async def index(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    # ================================================================ SSE
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        job = request.query.get("job", "")
+        if not is_token(job):
+            raise ValidationError(f"job: {job!r} is not a job id; use /api/events?job=<job>")
+        replay = request.query.get("replay", "1") not in ("0", "false", "no")
+        queue: asyncio.Queue[Msg] = asyncio.Queue(self.cfg.queue_size)
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                queue.put_nowait(msg)
+            except asyncio.QueueFull:
+                self.counters.inc("sse_dropped")
+
+        sub = await self.bus.nc.subscribe(subjects.events_of("*", job), cb=on_msg)
+        self.streams += 1
+        self.counters.inc("sse_clients")
+        try:
+            await self.bus.nc.flush()  # the subscription is live before the history is read
+            resp = web.StreamResponse(headers={
+                "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+            })
+            await resp.prepare(request)
+            await resp.write(b"retry: 2000\n\n")
+            seen: set[tuple[str, bytes]] = set()
+            if replay:
+                history = await self._history(job)
+                for subject, data in history:
+                    await self._send(resp, subject, data)
+                    seen.add((subject, data))
+                await resp.write(sse_frame("replayed", {"count": len(history)}))
+            dedup = queue.qsize()  # only what arrived during the replay can also be in it
+            await self._live(request, resp, queue, seen if dedup else set(), dedup)
+            return resp
+        finally:
+            self.streams -= 1
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+
+    async def _live(self, request: web.Request, resp: web.StreamResponse, queue: asyncio.Queue[Msg],
+                    seen: set[tuple[str, bytes]], dedup: int) -> None:
+        last_write = time.monotonic()
+        while not self._closing.is_set():
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                return  # the client went away
+            try:
+                msg = await asyncio.wait_for(queue.get(), self.cfg.poll_s)
+            except TimeoutError:
+                if time.monotonic() - last_write >= self.cfg.keepalive_s:
+                    await resp.write(b": keep-alive\n\n")
+                    last_write = time.monotonic()
+                continue
+            if dedup > 0:
+                dedup -= 1
+                if (msg.subject, msg.data) in seen:
+                    continue
+            await self._send(resp, msg.subject, msg.data)
+            last_write = time.monotonic()
+
+    async def _send(self, resp: web.StreamResponse, subject: str, data: bytes) -> None:
+        name = event_name(subject)
+        if name is None:
+            return
+        domain, _job, kind = name
+        try:
+            body = decode_event(domain, kind, data)
+        except DecodeError as exc:
+            self.counters.inc("bad_events", domain=domain)
+            log.debug("undecodable event on %s: %s", subject, exc.message)
+            return
+        await resp.write(sse_frame(f"{domain}.{kind}", body))
+        self.counters.inc("sse_events")
+
+    async def _history(self, job: str) -> list[tuple[str, bytes]]:
+        """The job's recent stored events, oldest first (caps in :class:`ApiConfig`)."""
+        info = await self.bus.js.stream_info(subjects.EVENTS_STREAM)
+        end = int(info.state.last_seq)
+        if end == 0:
+            return []
+        filters = [subjects.events_of(d, job) for d in ("job", "node", "executor", "monitor", "shard")]
+        filters.append(subjects.events_of(subjects.AGENT_SERVICE, job, subjects.AgentEventKind.ACTION))
+        sub = await self.bus.js.pull_subscribe(
+            "",
+            stream=subjects.EVENTS_STREAM,
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.NONE,
+                deliver_policy=DeliverPolicy.ALL,
+                filter_subjects=filters,
+                inactive_threshold=30.0,  # the server drops it soon if we die mid-replay
+                mem_storage=True,
+            ),
+        )
+        timeline: deque[tuple[int, str, bytes]] = deque(maxlen=self.cfg.replay_limit)
+        series: deque[tuple[int, str, bytes]] = deque(maxlen=self.cfg.replay_series)
+        try:
+            done = False
+            while not done:
+                try:
+                    msgs = await sub.fetch(512, timeout=0.5)
+                except TimeoutError:
+                    break  # nothing (more) stored for this job
+                for m in msgs:
+                    md = m.metadata
+                    name = event_name(m.subject)
+                    kind = f"{name[0]}.{name[2]}" if name else ""
+                    (series if kind in SERIES_KINDS else timeline).append((md.sequence.stream, m.subject, m.data))
+                    if md.sequence.stream >= end or md.num_pending == 0:
+                        done = True
+                        break
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        merged = sorted([*timeline, *series])
+        return [(subject, data) for _seq, subject, data in merged]
+
+
+def _job(request: web.Request) -> str:
+    job = request.match_info["job"]
+    if not is_token(job):
+        raise ValidationError(f"job: {job!r} is not a job id: use 1-64 of [A-Za-z0-9_-]")
+    return job
+
+
+def _int_param(request: web.Request, key: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError(f"{key}: expected an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise ValidationError(f"{key}: {value} is out of range {lo}..{hi}")
+    return value
+
+
+async def create(bus: Bus, cfg: RuntimeConfig) -> ApiService:
+    """App factory: the only place that builds an ApiService from configuration."""
+    return ApiService(bus, ApiConfig.from_env())

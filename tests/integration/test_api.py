@@ -1,0 +1,517 @@
+"""The HTTP API over a real nats-server, against a double of its peer services.
+
+The API runs in-process through the real runtime on a free port.  The job
+service, the executor and the monitor are played by :class:`PeerDouble`: a
+responder on the real bus that answers their rpc subjects with real contract
+messages and real error replies (through ``runtime.dispatch_rpc``) and
+validates specs with the real ``parse_job_spec``, so error messages are the
+ones users get.  Events are published as the real services publish them.
+
+``PeerDouble``, ``api_service`` and ``read_sse`` are imported by the
+dashboard tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import aiohttp
+import msgpack
+import pytest
+from conftest import InProcess
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from pacer import codec, subjects
+from pacer.bus import Bus
+from pacer.contracts.executor import ExecutorStatus, LogsQuery, LogsReply, NodeInfo, PodPhase
+from pacer.contracts.executor import JobQuery as ExecutorQuery
+from pacer.contracts.jobs import (
+    JobEvent,
+    JobList,
+    JobQuery,
+    JobRecord,
+    JobState,
+    ListRequest,
+    StopRequest,
+    SubmitRequest,
+)
+from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StatsQuery
+from pacer.contracts.nodes import NodeEvent
+from pacer.embedded import EmbeddedNats
+from pacer.errors import Conflict, NotFound, ValidationError
+from pacer.jobs.spec import default_plan, parse_job_spec
+from pacer.runtime import dispatch_rpc
+from pacer.telemetry import Counters
+from pacer_services.api.app import ApiConfig, ApiService
+
+pytestmark = pytest.mark.timeout(60)
+
+SPEC_YAML = """\
+name: {name}
+model: wide_deep
+dataset:
+  path: data/train.tsv
+epochs: 2
+batch_size: 256
+"""
+
+TERMINAL = {JobState.COMPLETED, JobState.FAILED, JobState.STOPPED}
+
+
+# ------------------------------------------------------------------ the peer double
+
+
+@dataclass
+class PeerDouble:
+    """Answers ``pacer.rpc.jobs.*``, ``pacer.rpc.executor.*`` and ``pacer.rpc.monitor.*``.
+
+    ``records`` is the job service's state; ``executor`` and ``stats`` hold what
+    the executor and the monitor answer (absent job: ``not_found``);
+    ``calls`` lists every (subject, op) received, in order.
+    """
+
+    bus: Bus
+    records: dict[str, JobRecord] = field(default_factory=dict)
+    executor: dict[str, ExecutorStatus] = field(default_factory=dict)
+    stats: dict[str, JobStatistics] = field(default_factory=dict)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    subs: list[Subscription] = field(default_factory=list)
+
+    async def start(self) -> PeerDouble:
+        counters = Counters("double")
+        handlers = {
+            "jobs": {"submit": self._submit, "get": self._get, "list": self._list, "stop": self._stop},
+            "executor": {"status": self._status, "logs": self._logs},
+            "monitor": {"stats": self._stats},
+        }
+        for service, table in handlers.items():
+
+            async def on_msg(msg: Msg, table: Any = table) -> None:
+                self.calls.append((msg.subject, msg.subject.rsplit(".", 1)[-1]))
+                await dispatch_rpc(self.bus, counters, table, msg)
+
+            self.subs.append(await self.bus.nc.subscribe(subjects.rpc_wildcard(service), cb=on_msg))
+        await self.bus.nc.flush()
+        return self
+
+    async def stop(self) -> None:
+        for sub in self.subs:
+            await sub.unsubscribe()
+
+    def add_running(self, name: str, now: float | None = None) -> JobRecord:
+        """A running job with the default plan (what the job service holds once started)."""
+        now = now or time.time()
+        spec = parse_job_spec(SPEC_YAML.format(name=name))
+        rec = JobRecord(job=name, spec=spec, state=JobState.RUNNING, submitted_at=now - 60, updated_at=now - 30,
+                        started_at=now - 30, plan=default_plan(spec))
+        self.records[name] = rec
+        return rec
+
+    async def _submit(self, job: str, msg: Msg) -> None:
+        req = codec.decode(SubmitRequest, msg.data)
+        spec = parse_job_spec(req.spec)  # the real validation: JobSpecError names each bad field
+        if spec.name != job:
+            raise ValidationError(f"name: {spec.name!r} differs from the subject's job {job!r}")
+        if job in self.records:
+            raise Conflict(f"job {job!r} exists")
+        now = time.time()
+        self.records[job] = JobRecord(job=job, spec=spec, state=JobState.SUBMITTED, submitted_at=now, updated_at=now)
+        await self.bus.respond(msg, self.records[job])
+
+    async def _get(self, job: str, msg: Msg) -> None:
+        codec.decode(JobQuery, msg.data)
+        await self.bus.respond(msg, self._record(job))
+
+    async def _list(self, job: str, msg: Msg) -> None:
+        req = codec.decode(ListRequest, msg.data)
+        jobs = [r for r in self.records.values() if not req.state or r.state.value == req.state]
+        jobs.sort(key=lambda r: -r.submitted_at)
+        await self.bus.respond(msg, JobList(jobs[: req.limit]))
+
+    async def _stop(self, job: str, msg: Msg) -> None:
+        req = codec.decode(StopRequest, msg.data)
+        rec = self._record(job)
+        if rec.state in TERMINAL:
+            raise Conflict(f"job {job!r} is {rec.state.value}: nothing to stop")
+        rec = self.records[job] = replace(rec, state=JobState.STOPPED, reason=req.reason, finished_at=time.time())
+        await self.bus.respond(msg, rec)
+
+    async def _status(self, job: str, msg: Msg) -> None:
+        codec.decode(ExecutorQuery, msg.data)
+        if job not in self.executor:
+            raise NotFound(f"executor knows no job {job!r}")
+        await self.bus.respond(msg, self.executor[job])
+
+    async def _logs(self, job: str, msg: Msg) -> None:
+        q = codec.decode(LogsQuery, msg.data)
+        if job not in self.executor:
+            raise NotFound(f"executor knows no job {job!r}")
+        lines = [f"{q.container} line {i}" for i in range(q.tail)]
+        await self.bus.respond(msg, LogsReply(job, q.node, f"{job}-{q.node}-g0", "\n".join(lines)))
+
+    async def _stats(self, job: str, msg: Msg) -> None:
+        codec.decode(StatsQuery, msg.data)
+        if job not in self.stats:
+            raise NotFound(f"monitor knows no job {job!r}")
+        await self.bus.respond(msg, self.stats[job])
+
+    def _record(self, job: str) -> JobRecord:
+        if job not in self.records:
+            raise NotFound(f"no job named {job!r}")
+        return self.records[job]
+
+
+def statistics(job: str, throughput: float, ts: float | None = None) -> JobStatistics:
+    """Statistics as the monitor publishes them: two workers (one slow) and a PS."""
+    ts = ts or time.time()
+
+    def node(name: str, role: str, bpt: float, speed: float) -> NodeStats:
+        return NodeStats(node=name, role=role, bpt_short_s=bpt, bpt_long_s=bpt, speed_samples_per_s=speed,
+                         samples_total=1000, cpu_percent=90.0, rss_bytes=1 << 28, last_seen=ts,
+                         state=NodeState.RUNNING, pending_s=1.0, restarts=0, slowdown_short=1.0, slowdown_long=1.0)
+
+    return JobStatistics(job=job, ts=ts, window_short_s=3.0, window_long_s=30.0,
+                         throughput_samples_per_s=throughput,
+                         nodes=[node("ps-0", "ps", 0.0, 0.0), node("worker-0", "worker", 0.05, throughput * 0.6),
+                                node("worker-1", "worker", 0.08, throughput * 0.4)])
+
+
+def executor_status(job: str) -> ExecutorStatus:
+    def info(name: str, role: str) -> NodeInfo:
+        return NodeInfo(node=name, role=role, pod=f"{job}-{name}-g0", phase=PodPhase.RUNNING, cpu=1.0,
+                        memory_mb=1024, restarts=0, requested_restarts=0, generation=0)
+
+    return ExecutorStatus(job=job, state="running", plan=None,
+                          nodes=[info("ps-0", "ps"), info("worker-0", "worker"), info("worker-1", "worker")],
+                          backend="local")
+
+
+# ------------------------------------------------------------------ fixtures and helpers
+
+
+def api_config() -> ApiConfig:
+    return ApiConfig(host="127.0.0.1", port=0, keepalive_s=0.5, poll_s=0.1, rpc_timeout_s=2.0, part_timeout_s=0.5)
+
+
+@pytest.fixture
+async def peers(bus: Bus) -> AsyncIterator[PeerDouble]:
+    double = await PeerDouble(bus).start()
+    yield double
+    await double.stop()
+
+
+@pytest.fixture
+async def api_service(nats_server: EmbeddedNats) -> AsyncIterator[ApiService]:
+    runner = InProcess(nats_server.url, lambda b: ApiService(b, api_config()))
+    svc = await runner.start()
+    yield svc
+    await runner.stop()
+
+
+@pytest.fixture
+async def http(api_service: ApiService) -> AsyncIterator[Client]:
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{api_service.port}") as session:
+        yield Client(session)
+
+
+@dataclass
+class Client:
+    session: aiohttp.ClientSession
+
+    async def call(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:
+        async with self.session.request(method, path, **kw) as resp:
+            text = await resp.text()
+            try:
+                return resp.status, json.loads(text)
+            except json.JSONDecodeError:
+                return resp.status, text
+
+
+async def read_sse(resp: aiohttp.ClientResponse, until: str, timeout: float = 10.0,
+                   out: list[tuple[str, Any]] | None = None) -> list[tuple[str, Any]]:
+    """Read Server-Sent Events until one named ``until`` (included); returns (event, data) pairs.
+
+    Comment lines are collected as ``(":", text)``.
+    """
+    events = out if out is not None else []
+    name, data = "message", ""
+
+    async def loop() -> None:
+        nonlocal name, data
+        while True:
+            raw = await resp.content.readline()
+            if not raw:
+                raise AssertionError(f"stream ended before {until!r}: {events}")
+            line = raw.decode().rstrip("\n")
+            if line.startswith(":"):
+                events.append((":", line[1:].strip()))
+                if until == ":":
+                    return
+            elif line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                data += line[5:].strip()
+            elif line == "":
+                if data:
+                    events.append((name, json.loads(data)))
+                    if name == until:
+                        name, data = "message", ""
+                        return
+                name, data = "message", ""
+
+    await asyncio.wait_for(loop(), timeout)
+    return events
+
+
+async def eventually(check: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+# ------------------------------------------------------------------ job routes
+
+
+async def test_submit_list_get_stop_map_to_the_job_service(http: Client, peers: PeerDouble) -> None:
+    status, rec = await http.call("POST", "/api/jobs", data=SPEC_YAML.format(name="yaml-job"),
+                                  headers={"Content-Type": "text/yaml"})
+    assert status == 201, rec
+    assert rec["job"] == "yaml-job" and rec["state"] == "submitted"
+    assert rec["spec"]["model"]["name"] == "wide_deep"  # enums as their values
+    assert ("pacer.rpc.jobs.yaml-job.submit", "submit") in peers.calls
+
+    spec_json = json.dumps({"name": "json-job", "model": "dcn", "dataset": {"path": "data/train.tsv"}})
+    status, rec = await http.call("POST", "/api/jobs", data=spec_json, headers={"Content-Type": "application/json"})
+    assert status == 201 and rec["spec"]["model"]["name"] == "dcn"
+
+    status, listed = await http.call("GET", "/api/jobs")
+    assert status == 200
+    assert sorted(j["job"] for j in listed["jobs"]) == ["json-job", "yaml-job"]
+    assert ("pacer.rpc.jobs._all.list", "list") in peers.calls
+    status, listed = await http.call("GET", "/api/jobs?state=running")
+    assert status == 200 and listed["jobs"] == []
+
+    status, body = await http.call("GET", "/api/jobs/yaml-job")
+    assert status == 200
+    assert body["job"]["state"] == "submitted"
+    assert body["nodes"] is None and body["statistics"] is None  # neither peer knows the job
+    assert set(body["unavailable"]) == {"nodes", "statistics"}
+
+    status, rec = await http.call("POST", "/api/jobs/yaml-job/stop", json={"reason": "enough"})
+    assert status == 200 and rec["state"] == "stopped" and rec["reason"] == "enough"
+    assert ("pacer.rpc.jobs.yaml-job.stop", "stop") in peers.calls
+    status, err = await http.call("POST", "/api/jobs/yaml-job/stop")
+    assert status == 409 and err["error"]["code"] == "conflict"
+
+    status, err = await http.call("POST", "/api/jobs", data=SPEC_YAML.format(name="yaml-job"))
+    assert status == 409, err
+
+
+async def test_get_joins_executor_and_monitor_when_they_answer(http: Client, peers: PeerDouble) -> None:
+    peers.add_running("run1")
+    peers.executor["run1"] = executor_status("run1")
+    peers.stats["run1"] = statistics("run1", 1234.5)
+    status, body = await http.call("GET", "/api/jobs/run1")
+    assert status == 200, body
+    assert body["job"]["state"] == "running" and body["job"]["plan"]["workers"] == 2
+    assert [n["node"] for n in body["nodes"]["nodes"]] == ["ps-0", "worker-0", "worker-1"]
+    assert body["nodes"]["nodes"][0]["phase"] == "running"
+    assert body["statistics"]["throughput_samples_per_s"] == 1234.5
+    assert body["statistics"]["nodes"][1]["state"] == "running"
+    assert body["unavailable"] == {}
+
+    status, logs = await http.call("GET", "/api/jobs/run1/logs?node=worker-0&tail=3&container=agent")
+    assert status == 200 and logs["text"].splitlines() == ["agent line 0", "agent line 1", "agent line 2"]
+    assert logs["pod"] == "run1-worker-0-g0"
+
+
+async def test_invalid_specs_are_400_naming_the_field(http: Client, peers: PeerDouble) -> None:
+    bad = SPEC_YAML.format(name="bad1").replace("epochs: 2", "epochs: 0")
+    status, err = await http.call("POST", "/api/jobs", data=bad, headers={"Content-Type": "text/yaml"})
+    assert status == 400 and err["error"]["code"] == "invalid"
+    assert "epochs" in err["error"]["message"]  # the job service's own message
+    assert ("pacer.rpc.jobs.bad1.submit", "submit") in peers.calls
+
+    bad = SPEC_YAML.format(name="bad2").replace("wide_deep", "resnet")
+    status, err = await http.call("POST", "/api/jobs", data=bad)
+    assert status == 400 and "model" in err["error"]["message"]
+
+    # No usable name: the API cannot build the subject, and says why field by field.
+    no_name = "model: wide_deep\ndataset:\n  path: data/train.tsv\n"
+    status, err = await http.call("POST", "/api/jobs", data=no_name, headers={"Content-Type": "text/yaml"})
+    assert status == 400 and "name" in err["error"]["message"]
+    status, err = await http.call("POST", "/api/jobs", data=SPEC_YAML.format(name="a.b*c"))
+    assert status == 400 and "name" in err["error"]["message"]
+
+
+async def test_malformed_input_is_400_and_unknown_is_404(http: Client, peers: PeerDouble,
+                                                        api_service: ApiService) -> None:
+    cases: list[tuple[str, str, dict[str, Any], int]] = [
+        ("POST", "/api/jobs", {"data": "{{{ not: yaml", "headers": {"Content-Type": "text/yaml"}}, 400),
+        ("POST", "/api/jobs", {"data": "", "headers": {"Content-Type": "text/yaml"}}, 400),
+        ("POST", "/api/jobs", {"data": b"\xff\xfe\x00garbage", "headers": {"Content-Type": "text/yaml"}}, 400),
+        ("POST", "/api/jobs", {"data": "[1, 2, 3]", "headers": {"Content-Type": "application/json"}}, 400),
+        ("POST", "/api/jobs", {"data": b"\x89PNG", "headers": {"Content-Type": "image/png"}}, 400),
+        ("POST", "/api/jobs/x/stop", {"data": "{not json", "headers": {"Content-Type": "application/json"}}, 400),
+        ("POST", "/api/jobs/x/stop", {"json": {"reason": 42}}, 400),
+        ("GET", "/api/jobs?limit=lots", {}, 400),
+        ("GET", "/api/jobs?limit=0", {}, 400),
+        ("GET", "/api/jobs/bad.id", {}, 400),
+        ("GET", "/api/jobs/x/logs", {}, 400),  # no node
+        ("GET", "/api/jobs/x/logs?node=worker-0&tail=-1", {}, 400),
+        ("GET", "/api/jobs/x/logs?node=worker-0&container=sidecar", {}, 400),
+        ("GET", "/api/events", {}, 400),  # no job
+        ("GET", "/api/events?job=a.>", {}, 400),
+        ("GET", "/api/jobs/nope", {}, 404),
+        ("POST", "/api/jobs/nope/stop", {}, 404),
+        ("GET", "/api/nothing-here", {}, 404),
+        ("DELETE", "/api/jobs", {}, 405),
+    ]
+    for method, path, kw, want in cases:
+        status, body = await http.call(method, path, **kw)
+        assert status == want, (method, path, status, body)
+        assert isinstance(body, dict) and set(body["error"]) == {"code", "message"}, body
+        assert body["error"]["message"]
+    status, body = await http.call("GET", "/api/jobs/nope")
+    assert body["error"]["code"] == "not_found" and "nope" in body["error"]["message"]
+    assert api_service.counters.snapshot().get("errors", 0) >= len(cases)
+    status, health = await http.call("GET", "/healthz")
+    assert status == 200 and health["status"] == "ok"  # nothing above hurt the service
+
+
+async def test_job_service_down_is_503(http: Client) -> None:
+    status, body = await http.call("GET", "/api/jobs")
+    assert status == 503 and body["error"]["code"] == "unavailable"
+    status, body = await http.call("GET", "/api/jobs/x")
+    assert status == 503
+
+
+async def test_dashboard_is_served(http: Client) -> None:
+    for path in ("/", "/jobs/some-job"):
+        async with http.session.get(path) as resp:
+            assert resp.status == 200 and resp.content_type == "text/html"
+            html = await resp.text()
+            assert '<script src="/static/app.js">' in html and 'id="app"' in html
+            assert "http://" not in html and "https://" not in html  # nothing from outside
+    for path, ctype in (("/static/app.js", "application/javascript"), ("/static/style.css", "text/css")):
+        async with http.session.get(path) as resp:
+            assert resp.status == 200 and resp.content_type in (ctype, "text/javascript"), resp.content_type
+    async with http.session.get("/static/../app.py") as resp:
+        assert resp.status in (403, 404)
+
+
+# ------------------------------------------------------------------ events (SSE)
+
+
+async def test_sse_replays_history_then_streams_live(http: Client, bus: Bus, api_service: ApiService) -> None:
+    now = time.time()
+    job = "sse1"
+    # History, stored before any client connects (another job's events must not leak in).
+    await bus.publish_durable(subjects.job_event(job, "running"),
+                              JobEvent(job, JobState.RUNNING, now - 5, "plan applied", JobState.PLANNING))
+    await bus.publish_durable(subjects.node_event(job, "created"),
+                              NodeEvent(job=job, node="worker-0", kind="created", ts=now - 4, role="worker"))
+    await bus.publish_durable(subjects.node_event("other", "created"),
+                              NodeEvent(job="other", node="worker-9", kind="created", ts=now - 4))
+    await bus.publish_durable(subjects.monitor_statistics(job), statistics(job, 500.0, now - 3))
+
+    async with http.session.get(f"/api/events?job={job}") as resp:
+        assert resp.status == 200 and resp.content_type == "text/event-stream"
+        events = await read_sse(resp, "replayed")
+        named = [e for e in events if e[0] != ":"]
+        assert [n for n, _ in named] == ["job.running", "node.created", "monitor.statistics", "replayed"]
+        assert named[0][1]["state"] == "running" and named[0][1]["previous"] == "planning"
+        assert named[1][1]["node"] == "worker-0"
+        assert named[2][1]["throughput_samples_per_s"] == 500.0
+        assert named[3][1] == {"count": 3}
+        await eventually(lambda: api_service.streams == 1)
+
+        # Live: a node event as the executor publishes it.
+        await bus.publish(subjects.node_event(job, "running"),
+                          NodeEvent(job=job, node="worker-0", kind="running", ts=time.time(), pending_s=1.5))
+        events = await read_sse(resp, "node.running")
+        assert events[-1][1]["node"] == "worker-0" and events[-1][1]["pending_s"] == 1.5
+
+        # Garbage on an event subject is counted and skipped; the stream goes on.
+        await bus.nc.publish(subjects.node_event(job, "died"), b"\xc1\xc1 not msgpack")
+        # A message that is msgpack but not the contract is shown generically.
+        await bus.nc.publish(subjects.node_event(job, "died"), msgpack.packb({"foo": b"\x01", "nan": float("nan")}))
+        await bus.publish(subjects.job_event(job, "completed"),
+                          JobEvent(job, JobState.COMPLETED, time.time(), previous=JobState.RUNNING))
+        events = await read_sse(resp, "job.completed")
+        tail = [e for e in events if e[0] not in (":",)]
+        assert ("node.died", {"foo": "01", "nan": None}) in tail
+        assert tail[-1][1]["state"] == "completed"
+        assert api_service.counters.snapshot()["bad_events"] == 1
+
+        # Keep-alive comments while nothing happens.
+        await read_sse(resp, ":", timeout=3.0)
+
+    # The client went away: its subscription is gone.
+    await eventually(lambda: api_service.streams == 0, timeout=5.0)
+
+
+async def test_sse_without_replay_and_many_clients_leave_nothing_behind(
+    http: Client, bus: Bus, api_service: ApiService
+) -> None:
+    job = "sse2"
+    await bus.publish_durable(subjects.node_event(job, "created"),
+                              NodeEvent(job=job, node="worker-0", kind="created", ts=time.time()))
+    base = len(bus.nc._subs)  # the API shares the server, not this connection: count the API's own
+    api_subs = len(api_service.bus.nc._subs)
+    responses = [await http.session.get(f"/api/events?job={job}&replay=0") for _ in range(5)]
+    await eventually(lambda: api_service.streams == 5)
+    assert len(api_service.bus.nc._subs) == api_subs + 5
+    await bus.publish(subjects.node_event(job, "running"),
+                      NodeEvent(job=job, node="worker-0", kind="running", ts=time.time()))
+    for resp in responses:
+        events = await read_sse(resp, "node.running")
+        assert [e[0] for e in events if e[0] != ":"] == ["node.running"]  # no history asked for
+        resp.close()
+    await eventually(lambda: api_service.streams == 0)
+    await eventually(lambda: len(api_service.bus.nc._subs) == api_subs)
+    assert len(bus.nc._subs) == base
+
+
+async def test_sse_history_is_capped_at_the_newest(nats_server: EmbeddedNats, bus: Bus) -> None:
+    cfg = replace(api_config(), replay_limit=5, replay_series=2)
+    runner = InProcess(nats_server.url, lambda b: ApiService(b, cfg))
+    svc = await runner.start()
+    try:
+        job = "cap1"
+        for i in range(20):
+            await bus.publish_durable(subjects.node_event(job, "created"),
+                                      NodeEvent(job=job, node=f"worker-{i}", kind="created", ts=float(i)))
+            await bus.publish_durable(subjects.monitor_statistics(job), statistics(job, float(i), float(i)))
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{svc.port}") as session:
+            async with session.get(f"/api/events?job={job}") as resp:
+                events = [e for e in await read_sse(resp, "replayed") if e[0] != ":"]
+        nodes = [d["node"] for n, d in events if n == "node.created"]
+        stats = [d["throughput_samples_per_s"] for n, d in events if n == "monitor.statistics"]
+        assert nodes == [f"worker-{i}" for i in range(15, 20)]
+        assert stats == [18.0, 19.0]
+        assert events[-1] == ("replayed", {"count": 7})
+    finally:
+        await runner.stop()
+
+
+async def test_service_survives_garbage_on_every_event_subject(http: Client, bus: Bus, api_service: ApiService) -> None:
+    job = "junk"
+    garbage = [b"", b"\xc1", b"\x93\x01\x02", msgpack.packb([1, 2, 3]), b"\xff" * 100]
+    for domain, kind in (("job", "running"), ("job", "plan"), ("node", "died"), ("monitor", "statistics"),
+                         ("shard", "progress"), ("agent", "metrics"), ("agent", "action"), ("executor", "failed")):
+        for data in garbage:
+            await bus.js.publish(subjects.event(domain, job, kind), data)
+    async with http.session.get(f"/api/events?job={job}") as resp:
+        events = [e for e in await read_sse(resp, "replayed") if e[0] != ":"]
+        # Only valid msgpack gets through (generically); nothing crashed.
+        assert all(isinstance(d, list | int | dict) for n, d in events if n != "replayed")
+    status, health = await http.call("GET", "/healthz")
+    assert status == 200 and health["counters"]["bad_events"] > 0
