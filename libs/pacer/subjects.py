@@ -285,3 +285,15 @@ def monitor_inputs() -> list[str]:
         events_of("shard", kind=ShardEventKind.PROGRESS),
         events_of("cluster", kind="status"),
     ]
+
+
+# ------------------------------------------------------------------ policies
+# A straggler policy is a service answering ``pacer.policy.<name>.decide``
+# (policy.PolicyRequest -> policy.PolicyDecision), in a queue group named
+# after the policy; built-in and user policies alike.
+POLICY_BUILTINS = ("antdt-nd", "antdt-dd", "lb-bsp", "backup-workers", "none")
+
+
+def policy_decide(name: str) -> str:
+    """``pacer.policy.<name>.decide``."""
+    return f"{PREFIX}.policy.{_tok(name, 'policy')}.decide"
