@@ -76,7 +76,7 @@ async def probe(service: str, url: str, wait: float, live: bool) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pacer-healthcheck")
-    ap.add_argument("service", help="service name as in pacer.svc.<service>.health, e.g. shard")
+    ap.add_argument("service", help="service name as in pacer.svc.<service>.health: shard, jobs, executor, monitor or api")
     ap.add_argument("--live", action="store_true", help="liveness mode (see module doc)")
     ap.add_argument("--url", default=os.environ.get("PACER_NATS_URL", "nats://127.0.0.1:4222"))
     ap.add_argument("--wait", type=float, default=2.0, help="seconds to wait for this pod's reply")
