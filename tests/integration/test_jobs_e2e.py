@@ -22,10 +22,12 @@ from pacer.bus import Bus
 from pacer.contracts.jobs import JobRecord, JobState
 from pacer.contracts.nodes import NodeEvent
 from pacer.data.criteo import generate, heldout_path
+from pacer.embedded import free_port
 from pacer.errors import ValidationError
 from pacer.jobs.client import JobClient
 from pacer.stack import Stack
 from pacer.subjects import events_of
+from test_dashboard import Browser, parse_dom
 
 pytestmark = pytest.mark.slow
 
@@ -43,13 +45,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     env = {
-        "PACER_API_PORT": "0",
+        "PACER_API_PORT": str(free_port()),
         "PACER_MONITOR_INTERVAL_S": "2",
         "PACER_INJECT_STRAGGLERS": json.dumps({"*": {"kind": "persistent", "sleep_s": 0.25}}),
         "PACER_BATCHES_PER_SHARD": "5",
         "PACER_SHARD_LEASE_S": "20",
     }
-    st = Stack(tmp_path_factory.mktemp("stack"), services=["shard", "monitor", "jobs", "executor"], env=env)
+    st = Stack(tmp_path_factory.mktemp("stack"), services=["shard", "monitor", "jobs", "executor", "api"], env=env)
     st.start()
     try:
         yield st
@@ -181,3 +183,27 @@ async def test_invalid_spec_is_rejected_naming_the_field(stack: Stack, client: J
         await client.submit("e2e-bad2", "name: e2e-bad2\nmodel: dcn\ndataset:\n  path: /nonexistent.rec\n")
     jobs = await client.list()
     assert not any(r.job.startswith("e2e-bad") for r in jobs.jobs)  # nothing was stored
+
+
+async def test_dashboard_shows_the_running_job_and_stop_works(stack: Stack, client: JobClient, data: Path) -> None:
+    """Real stack, real TensorFlow job, real headless Chromium: the job page follows the job live."""
+    await client.submit("e2e-dash", spec_yaml("e2e-dash", data))
+    await wait_for(client, "e2e-dash", lambda r: r.state is JobState.RUNNING and r.progress.shards_done > 0,
+                   what="a running job")
+    url = f"http://127.0.0.1:{stack.env['PACER_API_PORT']}"
+    async with Browser() as b:
+        await b.goto(f"{url}/#/jobs/e2e-dash")
+        await b.wait_for("document.querySelector('#job-state')?.dataset.state === 'running'"
+                         " && document.querySelectorAll('#nodes-body tr[data-node]').length === 4"
+                         " && Number(document.querySelector('#throughput')?.dataset.value) > 0"
+                         " && Number(document.querySelector('#shards-done')?.textContent) > 0", timeout=60.0)
+        page = parse_dom(await b.dom())
+        for node in ("ps-0", "ps-1", "worker-0", "worker-1"):
+            assert page.find(tag="tr", data_node=node).find(data_field="state").text == "running", node
+        kinds = [li.attrs["data-kind"] for li in page.find(id="timeline").find_all(tag="li")]
+        assert "job.running" in kinds and kinds.count("node.running") >= 4
+        await b.eval("window.confirm = () => true; document.querySelector('#stop-btn').click(); true")
+        await b.wait_for("document.querySelector('#job-state').dataset.state === 'stopped'", timeout=30.0)
+        assert b.errors == []
+    rec = await wait_for(client, "e2e-dash", terminal, what="teardown after stop")
+    assert rec.state is JobState.STOPPED and rec.torn_down
