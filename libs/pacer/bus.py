@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from dataclasses import dataclass
@@ -26,7 +27,16 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.kv import KeyValue
 from opentelemetry import propagate, trace
 
@@ -163,6 +173,41 @@ class Bus:
                                storage=StorageType.FILE))
         except nats.js.errors.BadRequestError:  # created concurrently by another instance
             return await self.js.key_value(bucket)
+
+    async def kv_items(self, bucket: str, batch: int = 256) -> dict[str, bytes]:
+        """Every live key of a KV bucket with its value, read straight from the bucket's stream.
+
+        ``KeyValue.keys()`` of nats-py decides "no more keys" from a
+        consumer's pending count read at creation, which races under load
+        and can report an empty bucket; a service rebuilding its state on
+        start must not believe that.  This reads the last message of every
+        subject (DeliverPolicy.LAST_PER_SUBJECT) until nothing is pending.
+        """
+        stream = f"KV_{bucket}"
+        info = await self.js.stream_info(stream)
+        if info.state.messages == 0:
+            return {}
+        prefix = f"$KV.{bucket}."
+        sub = await self.js.pull_subscribe(
+            f"{prefix}>", stream=stream,
+            config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                                  inactive_threshold=30.0, mem_storage=True))
+        out: dict[str, bytes] = {}
+        try:
+            while True:
+                msgs = await sub.fetch(batch, timeout=5.0)
+                for m in msgs:
+                    op = (m.headers or {}).get("KV-Operation", "")
+                    key = m.subject[len(prefix):]
+                    if op in ("DEL", "PURGE"):
+                        out.pop(key, None)
+                    else:
+                        out[key] = m.data
+                if msgs[-1].metadata.num_pending == 0:
+                    return out
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     # ------------------------------------------------------------ request/reply
     async def request(

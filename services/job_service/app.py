@@ -133,17 +133,9 @@ class JobService:
             pass
 
     async def _load(self) -> None:
-        assert self._kv is not None
-        try:
-            keys = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return
-        for key in keys:
-            entry = await self._kv.get(key)
-            if not entry.value:
-                continue
+        for key, value in (await self.bus.kv_items(subjects.JOB_BUCKET)).items():
             try:
-                rec = decode(JobRecord, entry.value)
+                rec = decode(JobRecord, value)
             except PacerError:
                 self.counters.inc("bad_records")
                 log.error("unreadable job record %s; ignored", key)

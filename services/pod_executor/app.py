@@ -195,19 +195,12 @@ class ExecutorService:
             pass
 
     async def _load(self) -> None:
-        assert self._kv is not None
-        try:
-            keys = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return
-        for key in keys:
-            entry = await self._kv.get(key)
-            if entry.value:
-                try:
-                    self.jobs[key] = decode(ExecutorJob, entry.value)
-                except PacerError:
-                    self.counters.inc("bad_records")
-                    log.error("unreadable executor record %s; ignored", key)
+        for key, value in (await self.bus.kv_items(subjects.EXECUTOR_BUCKET)).items():
+            try:
+                self.jobs[key] = decode(ExecutorJob, value)
+            except PacerError:
+                self.counters.inc("bad_records")
+                log.error("unreadable executor record %s; ignored", key)
 
     async def _save(self, job: ExecutorJob) -> None:
         assert self._kv is not None
