@@ -114,6 +114,7 @@ class ExecutorConfig:
     completion_grace_s: float = 300.0  # after the job completed, workers get this long to exit by themselves
     delete_grace_s: float = 10.0
     cluster_every_s: float = 5.0  # how often ClusterStatus is published
+    orphan_grace_s: float = 300.0  # a pod of no known job is deleted after this long
     agents: bool = True
     max_worker_slots: int = 0  # TF worker slots per job (0: the first plan's workers, or limits.max_workers)
     stragglers: dict[str, str] = field(default_factory=dict)  # fault injection: node or "*" -> StragglerSpec JSON
@@ -150,6 +151,7 @@ class ExecutorService:
         self.jobs: dict[str, ExecutorJob] = {}
         self.records: dict[str, JobRecord] = {}  # the job service's records, read from KV
         self.pods: dict[str, PodStatus] = {}  # newest status of every pod we know
+        self.orphans: dict[str, float] = {}  # pod -> when first seen without a job record
         self.lock = asyncio.Lock()
         self.launch = launch.LaunchConfig(bus_url(bus), self.cfg.checkpoint_root, self.cfg.checkpoint_every,
                                           agents=self.cfg.agents, stragglers=tuple(self.cfg.stragglers.items()))
@@ -366,10 +368,10 @@ class ExecutorService:
         ej = self.jobs.get(st.job)
         n = next((x for x in ej.nodes if x.node == st.node), None) if ej else None
         if ej is None or n is None:
-            if st.phase is not PodPhase.EXITED:
+            if st.phase is not PodPhase.EXITED and st.name not in self.orphans:
+                self.orphans[st.name] = self.clock()  # deleted by reconcile if it stays unknown
                 self.counters.inc("orphan_pods")
-                log.warning("pod %s belongs to no known job; deleting it", st.name)
-                await self.backend.delete(st.name, self.cfg.delete_grace_s)
+                log.warning("pod %s belongs to no known job", st.name)
             return
         if st.generation != n.generation:
             if st.phase is PodPhase.EXITED and st.name in n.deleting:
@@ -455,12 +457,26 @@ class ExecutorService:
         while True:
             await asyncio.sleep(self.cfg.reconcile_s)
             async with self.lock:
+                await self._reap_orphans()
                 for ej in list(self.jobs.values()):
                     try:
                         await self._reconcile(ej)
                     except PacerError as exc:
                         self.counters.inc("errors", code=exc.code, op="reconcile")
                         log.warning("reconcile of %s: %s", ej.job, exc.message)
+
+    async def _reap_orphans(self) -> None:
+        """Delete pods of no known job once they stayed unknown for ``orphan_grace_s``."""
+        now = self.clock()
+        for name, since in list(self.orphans.items()):
+            st = self.pods.get(name)
+            known = st is not None and any(n.node == st.node for n in getattr(self.jobs.get(st.job), "nodes", []))
+            if st is None or st.phase is PodPhase.EXITED or known:
+                del self.orphans[name]
+            elif now - since >= self.cfg.orphan_grace_s:
+                log.warning("deleting pod %s: it belongs to no known job", name)
+                await self.backend.delete(name, self.cfg.delete_grace_s)
+                del self.orphans[name]
 
     async def _reconcile(self, ej: ExecutorJob) -> None:
         if ej.state == TORN_DOWN:

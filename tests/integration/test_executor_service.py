@@ -60,7 +60,8 @@ class Harness:
     def __init__(self, url: str, root: Path, ctrl: Path) -> None:
         self.url, self.root, self.ctrl = url, root, ctrl
         self.cfg = ExecutorConfig(root=root, reconcile_s=0.1, cluster_every_s=0.2, delete_grace_s=2.0,
-                                  durable="executor-test", policy=ExecutorPolicy(relaunch_budget=2))
+                                  durable="executor-test", policy=ExecutorPolicy(relaunch_budget=2),
+                                  orphan_grace_s=1.0)
         self.proc: InProcess[ExecutorService] | None = None
 
     def build(self, rec: JobRecord, plan: ResourcePlan, cluster: Any, role: str, index: int, generation: int,
@@ -257,3 +258,17 @@ async def test_bad_input_is_refused_and_counted(env: tuple[Harness, Events, Bus]
     logs = await bus.request(subjects.executor_rpc(JOB, subjects.ExecutorOp.LOGS), LogsQuery(JOB, "worker-0", 10),
                              LogsReply, retry=NO_RETRY)
     assert logs.pod == launch.pod_name(JOB, "worker-0", 0)
+
+
+async def test_a_pod_of_no_known_job_is_deleted_only_after_a_grace(env: tuple[Harness, Events, Bus]) -> None:
+    h, ev, _bus = env
+    backend = LocalBackend(h.root)
+    ghost = PodSpec(name="ghost-worker-0-g0", job="ghost", node="worker-0", role="worker", index=0, generation=0,
+                    cpu=0.5, memory_mb=128, command=["python", "-c", "import time; time.sleep(60)"])
+    await backend.create(ghost)
+    assert h.proc is not None and h.proc.svc is not None
+    svc = h.proc.svc
+    await ev.wait(lambda: "ghost-worker-0-g0" in svc.orphans)
+    assert any(p.name == "ghost-worker-0-g0" and p.phase.value != "exited" for p in await backend.list("ghost"))
+    await ev.wait(lambda: all(p.phase.value == "exited" for p in svc.pods.values() if p.job == "ghost"))
+    assert "ghost-worker-0-g0" not in svc.orphans
