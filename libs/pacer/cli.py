@@ -40,6 +40,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     stack.start()
     print(f"pacer up: NATS at {stack.url}; services: {', '.join(stack.procs)}; logs in {args.data_dir}")
+    api = os.environ.get("PACER_API_PORT", "8750")
+    print(f"pacer up: dashboard and HTTP API at http://127.0.0.1:{api}/")
     print(f"export PACER_NATS_URL={stack.url}   # Ctrl-C stops everything")
     try:
         while not stopping:
