@@ -1,0 +1,1 @@
+"""controller: straggler mitigation (AntDT §V-E): asks a job's policy for a decision, reviews it (``core``), executes it."""

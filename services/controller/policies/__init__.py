@@ -1,0 +1,92 @@
+"""The built-in straggler policies (AntDT §VI, §VII-A3), as pure ``decide(PolicyRequest) -> PolicyDecision``.
+
+The same functions answer ``pacer.policy.<name>.decide`` in the live system
+and drive the cluster simulator (:mod:`.registry` maps names to them).  This
+module holds what they share: which nodes take part, how fast each worker
+is, and the stopwatch that fills ``decision_ms``.  Nothing here does IO;
+``decision_ms`` is a measurement only and never feeds a decision.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats
+from pacer.contracts.policy import PolicyDecision, PolicyRequest
+
+PS_ROLE = "ps"
+
+Decide = Callable[[PolicyRequest], PolicyDecision]
+
+
+def is_worker(n: NodeStats) -> bool:
+    """Trainers that take a batch (workers and the chief); the same split as the monitor's throughput."""
+    return n.role != PS_ROLE
+
+
+def live_workers(stats: JobStatistics) -> list[NodeStats]:
+    """Running non-PS nodes, in node order: the only ones that take part in a batch assignment."""
+    return [n for n in stats.nodes if n.state is NodeState.RUNNING and is_worker(n)]
+
+
+def live_servers(stats: JobStatistics) -> list[NodeStats]:
+    return [n for n in stats.nodes if n.state is NodeState.RUNNING and n.role == PS_ROLE]
+
+
+def even_split(global_batch: int, workers: int, min_batch: int = 1) -> int:
+    """B / n: the batch of a worker that has not been assigned one (AntDT-ND step 1, "Initialization")."""
+    return max(min_batch, global_batch // max(1, workers))
+
+
+def current_assignment(req: PolicyRequest, workers: list[NodeStats]) -> tuple[dict[str, int], dict[str, int]]:
+    """(B_i, C_i) of every live worker; a worker without a B_i gets the even split."""
+    even = even_split(req.global_batch, len(workers), req.min_batch)
+    sizes = {w.node: int(req.batch_sizes.get(w.node, even)) for w in workers}
+    accs = {w.node: max(1, int(req.accumulations.get(w.node, 1))) for w in workers}
+    return sizes, accs
+
+
+def worker_speeds(req: PolicyRequest, workers: list[NodeStats]) -> dict[str, float]:
+    """v_i in samples/s per live worker (AntDT §VI-A step 3: v_i = B_i / T_i^trans).
+
+    One step of worker i trains B_i * C_i samples (C_i micro-batches of
+    gradient accumulation), so v_i = B_i * C_i / T_i^trans.  Without a BPT the
+    monitor's measured speed is used; a worker with neither (just started or
+    restarted) is assumed to run at the median speed of the others.  Empty
+    when no worker has any data.
+    """
+    sizes, accs = current_assignment(req, workers)
+    known: dict[str, float] = {}
+    for w in workers:
+        if w.bpt_short_s > 0 and sizes[w.node] > 0:
+            known[w.node] = sizes[w.node] * accs[w.node] / w.bpt_short_s
+        elif w.speed_samples_per_s > 0:
+            known[w.node] = w.speed_samples_per_s
+    if not known:
+        return {}
+    typical = statistics.median(known.values())
+    return {w.node: known.get(w.node, typical) for w in workers}
+
+
+def param_float(req: PolicyRequest, key: str, default: float) -> float:
+    """A numeric policy parameter from the job spec; a missing or unusable value means the default."""
+    value = req.params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return default
+    return float(value)
+
+
+def timed(fn: Decide) -> Decide:
+    """Fill ``PolicyDecision.decision_ms`` with the time ``fn`` took (a measurement, not an input)."""
+
+    @functools.wraps(fn)
+    def wrapper(req: PolicyRequest) -> PolicyDecision:
+        t0 = time.perf_counter()
+        decision = fn(req)
+        return replace(decision, decision_ms=(time.perf_counter() - t0) * 1000.0)
+
+    return wrapper
