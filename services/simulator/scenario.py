@@ -1,0 +1,351 @@
+"""Scenario files of the cluster simulator: schema, defaults and validation.
+
+A scenario is a YAML mapping.  Every field, its unit and its default
+(defaults follow AntDT §VII-A: 100 batches per shard, agent reports every 10
+iterations, monitor every 5 min, lambda 1.5, L_trans 5 min, L_per 10 min):
+
+``name``   (str, required) a label for reports.
+``seed``   (int, default 0) seeds every random choice of the run (transient
+           straggler draws, shard order).  Same scenario + seed -> same result.
+``method`` (str, default ``none``) the straggler policy: ``none`` | ``antdt-nd``
+           | ``antdt-dd`` | ``lb-bsp`` | ``backup-workers`` (or any name the
+           controller's policy registry knows); ``--method`` overrides it.
+``params`` (mapping, default {}) policy parameters, passed as
+           ``PolicyRequest.params``.
+
+``cluster``:
+  ``workers``        (int >= 1, required) worker count; nodes are ``worker-0`` ...
+  ``ps``             (int >= 1, default 1) parameter servers ``ps-0`` ...
+  ``worker_speed``   (samples/s > 0, required) compute speed of a healthy worker:
+                     T_w = B_i / worker_speed (AntDT Eq. 1's F(B_i), linear in B_i
+                     as the paper's Fig. 8 validates for CPUs).
+  ``ps_time_s``      (s >= 0, default 0.1) server time T_s per step of a healthy PS.
+  ``comm_s``         (s >= 0, default 0.1) communication time T_m per step.
+  ``pending_s``      (s >= 0, default 20) a relaunched pod waits this long in the
+                     scheduler queue (idle cluster; DLRover's pod start-up).
+  ``init_s``         (s >= 0, default 100) trainer start after the pod runs:
+                     rebuild the communication world, restore the checkpoint,
+                     rebuild the graph (AntDT §V-D: "several minutes"; DDS-based
+                     restart delay ~2 min in AntDT Fig. 17).
+  ``busy``           (bool, default false) the cluster scheduler has pods queued:
+                     the monitor's cluster-busy flag (AntDT-ND then does not
+                     KILL_RESTART workers).
+  ``report_steps``   (int >= 1, default 10) k: the agent reports every k iterations.
+  ``report_span_s``  (s > 0, default 30) consecutive k-step reports whose BPT did
+                     not change are merged into one report covering at most this
+                     long (speed; the monitor's windows are step-weighted, so
+                     the means are unchanged).
+  ``progress_s``     (s > 0, default 30) a worker reports its shard progress to the
+                     shard service this often (the shard client's lease sync);
+                     work since the last report is recomputed after a death.
+
+``job``:
+  ``mode``              ``bsp`` | ``asp`` (default ``bsp``).
+  ``global_batch``      (int >= workers, required) B; the local batch starts at
+                        B // workers (the remainder goes to the first workers).
+  ``records``           (int > 0, required) records per epoch.
+  ``epochs``            (int >= 1, default 1).
+  ``batches_per_shard`` (int >= 1, default 100) M: a shard is M local batches.
+  ``backup_workers``    (int >= 0, default 0) b at start (BSP: the b slowest
+                        gradients of each step are dropped).
+  ``min_batch``         (int >= 1, default 1) / ``max_batch`` (int >= 0, default 0 =
+                        unbounded): bounds on B_i passed to the policy.
+
+``stragglers``: a list of (AntDT §VII-A4, T_delay = sleep_s x intensity):
+  ``node``        (str, required) ``worker-<i>`` or ``ps-<j>``, must exist.
+  ``side``        ``worker`` | ``ps`` (default: from the node name; must agree).
+                  Worker delays add to T_w, PS delays to that PS's T_s.
+  ``pattern``     ``persistent`` | ``transient`` | ``none`` (default ``persistent``).
+  ``sleep_s``     (s >= 0, default 1.5) SleepDuration.
+  ``intensity``   (0..1, default 0.8) Intensity.
+  ``start_s``     (s >= 0, default 0) the pattern begins at this time.
+  ``period_s``    (s > 0, default 1800) transient: time is cut into periods ...
+  ``on_s``        (0 < on_s <= period_s, default 900) ... and in each period ...
+  ``probability`` (0..1, default 0.3) ... with this probability the node is slow
+                  for the first ``on_s`` seconds (one seeded draw per period).
+  ``follows_restart`` (bool; default false for persistent, true for transient):
+                  whether the slowness stays with the node after KILL_RESTART
+                  (false: the relaunched node lands on a healthy machine).
+
+``monitor``:
+  ``interval_s``      (s > 0, default 300) statistics and a policy decision this often.
+  ``window_short_s``  (s > 0, default 300) L_trans.
+  ``window_long_s``   (s >= window_short_s, default 600) L_per.
+  ``lambda``          (> 1, default 1.5) slowness ratio.
+
+Unknown fields and bad values raise :class:`ScenarioError` naming the field
+by its dotted path (``cluster.workers``, ``stragglers[0].intensity``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pacer.errors import ValidationError
+
+
+class ScenarioError(ValidationError):
+    """A scenario field is unknown, missing or has a bad value (the message names it)."""
+
+    code = "bad_scenario"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    workers: int
+    worker_speed: float
+    ps: int = 1
+    ps_time_s: float = 0.1
+    comm_s: float = 0.1
+    pending_s: float = 20.0
+    init_s: float = 100.0
+    busy: bool = False
+    report_steps: int = 10
+    report_span_s: float = 30.0
+    progress_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    global_batch: int
+    records: int
+    mode: str = "bsp"
+    epochs: int = 1
+    batches_per_shard: int = 100
+    backup_workers: int = 0
+    min_batch: int = 1
+    max_batch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerSpec:
+    node: str
+    side: str
+    pattern: str = "persistent"
+    sleep_s: float = 1.5
+    intensity: float = 0.8
+    start_s: float = 0.0
+    period_s: float = 1800.0
+    on_s: float = 900.0
+    probability: float = 0.3
+    follows_restart: bool = False
+
+    @property
+    def delay_s(self) -> float:
+        """AntDT §VII-A4: T_delay = SleepDuration x Intensity."""
+        return self.sleep_s * self.intensity
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorSpec:
+    interval_s: float = 300.0
+    window_short_s: float = 300.0
+    window_long_s: float = 600.0
+    lambda_: float = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    cluster: ClusterSpec
+    job: JobSpec
+    seed: int = 0
+    method: str = "none"
+    stragglers: tuple[StragglerSpec, ...] = ()
+    monitor: MonitorSpec = field(default_factory=MonitorSpec)
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def worker_names(self) -> list[str]:
+        return [f"worker-{i}" for i in range(self.cluster.workers)]
+
+    @property
+    def ps_names(self) -> list[str]:
+        return [f"ps-{j}" for j in range(self.cluster.ps)]
+
+
+# ---------------------------------------------------------------- parsing helpers
+
+
+class _Fields:
+    """Reads one mapping, remembering which keys were used (the rest are unknown)."""
+
+    def __init__(self, raw: Any, path: str) -> None:
+        if not isinstance(raw, Mapping):
+            raise ScenarioError(f"{path or 'scenario'}: must be a mapping, got {type(raw).__name__}")
+        self.raw = raw
+        self.path = path
+        self.used: set[str] = set()
+
+    def _name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, default: Any = ..., *, required: bool = False) -> Any:
+        self.used.add(key)
+        if key not in self.raw or self.raw[key] is None:
+            if required or default is ...:
+                raise ScenarioError(f"{self._name(key)}: required field is missing")
+            return default
+        return self.raw[key]
+
+    def int_(self, key: str, default: Any = ..., *, lo: int | None = None) -> int:
+        v = self.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ScenarioError(f"{self._name(key)}: must be an integer, got {v!r}")
+        if lo is not None and v < lo:
+            raise ScenarioError(f"{self._name(key)}: must be >= {lo}, got {v}")
+        return v
+
+    def float_(
+        self, key: str, default: Any = ..., *, lo: float | None = None, hi: float | None = None, strict: bool = False
+    ) -> float:
+        v = self.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ScenarioError(f"{self._name(key)}: must be a number, got {v!r}")
+        f = float(v)
+        if f != f or f in (float("inf"), float("-inf")):
+            raise ScenarioError(f"{self._name(key)}: must be finite, got {v!r}")
+        if lo is not None and (f <= lo if strict else f < lo):
+            raise ScenarioError(f"{self._name(key)}: must be {'>' if strict else '>='} {lo}, got {v}")
+        if hi is not None and f > hi:
+            raise ScenarioError(f"{self._name(key)}: must be <= {hi}, got {v}")
+        return f
+
+    def bool_(self, key: str, default: Any = ...) -> bool:
+        v = self.get(key, default)
+        if not isinstance(v, bool):
+            raise ScenarioError(f"{self._name(key)}: must be true or false, got {v!r}")
+        return v
+
+    def str_(self, key: str, default: Any = ..., *, choices: tuple[str, ...] = ()) -> str:
+        v = self.get(key, default)
+        if not isinstance(v, str) or not v:
+            raise ScenarioError(f"{self._name(key)}: must be a non-empty string, got {v!r}")
+        if choices and v not in choices:
+            raise ScenarioError(f"{self._name(key)}: must be one of {', '.join(choices)}, got {v!r}")
+        return v
+
+    def done(self) -> None:
+        unknown = sorted(str(k) for k in self.raw if k not in self.used)
+        if unknown:
+            raise ScenarioError(f"{self._name(unknown[0])}: unknown field")
+
+
+def _cluster(raw: Any) -> ClusterSpec:
+    f = _Fields(raw, "cluster")
+    c = ClusterSpec(
+        workers=f.int_("workers", lo=1),
+        worker_speed=f.float_("worker_speed", lo=0.0, strict=True),
+        ps=f.int_("ps", 1, lo=1),
+        ps_time_s=f.float_("ps_time_s", 0.1, lo=0.0),
+        comm_s=f.float_("comm_s", 0.1, lo=0.0),
+        pending_s=f.float_("pending_s", 20.0, lo=0.0),
+        init_s=f.float_("init_s", 100.0, lo=0.0),
+        busy=f.bool_("busy", False),
+        report_steps=f.int_("report_steps", 10, lo=1),
+        report_span_s=f.float_("report_span_s", 30.0, lo=0.0, strict=True),
+        progress_s=f.float_("progress_s", 30.0, lo=0.0, strict=True),
+    )
+    f.done()
+    return c
+
+
+def _job(raw: Any, workers: int) -> JobSpec:
+    f = _Fields(raw, "job")
+    j = JobSpec(
+        mode=f.str_("mode", "bsp", choices=("bsp", "asp")),
+        global_batch=f.int_("global_batch", lo=1),
+        records=f.int_("records", lo=1),
+        epochs=f.int_("epochs", 1, lo=1),
+        batches_per_shard=f.int_("batches_per_shard", 100, lo=1),
+        backup_workers=f.int_("backup_workers", 0, lo=0),
+        min_batch=f.int_("min_batch", 1, lo=1),
+        max_batch=f.int_("max_batch", 0, lo=0),
+    )
+    f.done()
+    if j.global_batch < workers:
+        raise ScenarioError(f"job.global_batch: must be >= cluster.workers ({workers}), got {j.global_batch}")
+    if j.backup_workers >= workers:
+        raise ScenarioError(f"job.backup_workers: must be < cluster.workers ({workers}), got {j.backup_workers}")
+    if j.global_batch // workers < j.min_batch:
+        raise ScenarioError(f"job.min_batch: the local batch {j.global_batch // workers} is below it ({j.min_batch})")
+    return j
+
+
+def _straggler(raw: Any, i: int, cluster: ClusterSpec) -> StragglerSpec:
+    path = f"stragglers[{i}]"
+    f = _Fields(raw, path)
+    node = f.str_("node")
+    role, _, idx = node.rpartition("-")
+    count = {"worker": cluster.workers, "ps": cluster.ps}.get(role)
+    if count is None or not idx.isdigit() or int(idx) >= count or str(int(idx)) != idx:
+        raise ScenarioError(f"{path}.node: no such node {node!r} (worker-0..worker-{cluster.workers - 1}, ps-0..ps-{cluster.ps - 1})")
+    side = f.str_("side", role, choices=("worker", "ps"))
+    if side != role:
+        raise ScenarioError(f"{path}.side: {side!r} does not match node {node!r}")
+    pattern = f.str_("pattern", "persistent", choices=("persistent", "transient", "none"))
+    period = f.float_("period_s", 1800.0, lo=0.0, strict=True)
+    s = StragglerSpec(
+        node=node,
+        side=side,
+        pattern=pattern,
+        sleep_s=f.float_("sleep_s", 1.5, lo=0.0),
+        intensity=f.float_("intensity", 0.8, lo=0.0, hi=1.0),
+        start_s=f.float_("start_s", 0.0, lo=0.0),
+        period_s=period,
+        on_s=f.float_("on_s", 900.0, lo=0.0, hi=period, strict=True),
+        probability=f.float_("probability", 0.3, lo=0.0, hi=1.0),
+        follows_restart=f.bool_("follows_restart", pattern == "transient"),
+    )
+    f.done()
+    return s
+
+
+def _monitor(raw: Any) -> MonitorSpec:
+    f = _Fields(raw, "monitor")
+    m = MonitorSpec(
+        interval_s=f.float_("interval_s", 300.0, lo=0.0, strict=True),
+        window_short_s=f.float_("window_short_s", 300.0, lo=0.0, strict=True),
+        window_long_s=f.float_("window_long_s", 600.0, lo=0.0, strict=True),
+        lambda_=f.float_("lambda", 1.5, lo=1.0, strict=True),
+    )
+    f.done()
+    if m.window_long_s < m.window_short_s:
+        raise ScenarioError(f"monitor.window_long_s: must be >= window_short_s ({m.window_short_s}), got {m.window_long_s}")
+    return m
+
+
+def parse(raw: Any) -> Scenario:
+    """A validated :class:`Scenario` from plain data (a loaded YAML document)."""
+    f = _Fields(raw, "")
+    name = f.str_("name")
+    seed = f.int_("seed", 0)
+    method = f.str_("method", "none")
+    cluster = _cluster(f.get("cluster"))
+    job = _job(f.get("job"), cluster.workers)
+    raw_st = f.get("stragglers", [])
+    if not isinstance(raw_st, list):
+        raise ScenarioError(f"stragglers: must be a list, got {type(raw_st).__name__}")
+    stragglers = tuple(_straggler(s, i, cluster) for i, s in enumerate(raw_st))
+    monitor = _monitor(f.get("monitor", {}))
+    params = f.get("params", {})
+    if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
+        raise ScenarioError("params: must be a mapping with string keys")
+    f.done()
+    return Scenario(
+        name=name, seed=seed, method=method, cluster=cluster, job=job,
+        stragglers=stragglers, monitor=monitor, params=dict(params),
+    )
+
+
+def load(path: str | Path) -> Scenario:
+    """Read and validate a scenario YAML file."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{path}: not valid YAML: {e}") from None
+    return parse(raw)
