@@ -37,10 +37,10 @@ class ActionKind(str, enum.Enum):
     delivered to any trainer.
     """
 
-    ADJUST_BS = "ADJUST_BS"  # payload {"batch_sizes": {node: B_i}}
+    ADJUST_BS = "ADJUST_BS"  # payload {"batch_sizes": {node: B_i}, "accumulations": {node: C_i}}
     ADJUST_LR = "ADJUST_LR"  # payload {"scale": x}
     BACKUP_WORKERS = "BACKUP_WORKERS"  # payload {"backup": b}
-    KILL_RESTART = "KILL_RESTART"  # the trainer exits cleanly; the executor restarts the node
+    KILL_RESTART = "KILL_RESTART"  # the trainer exits cleanly (75); {"checkpoint": true}: the chief checkpoints first
     NONE = "NONE"
 
 

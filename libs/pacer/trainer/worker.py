@@ -173,6 +173,7 @@ class Trainer:
         self.lr = cfg.learning_rate
         self.straggler = StragglerSpec.from_json(cfg.straggler)
         self.applied: list[dict[str, Any]] = []  # actions applied: {seq, kind, iteration}
+        self.checkpoint_on_exit = False  # set by a KILL_RESTART {"checkpoint": true} (migration)
 
     # ------------------------------------------------------------ graph
     def build(self) -> None:
@@ -420,8 +421,9 @@ class Trainer:
             sizes = payload.get("batch_sizes", {})
             if self.cfg.node in sizes:
                 self.batch_size = int(sizes[self.cfg.node])
-            if "accumulation" in payload and self.cfg.node in payload["accumulation"] and self.fed:
-                self.accumulation = int(payload["accumulation"][self.cfg.node])
+            accs = payload.get("accumulations", payload.get("accumulation", {}))  # policy.PolicyAction's key
+            if self.cfg.node in accs and self.fed:
+                self.accumulation = int(accs[self.cfg.node])
             if "global_batch" in payload:
                 self.global_batch = int(payload["global_batch"])
         elif kind is ActionKind.ADJUST_LR:
@@ -432,6 +434,10 @@ class Trainer:
                 self.cfg.backup_workers = b
                 if self.is_chief:
                     self.sess.run(self.agg_assign, {self.agg_ph: self.n - b})
+        elif kind is ActionKind.KILL_RESTART and payload.get("checkpoint"):
+            # A migration (DLRover-RM §5.2): the chief checkpoints the shard state and the
+            # model before it exits, and the executor restores both into the new cluster.
+            self.checkpoint_on_exit = True
         self.applied.append({"seq": action.seq, "kind": kind.value, "iteration": iteration,
                              "batch_size": self.batch_size})
         return kind is not ActionKind.KILL_RESTART
@@ -547,10 +553,11 @@ def run(cfg: WorkerConfig) -> int:
                                   "first_step_s": first_step_at, "seconds": time.monotonic() - t_start,
                                   "actions": trainer.applied, **stats}
         result["restored_from"] = trainer.restored_from
-        if exit_code == 0 and trainer.is_chief:
+        if trainer.is_chief and (exit_code == 0 or trainer.checkpoint_on_exit):
             if cfg.checkpoint_dir:
                 result["checkpoint"] = trainer.checkpoint(admin_ckpt)
                 trainer.close_checkpoints()
+        if exit_code == 0 and trainer.is_chief:
             if cfg.eval_data:
                 result.update(trainer.evaluate(cfg.eval_data))
         if cfg.result:
