@@ -57,9 +57,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 from pacer import subjects
-from pacer.bus import Bus
+from pacer.bus import NO_RETRY, Bus
 from pacer.codec import decode, encode
 from pacer.consumer import DurableConsumer
+from pacer.contracts.agent import ActionKind, ActionResult, NodeCommand
 from pacer.contracts.executor import (
     ClusterStatus,
     CommandKind,
@@ -82,6 +83,7 @@ from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
 from pacer.contracts.nodes import NodeEvent
 from pacer.errors import Conflict, NotFound, PacerError, ValidationError
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
+from pacer.shards.client import ShardAdmin
 from pacer.subjects import ExecutorOp, JobEventKind, NodeEventKind
 from pacer.telemetry import Counters
 from pacer.trainer.cluster import ClusterDesc
@@ -98,6 +100,8 @@ STARTING, RUNNING, COMPLETING, TEARING, FAILED, TORN_DOWN = (
     "starting", "running", "completing", "tearing_down", "failed", "torn_down")
 ACTIVE = frozenset({STARTING, RUNNING})
 RESTART = "restart"  # NodeRecord.intent: the pod is being stopped to be started again
+MIGRATE = "migrate"  # NodeRecord.intent: the pod stops to move to the next cluster
+STARTING_PS, DRAINING = "starting_ps", "draining"  # ExecutorJob.migration phases
 
 # Last words of a trainer that lost its PS / connection (pacer.trainer.worker prints this).
 NETWORK_MARKERS = ("TensorFlow error", "UnavailableError", "Socket closed", "Connection reset")
@@ -226,9 +230,11 @@ class ExecutorService:
     # ================================================================ events out
     async def _node_event(self, job: str, n: NodeRecord, kind: str, *, reason: str = "", pod: str = "",
                           exit_code: int | None = None, pending_s: float = 0.0, relaunch: bool = False,
-                          detail: str = "", result: dict[str, object] | None = None) -> None:
+                          detail: str = "", result: dict[str, object] | None = None,
+                          generation: int | None = None) -> None:
+        gen = n.generation if generation is None else generation
         ev = NodeEvent(job=job, node=n.node, kind=kind, ts=self.clock(), reason=reason, role=n.role,
-                       pod=pod or launch.pod_name(job, n.node, n.generation), generation=n.generation,
+                       pod=pod or launch.pod_name(job, n.node, gen), generation=gen,
                        exit_code=exit_code, pending_s=pending_s, restarts=n.restarts + n.requested_restarts,
                        cpu=n.cpu, memory_mb=n.memory_mb, relaunch=relaunch, detail=detail,
                        result=dict(result or {}))
@@ -287,8 +293,12 @@ class ExecutorService:
         if workers < plan.workers:
             reason = f"workers clamped to the job's {len(cluster.workers)} TF worker slots"
         ps = len(cluster.ps)
-        if plan.ps != ps:
-            reason = (reason + "; " if reason else "") + f"PS count stays {ps} (changing it needs a PS migration)"
+        old_plan = ej.plan
+        migrate = bool(ej.nodes) and (plan.ps != ps or (plan.ps_cpu, plan.ps_memory_mb)
+                                      != (old_plan.ps_cpu, old_plan.ps_memory_mb))
+        if migrate and ej.migration:
+            reason = (reason + "; " if reason else "") + "PS changes wait: a migration is under way"
+            migrate = False
         ej.plan, ej.plan_at, ej.applied = plan, now, False
         ej.state = STARTING if ej.state == STARTING else RUNNING
         ej.reason = reason
@@ -318,6 +328,9 @@ class ExecutorService:
                 await self._create(ej, n)
             elif n.node in stopped:
                 await self._delete(ej, n)
+        if migrate:
+            await self.start_migration(ej, {i: (plan.ps_cpu, plan.ps_memory_mb) for i in range(plan.ps)},
+                                       f"plan: {plan.ps} PS x {plan.ps_cpu:g} CPU / {plan.ps_memory_mb} MiB")
         self.counters.inc("plans_applied")
         log.info("plan applied", extra={"fields": {"job": plan.job, "workers": workers, "ps": ps,
                                                     "started": started, "stopped": stopped}})
@@ -326,9 +339,15 @@ class ExecutorService:
     def _current(self, ej: ExecutorJob, n: NodeRecord) -> PodStatus | None:
         return self.pods.get(launch.pod_name(ej.job, n.node, n.generation))
 
+    def _cluster_of(self, ej: ExecutorJob, n: NodeRecord) -> ClusterDesc:
+        """During a migration the new PS pods belong to the next cluster; the workers move last."""
+        if ej.migration and n.role == "ps":
+            return ClusterDesc.from_json(ej.next_cluster)
+        return ClusterDesc.from_json(ej.cluster)
+
     async def _create(self, ej: ExecutorJob, n: NodeRecord) -> None:
         rec = await self._record(ej.job)
-        cluster = ClusterDesc.from_json(ej.cluster)
+        cluster = self._cluster_of(ej, n)
         spec = self.pod_builder(rec, ej.plan, cluster, n.role, n.index, n.generation, n.cpu, n.memory_mb,
                                self.backend.pod_port(cluster, n.role, n.index), self.launch, restore=n.restore)
         n.created_at, n.running_at = self.clock(), 0.0
@@ -377,6 +396,11 @@ class ExecutorService:
             if st.phase is PodPhase.EXITED and st.name in n.deleting:
                 n.deleting.remove(st.name)
                 await self._save(ej)
+            if (st.phase is PodPhase.EXITED and n.role == "ps" and prev is not None
+                    and prev.phase is not PodPhase.EXITED):
+                # A PS replaced by a migration has now stopped (PS hold no shards: no requeue to fear).
+                await self._node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, generation=st.generation,
+                                       exit_code=st.exit_code, reason="replaced", detail="old PS of a migration")
             return  # an older incarnation: its death was handled when it was replaced
         if st.phase is PodPhase.RUNNING and not n.running_at:
             n.running_at = st.started_at or self.clock()
@@ -409,6 +433,14 @@ class ExecutorService:
             await self._node_event(ej.job, n, NodeEventKind.FINISHED, pod=st.name, exit_code=0,
                                    reason=decision.reason.value, detail=decision.detail,
                                    result=launch.parse_result(tail))
+            return
+        if n.intent == MIGRATE:  # stopped to move to the new cluster: started again by the migration
+            ckpt = launch.parse_result(tail).get("checkpoint")
+            if n.role == "worker" and n.index == 0 and isinstance(ckpt, str) and ckpt:
+                ej.checkpoint = ckpt
+            await self._save(ej)
+            await self._node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
+                                   reason="migrating", relaunch=True, detail=decision.detail)
             return
         restart = by_us and n.intent == RESTART and not n.removed
         active = ej.state in ACTIVE or ej.state == COMPLETING
@@ -450,6 +482,8 @@ class ExecutorService:
         await self._save(ej)
         for n in ej.nodes:
             await self._delete(ej, n)
+        for name in ej.retiring:
+            await self.backend.delete(name, self.cfg.delete_grace_s)
         self.counters.inc("teardowns")
 
     # ================================================================ reconcile
@@ -487,12 +521,14 @@ class ExecutorService:
                 if self._current(ej, n) is None and n.handled < n.generation:
                     self.counters.inc("pods_recreated")
                     await self._create(ej, n)
-        if ej.state in ACTIVE and not ej.applied and live and all(n.running_at for n in live):
+        if ej.state in ACTIVE and not ej.migration and not ej.applied and live and all(n.running_at for n in live):
             ej.applied, ej.state = True, RUNNING
             await self._save(ej)
             overhead = max(n.running_at for n in live) - ej.plan_at
             await self._executor_event(ej, ExecutorEventKind.APPLIED, ej.reason, max(0.0, overhead),
                                        started=[n.node for n in live])
+        if ej.migration and ej.state in ACTIVE:
+            await self._migrate_step(ej)
         workers = [n for n in ej.nodes if n.role == "worker" and not n.removed]
         if ej.state in ACTIVE | {COMPLETING} and workers and all(n.finished for n in workers):
             await self._teardown(ej, "every worker finished")
@@ -508,6 +544,107 @@ class ExecutorService:
                 await self._save(ej)
                 await self._executor_event(ej, ExecutorEventKind.TORN_DOWN, ej.reason)
                 self.records.pop(ej.job, None)
+
+    # ================================================================ PS migration
+    async def start_migration(self, ej: ExecutorJob, ps: dict[int, tuple[float, int]], reason: str) -> None:
+        """Move the job's PS to new resources (or a new PS count) without stopping training first.
+
+        DLRover-RM §5.2, seamless migration: (2) the new PS pods are created
+        and initialised while the old PS and workers keep training; only
+        when every new PS runs does the short pause begin: (1) the chief
+        checkpoints the shard state and the model (flash checkpoint, in
+        shared memory) and every worker stops; (3) the shard state is
+        restored to that checkpoint, the workers start again on the new
+        cluster and the chief restores the model into the new PS (re-cut for
+        a new PS count), and the old PS pods are stopped.  Records trained
+        between the checkpoint and the stop are trained again, none is lost.
+        Called with the lock held.
+        """
+        if ej.migration:
+            raise Conflict(f"job {ej.job!r}: a PS migration is already under way ({ej.migration})")
+        if not self.cfg.checkpoint_root or not self.cfg.agents:
+            raise Conflict("PS migration needs checkpoints (PACER_CHECKPOINT_ROOT) and agent sidecars")
+        old = ClusterDesc.from_json(ej.cluster)
+        new = self.backend.cluster(ej.job, len(ps), len(old.workers))
+        ej.migration, ej.next_cluster, ej.migration_at, ej.checkpoint = STARTING_PS, new.to_json(), self.clock(), ""
+        ej.reason = f"migrating PS: {reason}"
+        by_index = {n.index: n for n in ej.nodes if n.role == "ps"}
+        for i, (cpu, mem) in sorted(ps.items()):
+            n = by_index.get(i)
+            if n is None:
+                n = NodeRecord(f"ps-{i}", "ps", i, cpu, mem, generation=-1)
+                ej.nodes.append(n)
+            else:
+                cur = self._current(ej, n)
+                if cur is not None and cur.phase is not PodPhase.EXITED:
+                    ej.retiring.append(cur.name)
+                n.handled = n.generation  # the old pod's end is the migration's doing
+            n.generation += 1
+            n.cpu, n.memory_mb, n.removed, n.running_at = cpu, mem, False, 0.0
+        for i, n in by_index.items():
+            if i not in ps and not n.removed:
+                cur = self._current(ej, n)
+                if cur is not None and cur.phase is not PodPhase.EXITED:
+                    ej.retiring.append(cur.name)
+                n.removed = True
+        await self._save(ej)
+        for n in ej.nodes:
+            if n.role == "ps" and not n.removed:
+                await self._create(ej, n)
+        self.counters.inc("migrations")
+        log.info("PS migration started", extra={"fields": {"job": ej.job, "reason": reason}})
+
+    async def _migrate_step(self, ej: ExecutorJob) -> None:
+        ps = [n for n in ej.nodes if n.role == "ps" and not n.removed]
+        workers = [n for n in ej.nodes if n.role == "worker" and not n.removed and not n.finished]
+        if ej.migration == STARTING_PS:
+            if not all(n.running_at for n in ps):
+                return  # the old cluster keeps training meanwhile
+            chief = next((n for n in workers if n.index == 0), None)
+            if chief is not None:
+                try:  # the chief checkpoints shard state + model, then exits (75)
+                    await self.bus.request(
+                        subjects.agent_command(ej.job, chief.node),
+                        NodeCommand(ej.job, chief.node, ActionKind.KILL_RESTART, "PS migration",
+                                    payload={"checkpoint": True}),
+                        ActionResult, timeout=5.0, retry=NO_RETRY)
+                except PacerError as exc:
+                    self.counters.inc("migration_retries")
+                    log.warning("migration of %s waits: the chief's agent did not take the checkpoint "
+                                "command (%s); training goes on", ej.job, exc.message)
+                    return
+                chief.intent = MIGRATE
+            ej.migration = DRAINING
+            for n in workers:
+                if n.index != 0:
+                    n.intent = MIGRATE
+            await self._save(ej)
+            for n in workers:
+                if n.index != 0:
+                    await self._delete(ej, n)
+            return
+        if ej.migration == DRAINING:
+            if any(n.intent == MIGRATE and (p := self._current(ej, n)) is not None
+                   and p.phase is not PodPhase.EXITED for n in workers):
+                return
+            if not ej.checkpoint:
+                raise Conflict(f"job {ej.job!r}: the chief stopped without a checkpoint; migration stuck")
+            rec = await self._record(ej.job)
+            await ShardAdmin(self.bus, timeout=10.0).restore(ej.job, rec.spec.dataset.name, ej.checkpoint)
+            ej.cluster, ej.next_cluster, ej.migration = ej.next_cluster, "", ""
+            ej.plan_at, ej.applied = ej.migration_at, False
+            for n in workers:
+                n.intent, n.generation, n.restore = "", n.generation + 1, n.index == 0
+            retiring, ej.retiring = ej.retiring, []
+            await self._save(ej)
+            for n in workers:
+                await self._create(ej, n)
+                n.restore = False
+            for name in retiring:
+                await self.backend.delete(name, self.cfg.delete_grace_s)
+            await self._save(ej)
+            log.info("PS migration: workers restarted on the new cluster",
+                     extra={"fields": {"job": ej.job, "checkpoint": ej.checkpoint}})
 
     # ================================================================ cluster
     def cluster_status(self) -> ClusterStatus:
@@ -558,8 +695,18 @@ class ExecutorService:
                 n.removed = True
                 detail = "stopping"
             elif cmd.kind is CommandKind.MIGRATE and n.role == "ps":
-                raise Conflict("PS migration is not supported yet: a PS keeps its slot's address, "
-                               "so moving it needs every worker restarted on a new cluster description")
+                ps = {x.index: (x.cpu, x.memory_mb) for x in ej.nodes if x.role == "ps" and not x.removed}
+                ps[n.index] = (cmd.cpu if cmd.cpu is not None else n.cpu,
+                               cmd.memory_mb if cmd.memory_mb is not None else n.memory_mb)
+                await self.start_migration(ej, ps, f"{n.node} to {ps[n.index][0]:g} CPU / "
+                                                   f"{ps[n.index][1]} MiB: {cmd.reason}")
+                if cmd.command_id:
+                    ej.commands = [*ej.commands[-63:], cmd.command_id]
+                    await self._save(ej)
+                await self.bus.respond(msg, CommandResult(job, n.node, cmd.command_id, True,
+                                                          launch.pod_name(job, n.node, n.generation),
+                                                          "migration started"))
+                return
             else:  # RESTART, or MIGRATE of a worker: stop it, start it again (with new resources)
                 if cmd.kind is CommandKind.MIGRATE:
                     n.cpu = cmd.cpu if cmd.cpu is not None else n.cpu

@@ -207,3 +207,56 @@ async def test_dashboard_shows_the_running_job_and_stop_works(stack: Stack, clie
         assert b.errors == []
     rec = await wait_for(client, "e2e-dash", terminal, what="teardown after stop")
     assert rec.state is JobState.STOPPED and rec.torn_down
+
+
+async def test_ps_migration_moves_a_ps_to_more_memory_without_losing_data(
+        stack: Stack, client: JobClient, data: Path) -> None:
+    """DLRover-RM §5.2: the new PS starts while training goes on; then checkpoint, move, restore."""
+    from pacer import subjects
+    from pacer.contracts.executor import CommandKind, CommandResult, ExecutorCommand
+
+    await client.submit("e2e-migrate", spec_yaml("e2e-migrate", data))
+    await wait_for(client, "e2e-migrate", lambda r: r.state is JobState.RUNNING and r.progress.shards_done >= 2,
+                   what="a running job")
+    res = await client.bus.request(
+        subjects.executor_rpc("e2e-migrate", subjects.ExecutorOp.COMMAND),
+        ExecutorCommand("e2e-migrate", "ps-1", CommandKind.MIGRATE, "hot PS", command_id="m1", memory_mb=3072),
+        CommandResult, timeout=20.0)
+    assert res.done and res.detail == "migration started"
+    rec = await wait_for(client, "e2e-migrate", terminal, what="the end")
+    assert_complete(rec)
+    assert 0.5 < float(rec.result["auc"]) <= 1.0
+    events = await node_events(stack, "e2e-migrate")
+    new_ps = [e for e in events if e.node == "ps-1" and e.generation == 1]
+    assert [e.kind for e in new_ps][:2] == ["created", "running"] and new_ps[0].memory_mb == 3072
+    moved = [e for e in events if e.kind == "died" and e.reason == "migrating"]
+    assert {e.node for e in moved} == {"worker-0", "worker-1"}
+    # seamless: the old workers kept training until the new PS ran; they moved after it
+    assert min(e.ts for e in moved) >= new_ps[1].ts
+    restarted = [e for e in events if e.kind == "created" and e.node == "worker-0" and e.generation == 1]
+    assert restarted and restarted[0].ts >= max(e.ts for e in moved)
+    chief = [e for e in events if e.kind == "finished" and e.node == "worker-0"]
+    assert chief and str(chief[-1].result.get("restored_from", "")).startswith("flash")
+    old_ps = [e for e in events if e.node == "ps-1" and e.generation == 0 and e.kind == "died"]
+    assert old_ps and not old_ps[0].relaunch  # the old PS was stopped, not relaunched
+
+
+async def test_a_plan_with_more_ps_migrates_the_job_to_three_ps(stack: Stack, client: JobClient, data: Path) -> None:
+    """A new plan with 3 PS: the embedding parts are re-cut for 3 PS when the chief restores."""
+    from dataclasses import replace
+
+    from pacer import subjects
+
+    rec = await client.submit("e2e-3ps", spec_yaml("e2e-3ps", data))
+    await wait_for(client, "e2e-3ps", lambda r: r.state is JobState.RUNNING and r.progress.shards_done >= 2,
+                   what="a running job")
+    assert rec.plan is not None and rec.plan.ps == 2
+    await client.bus.publish_durable(subjects.job_event("e2e-3ps", subjects.JobEventKind.PLAN),
+                                     replace(rec.plan, ps=3, reason="test: one more PS"))
+    rec = await wait_for(client, "e2e-3ps", terminal, what="the end")
+    assert_complete(rec)
+    events = await node_events(stack, "e2e-3ps")
+    assert any(e.kind == "running" and e.node == "ps-2" for e in events)
+    chief = [e for e in events if e.kind == "finished" and e.node == "worker-0"]
+    assert chief and str(chief[-1].result.get("restored_from", "")).startswith("flash")
+    assert 0.5 < float(rec.result["auc"]) <= 1.0

@@ -256,3 +256,8 @@ class ExecutorJob:
     completing_since: float = 0.0
     reason: str = ""
     commands: list[str] = field(default_factory=list, metadata=doc("ids of the last executed commands (idempotency)"))
+    migration: str = field(default="", metadata=doc("PS migration phase: \"\" | starting_ps | draining"))
+    next_cluster: str = field(default="", metadata=doc("migration: the ClusterDesc JSON the job moves to"))
+    retiring: list[str] = field(default_factory=list, metadata=doc("migration: old PS pods, stopped once the workers moved"))
+    migration_at: float = 0.0
+    checkpoint: str = field(default="", metadata=doc("migration: the shard checkpoint id the chief took on its way out"))
