@@ -40,7 +40,7 @@ from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StatsQu
 from pacer.embedded import EmbeddedNats
 from pacer.errors import Conflict, NotFound, PacerError
 from pacer.jobs.cli import new_lines
-from pacer.jobs.spec import default_plan, parse_job_spec
+from pacer.jobs.spec import DEFAULT_PLAN, default_plan, parse_job_spec
 from pacer.progress import Progress, render_bar
 
 pytestmark = pytest.mark.timeout(60)
@@ -315,7 +315,9 @@ async def test_job_shows_plan_nodes_progress_and_speed(cli: Cli, double: Service
     rc, out, err = await cli("job", "alpha")
     assert (rc, err) == (0, "")
     assert "running" in out
-    assert "2 workers x 1 cpu / 1024 MiB, 2 ps x 1 cpu / 1024 MiB  (source default)" in out
+    d = DEFAULT_PLAN
+    assert (f"{d.workers} workers x 1 cpu / {d.worker_memory_mb} MiB, {d.ps} ps x 1 cpu / {d.ps_memory_mb} MiB"
+            "  (source default)") in out
     assert "40.0% 4/10" in out
     assert "todo 6  doing 0  done 4  failed 0" in out
     summary, nodes, speed = out.split("\n\n")
