@@ -2,6 +2,7 @@
 
     pacer up [--data-dir D] [--port P]   the embedded stack in the foreground
     pacer demo                           a whole Wide&Deep job on the embedded stack
+    pacer sim SCENARIO [--method M]      a cluster scenario in the simulator (examples/sim/)
     pacer status JOB DATASET             a dataset's shard status (JSON)
     pacer submit | jobs | job | logs | stop   training jobs (pacer.jobs.cli)
     pacer version
@@ -90,6 +91,14 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     return schemas.main([args.action, *([args.dir] if args.dir else [])])
 
 
+def cmd_sim(args: argparse.Namespace) -> int:
+    """The simulator drives the services' decision cores, so it lives beside them (pacer_services)."""
+    import importlib
+
+    sim_cli = importlib.import_module("pacer_services.simulator.cli")
+    return int(sim_cli.main(list(args.args)))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pacer", description="Pacer control plane")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -98,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     from pacer.jobs.cli import add_cli as add_job_cli
     add_job_cli(sub)
     sub.add_parser("version", help="print the version").set_defaults(fn=lambda a: print(__version__) or 0)
+
+    sim = sub.add_parser("sim", help="run a cluster scenario in the discrete-event simulator (examples/sim/)",
+                         add_help=False)
+    sim.add_argument("args", nargs=argparse.REMAINDER, help="SCENARIO [--method M] [--seed S] [--json]")
+    sim.set_defaults(fn=cmd_sim)
 
     up = sub.add_parser("up", help="run the embedded stack (nats-server + services) in the foreground")
     up.add_argument("--data-dir", default=".pacer", help="JetStream store and service logs")
