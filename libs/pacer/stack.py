@@ -24,6 +24,8 @@ SERVICES: dict[str, str] = {
     "jobs": "pacer_services.job_service.main",
     "executor": "pacer_services.pod_executor.main",
     "api": "pacer_services.api.main",
+    "controller": "pacer_services.controller.main",
+    "policies": "pacer_services.controller.policies_main",
 }
 
 

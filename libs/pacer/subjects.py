@@ -297,3 +297,12 @@ POLICY_BUILTINS = ("antdt-nd", "antdt-dd", "lb-bsp", "backup-workers", "none")
 def policy_decide(name: str) -> str:
     """``pacer.policy.<name>.decide``."""
     return f"{PREFIX}.policy.{_tok(name, 'policy')}.decide"
+
+
+# ------------------------------------------------------------------ controller
+CONTROLLER_SERVICE = "controller"
+
+
+def controller_decision(job: str) -> str:
+    """``pacer.events.controller.<job>.decision``: policy.ControllerDecision, one per decision round."""
+    return event(CONTROLLER_SERVICE, job, "decision")

@@ -808,7 +808,12 @@ def _stragglers(text: str) -> dict[str, str]:
     raw = json.loads(text)
     if not isinstance(raw, dict):
         raise ValueError("PACER_INJECT_STRAGGLERS must be a JSON map of node -> StragglerSpec fields")
-    return {str(node): StragglerSpec(**fields).to_json() for node, fields in raw.items()}
+    out = {}
+    for node, fields in raw.items():
+        sticky = bool(fields.pop("sticky", False))
+        spec = json.loads(StragglerSpec(**fields).to_json())
+        out[str(node)] = json.dumps({**spec, "sticky": sticky})
+    return out
 
 
 def make_backend(cfg: ExecutorConfig) -> Backend:

@@ -33,6 +33,8 @@ class LaunchConfig:
     agents: bool = True  # an agent sidecar beside every worker
     # Fault injection for tests and benchmarks: node ("*" = every worker) -> StragglerSpec JSON
     # (sleep-based, costs no CPU).  From PACER_INJECT_STRAGGLERS, a JSON map of node -> spec fields.
+    # It emulates a slow *machine*: only a node's first pod (generation 0) is slow; a relaunched
+    # pod lands elsewhere (AntDT's KILL_RESTART gain), unless the spec sets "sticky": true.
     stragglers: tuple[tuple[str, str], ...] = ()
 
 
@@ -41,7 +43,7 @@ def pod_name(job: str, node: str, generation: int) -> str:
 
 
 def worker_config(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, index: int, cfg: LaunchConfig,
-                  restore: bool = False) -> WorkerConfig:
+                  restore: bool = False, generation: int = 0) -> WorkerConfig:
     spec = rec.spec
     m = spec.model
     per_worker = max(1, spec.batch_size // max(1, plan.workers))
@@ -59,8 +61,18 @@ def worker_config(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, inde
         checkpoint_every=cfg.checkpoint_every if chief and cfg.checkpoint_root else 0,
         restore=restore and chief and bool(cfg.checkpoint_root),
         eval_data=rec.eval_path if chief else "", result=RESULT,
-        straggler=dict(cfg.stragglers).get(f"worker-{index}", dict(cfg.stragglers).get("*", "")),
+        straggler=_straggler(cfg, f"worker-{index}", generation),
     )
+
+
+def _straggler(cfg: LaunchConfig, node: str, generation: int) -> str:
+    table = dict(cfg.stragglers)
+    spec = table.get(node, table.get("*", ""))
+    if not spec:
+        return ""
+    fields = json.loads(spec)
+    sticky = bool(fields.pop("sticky", False))
+    return json.dumps(fields) if generation == 0 or sticky else ""
 
 
 def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str, index: int,
@@ -72,7 +84,7 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
     if role == "ps":
         command = ["python", "-m", "pacer.trainer.ps", "--cluster", cluster.to_json(), "--index", str(index)]
     else:
-        wc = worker_config(rec, plan, cluster, index, cfg, restore)
+        wc = worker_config(rec, plan, cluster, index, cfg, restore, generation)
         command = ["python", "-m", "pacer.trainer.worker", "--config", wc.to_json()]
         if cfg.agents:
             agent = ["python", "-m", "pacer.agent.main", "--job", rec.job, "--node", node, "--role", role,

@@ -65,3 +65,34 @@ class PolicyDecision:
     actions: list[PolicyAction] = field(default_factory=list)
     reason: str = field(default="", metadata=doc("why (also when no action is taken)"))
     decision_ms: float = field(default=0.0, metadata=doc("time the policy spent deciding"))
+
+
+@message("policy.RefusedAction")
+@dataclass(frozen=True, slots=True)
+class RefusedAction:
+    """An action the controller did not execute, and why (cool-down, cluster busy, invalid, ...)."""
+
+    kind: str
+    node: str = ""
+    reason: str = ""
+
+
+@message("policy.ControllerDecision")
+@dataclass(frozen=True, slots=True)
+class ControllerDecision:
+    """``pacer.events.controller.<job>.decision``: one decision round, what was done and why.
+
+    ``fallback`` is true when the job's policy did not answer usably (no
+    reply, a malformed or wrong-job reply) and the controller used ``none``.
+    """
+
+    job: str
+    ts: float
+    policy: str
+    executed: list[PolicyAction] = field(default_factory=list)
+    refused: list[RefusedAction] = field(default_factory=list)
+    failed: list[RefusedAction] = field(default_factory=list, metadata=doc("accepted but not carried out (agent/executor error)"))
+    fallback: bool = False
+    reason: str = ""
+    decision_ms: float = field(default=0.0, metadata=doc("the policy's own decision time"))
+    round_ms: float = field(default=0.0, metadata=doc("statistics in to actions sent, as the controller measured it"))
