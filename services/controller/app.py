@@ -53,7 +53,7 @@ from pacer.codec import decode
 from pacer.contracts.agent import GLOBAL_KINDS, ActionKind, ActionResult, GlobalAction
 from pacer.contracts.executor import CommandKind, CommandResult, ExecutorCommand
 from pacer.contracts.jobs import JobRecord, JobState
-from pacer.contracts.monitor import JobStatistics
+from pacer.contracts.monitor import JobStatistics, NodeState
 from pacer.contracts.policy import (
     ControllerDecision,
     PolicyAction,
@@ -92,6 +92,9 @@ class JobControl:
     policy: str
     last: float = 0.0  # when the last round ran
     busy: bool = False  # a round is in flight
+    # A worker relaunched by KILL_RESTART starts with the spec's B/n, not the B_i an ADJUST_BS gave
+    # it: once it runs again, the current batch sizes are sent to every worker once more.
+    resync: bool = False
 
 
 class ControllerService:
@@ -195,7 +198,14 @@ class ControllerService:
             fallback, why = True, review.reason
         executed: list[PolicyAction] = []
         failed: list[RefusedAction] = []
-        for action in ([] if review.fallback else review.execute):
+        todo = [] if review.fallback else list(review.execute)
+        if ctl.resync and ctl.setup.batch_sizes and _all_running(stats) and not any(
+                a.kind is ActionKind.ADJUST_BS for a in todo):
+            todo.insert(0, PolicyAction(ActionKind.ADJUST_BS, payload={
+                "batch_sizes": dict(ctl.setup.batch_sizes), "accumulations": dict(ctl.setup.accumulations)},
+                reason="re-send the batch sizes to a worker relaunched since they were set"))
+            ctl.resync = False
+        for action in todo:
             err = await self._execute(rec, stats, action)
             if err:
                 failed.append(RefusedAction(action.kind.value, action.node, err))
@@ -204,6 +214,8 @@ class ControllerService:
             executed.append(action)
             ctl.core.applied(action, now)
             ctl.setup = ctl.setup.apply(action)
+            if action.kind is ActionKind.KILL_RESTART and ctl.setup.mode == "bsp" and ctl.setup.batch_sizes:
+                ctl.resync = True
             self.counters.inc("actions", kind=action.kind.value)
         refused = [RefusedAction(getattr(r.action, "kind", ActionKind.NONE).value
                                  if isinstance(getattr(r.action, "kind", None), ActionKind) else str(r.action),
@@ -250,6 +262,11 @@ class ControllerService:
             return f"unsupported action {action.kind.value}"
         except PacerError as exc:
             return f"{exc.code}: {exc.message}"
+
+
+def _all_running(stats: JobStatistics) -> bool:
+    workers = [n for n in stats.nodes if n.role != "ps"]
+    return bool(workers) and all(n.state is NodeState.RUNNING and n.bpt_short_s > 0 for n in workers)
 
 
 async def create(bus: Bus, rc: RuntimeConfig) -> ControllerService:

@@ -648,12 +648,17 @@ class ExecutorService:
 
     # ================================================================ cluster
     def cluster_status(self) -> ClusterStatus:
-        """The backend's queue and what is left of its capacity after the limits of live pods."""
+        """The backend's queue and what is left of its capacity after the limits of live pods.
+
+        Only where limits reserve capacity (Kubernetes): locally nothing is reserved and no
+        pod ever queues, so the cluster is "busy" only while pods are pending (starting).
+        """
         live = [p for p in self.pods.values() if p.phase is not PodPhase.EXITED]
         pending = sum(1 for p in live if p.phase is PodPhase.PENDING)
         cpu, mem = self.backend.capacity()
-        used_cpu = sum(p.cpu for p in live)
-        used_mem = sum(p.memory_mb for p in live)
+        reserved = self.backend.reserves_capacity
+        used_cpu = sum(p.cpu for p in live) if reserved else 0.0
+        used_mem = sum(p.memory_mb for p in live) if reserved else 0
         return ClusterStatus(self.clock(), self.backend.name, pending, len(live) - pending, cpu,
                              max(0.0, cpu - used_cpu) if cpu else 0.0, mem, max(0, mem - used_mem) if mem else 0)
 

@@ -38,6 +38,9 @@ class Backend(Protocol):
     """Where pods run (local processes or Kubernetes)."""
 
     name: str
+    #: Pods' limits reserve capacity (a scheduler admits pods against it, as Kubernetes does).
+    #: The local backend has no scheduler: pods never queue and the machine is shared.
+    reserves_capacity: bool
 
     async def create(self, pod: PodSpec) -> None:
         """Create the pod; return once it exists."""

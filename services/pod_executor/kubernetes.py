@@ -88,6 +88,7 @@ class KubernetesBackend:
     """
 
     name = "kubernetes"
+    reserves_capacity = True
 
     def __init__(
         self,

@@ -62,6 +62,7 @@ class LocalBackend:
     """Pods as local supervisor processes under ``root`` (see the module docstring)."""
 
     name = "local"
+    reserves_capacity = False
 
     def __init__(self, root: Path, poll_s: float = 0.2) -> None:
         self.root = Path(root)

@@ -205,7 +205,7 @@ class ClusterStatus:
     pending_pods: int = field(metadata=doc("pods created but not running yet, over all jobs"))
     running_pods: int
     total_cpu: float = field(default=0.0, metadata=doc("CPUs of the machines pods run on (0: unknown)"))
-    free_cpu: float = field(default=0.0, metadata=doc("total_cpu minus the CPU limits of live pods"))
+    free_cpu: float = field(default=0.0, metadata=doc("total_cpu minus the CPU limits of live pods (where limits reserve capacity)"))
     total_memory_mb: int = 0
     free_memory_mb: int = 0
 

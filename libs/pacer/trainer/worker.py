@@ -174,6 +174,8 @@ class Trainer:
         self.straggler = StragglerSpec.from_json(cfg.straggler)
         self.applied: list[dict[str, Any]] = []  # actions applied: {seq, kind, iteration}
         self.checkpoint_on_exit = False  # set by a KILL_RESTART {"checkpoint": true} (migration)
+        self.step_t0 = 0.0  # perf_counter at the start of the current step (straggler delay included)
+        self.own_s = 0.0  # BSP: the current step's time up to the barrier
 
     # ------------------------------------------------------------ graph
     def build(self) -> None:
@@ -244,6 +246,16 @@ class Trainer:
                     self.init_tokens = self.sync._sync_token_queue.enqueue_many(
                         (tf.fill([self.n], self.global_step),))
                 self.queue_runner = self.sync.get_chief_queue_runner()
+                # Split SyncReplicas' train_op (assign(local_step, dequeue) with a control
+                # dependency on the accumulator pushes) into the push and the barrier, so that
+                # this worker's BPT is its own time: AntDT's straggler signal compares workers'
+                # T_i, and every BSP worker waits at the barrier for the slowest one.
+                assign = self.train_op.op if hasattr(self.train_op, "op") else self.train_op
+                dequeue = assign.inputs[1].op
+                self.push_op = tf.group(*dequeue.control_inputs)  # every accumulator's push
+                with tf.compat.v1.device(dequeue.device):
+                    token = self.sync._sync_token_queue.dequeue()
+                self.barrier_op = self.sync._local_step.assign(token)
             self.saver = tf.compat.v1.train.Saver(sharded=True, max_to_keep=3, allow_empty=True)
             self.flash = None
             if cfg.flash and cfg.checkpoint_dir and self.is_chief:
@@ -338,8 +350,17 @@ class Trainer:
         feed = {self.dense: dense, self.cat: cat, self.labels: labels,
                 self.loss_scale: self.loss_scale_for(len(labels), zero), self.lr_ph: self.lr}
         opts = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms) if timeout_ms else None
-        loss, _, gstep = self.sess.run([self.model.loss, self.train_op, self.global_step], feed, options=opts)
-        return float(loss), int(gstep)
+        if self.sync is None:
+            loss, _, gstep = self.sess.run([self.model.loss, self.train_op, self.global_step], feed, options=opts)
+            return float(loss), int(gstep)
+        loss, _ = self.sess.run([self.model.loss, self.push_op], feed, options=opts)
+        return float(loss), self.barrier(opts)
+
+    def barrier(self, opts: Any = None) -> int:
+        """BSP: wait for this step's token (the other workers' gradients); marks the own part's end."""
+        self.own_s = time.perf_counter() - self.step_t0
+        self.sess.run(self.barrier_op, options=opts)
+        return int(self.sess.run(self.global_step))
 
     def step_accumulated(self, micro: list[tuple[np.ndarray, np.ndarray, np.ndarray]], timeout_ms: int = 0,
                          zero: bool = False) -> tuple[float, int]:
@@ -366,8 +387,11 @@ class Trainer:
             else:
                 feed2[ph] = s
         opts = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms) if timeout_ms else None
-        _, gstep = self.sess.run([self.train_op, self.global_step], feed2, options=opts)
-        return float(np.mean(losses)), int(gstep)
+        if self.sync is None:
+            _, gstep = self.sess.run([self.train_op, self.global_step], feed2, options=opts)
+            return float(np.mean(losses)), int(gstep)
+        self.sess.run(self.push_op, feed2, options=opts)
+        return float(np.mean(losses)), self.barrier(opts)
 
     def checkpoint(self, shard_admin: Any) -> str:
         """Shard state first, then the model: a restore may re-train, never skip, records.
@@ -486,6 +510,7 @@ def run(cfg: WorkerConfig) -> int:
     local_step, gstep, samples = 0, int(trainer.sess.run(trainer.global_step)), 0
     start_gstep = gstep
     exit_code = 0
+    loss = float("nan")  # a first BSP step that times out at the barrier has no loss yet
     bsp = trainer.sync is not None
     stats: dict[str, Any] = {"steps": 0, "null_steps": 0}
     try:
@@ -499,7 +524,8 @@ def run(cfg: WorkerConfig) -> int:
                 if not keep:
                     exit_code = EXIT_RESTART
                     break
-            t0 = time.perf_counter()
+            t0 = trainer.step_t0 = time.perf_counter()
+            trainer.own_s = 0.0
             delay = trainer.straggler.delay(time.monotonic() - t_start)
             if delay:
                 time.sleep(delay)
@@ -533,7 +559,8 @@ def run(cfg: WorkerConfig) -> int:
                 # the token barrier (SyncReplicasOptimizer), so the records count as trained.
                 stats["barrier_timeouts"] = stats.get("barrier_timeouts", 0) + 1
                 gstep = int(trainer.sess.run(trainer.global_step))
-            bpt = time.perf_counter() - t0
+            # BPT = this worker's own time (BSP: up to the barrier), the straggler signal.
+            bpt = trainer.own_s or (time.perf_counter() - t0)
             if first_step_at is None:
                 first_step_at = time.monotonic() - t_start
             local_step += 1

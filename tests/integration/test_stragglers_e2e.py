@@ -1,0 +1,151 @@
+"""Straggler mitigation on real TensorFlow jobs: the whole loop, end to end.
+
+Embedded stack with every service (shard, monitor, jobs, executor,
+controller, the built-in policy service); BSP jobs of 2 PS + 2 workers where
+worker-1's first pod sleeps 0.5 s per step (a slow machine: a relaunched pod
+is healthy).  Windows are scaled down from AntDT's 5/10 min so the test is
+short: L_trans 6 s, L_per 12 s, a decision every 3 s.
+
+* antdt-nd finds the persistent straggler, KILL_RESTARTs it, and the job
+  finishes sooner than the same job under ``none``;
+* a custom policy service (``examples/policies/restart_slowest.py``, run
+  as its own process) receives the job's windows and its action is carried
+  out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from pacer import subjects
+from pacer.bus import Bus
+from pacer.codec import decode
+from pacer.contracts.agent import ActionKind
+from pacer.contracts.jobs import JobRecord, JobState
+from pacer.contracts.policy import ControllerDecision
+from pacer.data.criteo import generate
+from pacer.jobs.client import JobClient
+from pacer.stack import Stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = 60_000  # 117 BSP steps of 512: ~60 s with the straggler, a few s without
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "train.rec"
+    generate(path, ROWS, seed=11)
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    env = {
+        "PACER_INJECT_STRAGGLERS": json.dumps({"worker-1": {"kind": "persistent", "sleep_s": 0.5}}),
+        "PACER_MONITOR_INTERVAL_S": "2", "PACER_MONITOR_WINDOW_SHORT_S": "6", "PACER_MONITOR_WINDOW_LONG_S": "12",
+        "PACER_CONTROLLER_EVERY_S": "3", "PACER_BATCHES_PER_SHARD": "5",
+    }
+    st = Stack(tmp_path_factory.mktemp("stack"),
+               services=["shard", "monitor", "jobs", "executor", "controller", "policies"], env=env)
+    st.start()
+    try:
+        yield st
+    finally:
+        st.stop()
+
+
+@pytest.fixture
+async def client(stack: Stack) -> AsyncIterator[JobClient]:
+    bus = await Bus.connect(stack.url, name="stragglers-test")
+    try:
+        yield JobClient(bus, timeout=20.0)
+    finally:
+        await bus.close()
+
+
+def spec(name: str, data: Path, policy: str) -> str:
+    return (f"name: {name}\nmodel: wide_deep\ndataset: {{path: {data}}}\nbatch_size: 512\nmode: bsp\n"
+            f"policies: {{straggler: {policy}}}\n")
+
+
+async def run_to_end(client: JobClient, job: str, timeout: float = 300.0) -> JobRecord:
+    deadline = time.monotonic() + timeout
+    while True:
+        rec = await client.get(job)
+        if rec.state in (JobState.COMPLETED, JobState.FAILED, JobState.STOPPED) and rec.torn_down:
+            return rec
+        assert time.monotonic() < deadline, f"{job} did not end: {rec}"
+        await asyncio.sleep(0.5)
+
+
+async def decisions(client: JobClient, job: str) -> list[ControllerDecision]:
+    sub = await client.bus.js.subscribe(subjects.controller_decision(job), ordered_consumer=True)
+    out: list[ControllerDecision] = []
+    while True:
+        try:
+            m = await sub.next_msg(timeout=1.0)
+        except TimeoutError:
+            await sub.unsubscribe()
+            return out
+        out.append(decode(ControllerDecision, m.data))
+
+
+def jct(rec: JobRecord) -> float:
+    return rec.finished_at - rec.started_at
+
+
+async def test_antdt_nd_restarts_the_persistent_straggler_and_beats_none(
+        stack: Stack, client: JobClient, data: Path) -> None:
+    await client.submit("strag-none", spec("strag-none", data, "none"))
+    none = await run_to_end(client, "strag-none")
+    await client.submit("strag-nd", spec("strag-nd", data, "antdt-nd"))
+    nd = await run_to_end(client, "strag-nd")
+    for rec in (none, nd):
+        assert rec.state is JobState.COMPLETED, rec.reason
+        assert rec.progress.shards_done == rec.progress.shards_total and rec.progress.records_done == ROWS
+    rounds = await decisions(client, "strag-nd")
+    restarts = [a for d in rounds for a in d.executed if a.kind is ActionKind.KILL_RESTART]
+    assert [a.node for a in restarts] == ["worker-1"] and "persistent" in restarts[0].reason, [
+        (d.reason, [(a.kind.value, a.node) for a in d.executed], [(r.kind, r.reason) for r in d.refused])
+        for d in rounds]
+    assert nd.restarts_by_node.get("worker-1") == 1 and none.node_restarts == 0
+    assert not [a for d in await decisions(client, "strag-none") for a in d.executed]  # none does nothing
+    assert jct(nd) < jct(none), (jct(nd), jct(none))
+
+
+@pytest.fixture
+def custom_policy(stack: Stack) -> Iterator[subprocess.Popen[str]]:
+    """``examples/policies/restart_slowest.py`` as its own process, as a user would run it."""
+    env = {**os.environ, "PACER_NATS_URL": stack.url}
+    proc = subprocess.Popen([sys.executable, str(REPO / "examples/policies/restart_slowest.py")], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and "ready" in proc.stdout.readline()
+    yield proc
+    proc.terminate()
+    proc.wait(10)
+
+
+async def test_a_custom_policy_service_gets_the_job_and_its_action_runs(
+        stack: Stack, client: JobClient, data: Path, custom_policy: subprocess.Popen[str]) -> None:
+    await client.submit("strag-custom", spec("strag-custom", data, "restart-slowest"))
+    deadline = time.monotonic() + 180
+    mine: list[ControllerDecision] = []
+    while not any(d.executed for d in mine):
+        assert time.monotonic() < deadline, f"no action from the custom policy: {mine}"
+        await asyncio.sleep(2.0)
+        mine = await decisions(client, "strag-custom")
+    done = next(d for d in mine if d.executed)
+    assert done.policy == "restart-slowest" and not done.fallback
+    assert done.executed[0].kind is ActionKind.KILL_RESTART and done.executed[0].node == "worker-1"
+    rec = await run_to_end(client, "strag-custom")
+    assert rec.state is JobState.COMPLETED and rec.restarts_by_node.get("worker-1", 0) >= 1
