@@ -45,7 +45,7 @@ job, and each node keeps at most ``max_samples`` of them.  Not thread-safe.
 
 from __future__ import annotations
 
-import statistics as _stats
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -233,12 +233,13 @@ class JobWindows:
         nw.samples_total = m.samples_total
         nw.cpu_percent = m.cpu_percent
         nw.rss_bytes = m.rss_bytes
-        self.evict(now)
+        nw.evict(now - self.cfg.window_long_s)  # this node only: O(1) per report (statistics evicts all)
 
     def observe_heartbeat(self, hb: Heartbeat, now: float) -> None:
         """Liveness only: the agent is up (its BPT comes with the metrics)."""
-        if self._alive(self.node(hb.node, hb.role), hb.ts, now):
-            self.evict(now)
+        nw = self.node(hb.node, hb.role)
+        if self._alive(nw, hb.ts, now):
+            nw.evict(now - self.cfg.window_long_s)
 
     @staticmethod
     def _alive(nw: NodeWindow, ts: float, now: float) -> bool:
@@ -315,15 +316,22 @@ class JobWindows:
         long = {n: self.nodes[n].window(now - cfg.window_long_s) for n in names}
         live = [n for n in names if states[n] is NodeState.RUNNING]
 
+        # Per role, the sorted BPTs of the live nodes with data: the median of a node's peers is
+        # read off this list with the node's own entry skipped, O(log n) per node instead of O(n).
+        by_role: dict[tuple[int, str], list[float]] = {}
+        for which, win in ((0, short), (1, long)):
+            for p in live:
+                if win[p].has_data:
+                    by_role.setdefault((which, self.nodes[p].role), []).append(win[p].bpt_s)
+        for vals in by_role.values():
+            vals.sort()
+
         def slowdown(n: str, win: dict[str, WindowStats]) -> float:
             """BPT of n over the median BPT of its live same-role peers (AntDT-ND: T_i / T)."""
             if not win[n].has_data:
                 return 0.0
-            role = self.nodes[n].role
-            peers = [win[p].bpt_s for p in live if p != n and self.nodes[p].role == role and win[p].has_data]
-            if not peers:
-                return 0.0
-            ref = _stats.median(peers)
+            vals = by_role.get((0 if win is short else 1, self.nodes[n].role), [])
+            ref = _median_without(vals, win[n].bpt_s)
             return win[n].bpt_s / ref if ref > 0 else 0.0
 
         out: list[NodeStats] = []
@@ -462,3 +470,18 @@ class MonitorCore:
     def forget(self, job: str) -> None:
         """Drop a finished job's state."""
         self.jobs.pop(job, None)
+
+
+def _median_without(sorted_vals: list[float], own: float) -> float:
+    """Median of ``sorted_vals`` with one entry equal to ``own`` removed (0.0 if nothing is left)."""
+    i = bisect.bisect_left(sorted_vals, own)
+    skip = i if i < len(sorted_vals) and sorted_vals[i] == own else len(sorted_vals)
+    m = len(sorted_vals) - (skip < len(sorted_vals))
+
+    def at(j: int) -> float:
+        return sorted_vals[j] if j < skip else sorted_vals[j + 1]
+
+    if m <= 0:
+        return 0.0
+    k = m // 2
+    return at(k) if m % 2 else (at(k - 1) + at(k)) / 2

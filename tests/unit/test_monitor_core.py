@@ -382,3 +382,19 @@ def test_unknown_job_and_forget() -> None:
 def test_bad_config_is_rejected(kw: dict[str, float]) -> None:
     with pytest.raises(ValidationError):
         MonitorConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_median_without_matches_the_plain_median_of_the_peers() -> None:
+    import random
+    import statistics
+
+    from pacer_services.monitor.core import _median_without
+
+    rng = random.Random(3)
+    for _ in range(500):
+        vals = sorted(rng.choice([0.1, 0.2, 0.3, 0.5, 1.0, rng.random()]) for _ in range(rng.randint(1, 9)))
+        own = rng.choice(vals)
+        peers = list(vals)
+        peers.remove(own)
+        want = statistics.median(peers) if peers else 0.0
+        assert _median_without(vals, own) == pytest.approx(want)
