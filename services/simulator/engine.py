@@ -263,6 +263,7 @@ class Simulation:
         base, extra = divmod(j.global_batch, self.n)
         self.B = np.array([base + (1 if i < extra else 0) for i in range(self.n)], dtype=np.int64)
         self.C = np.ones(self.n, dtype=np.int64)
+        self.speed = np.array(c.speeds(), dtype=np.float64)  # per worker (device groups, AntDT-DD)
         self.alive = np.ones(self.n, dtype=bool)
         self.has = np.zeros(self.n, dtype=bool)
         self.sid = np.full(self.n, -1, dtype=np.int64)
@@ -379,7 +380,7 @@ class Simulation:
     def _bpt(self) -> np.ndarray:
         """AntDT Eq. 1 per worker: T_w + T_s + T_m."""
         c = self.sc.cluster
-        tw = self.C * self.B / c.worker_speed + self.wd
+        tw = self.C * self.B / self.speed + self.wd
         out: np.ndarray = tw + self._ts() + c.comm_s
         return out
 
@@ -482,7 +483,10 @@ class Simulation:
             batch_sizes={self.wnames[i]: int(self.B[i]) for i in range(self.n)},
             accumulations={self.wnames[i]: int(self.C[i]) for i in range(self.n)},
             backup_workers=self.backup, min_batch=sc.job.min_batch, max_batch=sc.job.max_batch,
-            params=dict(sc.params),
+            device_groups=sc.cluster.groups(),
+            params={**({"max_batch_per_group": {g.name: g.max_batch for g in sc.cluster.device_groups
+                                                if g.max_batch}} if sc.cluster.device_groups else {}),
+                    **sc.params},
         )
         req = ctl.request(stats, setup, t)
         decision = self.policy(req)
@@ -664,7 +668,7 @@ class Simulation:
         c = self.sc.cluster
         self._refresh_delays()
         start = max(self.t, self.ps_down_until)
-        bpt = float(self.C[i] * self.B[i] / c.worker_speed + self.wd[i] + self._ts() + c.comm_s)
+        bpt = float(self.C[i] * self.B[i] / self.speed[i] + self.wd[i] + self._ts() + c.comm_s)
         per = int(self.C[i] * self.B[i])
         steps = -(-int(self.length[i] - self.pos[i]) // per)
         steps = min(steps, max(c.report_steps, int(c.report_span_s / bpt)))

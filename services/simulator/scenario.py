@@ -19,6 +19,13 @@ iterations, monitor every 5 min, lambda 1.5, L_trans 5 min, L_per 10 min):
   ``worker_speed``   (samples/s > 0, required) compute speed of a healthy worker:
                      T_w = B_i / worker_speed (AntDT Eq. 1's F(B_i), linear in B_i
                      as the paper's Fig. 8 validates for CPUs).
+  ``device_groups``  (list, default none) a heterogeneous (dedicated) cluster, AntDT-DD:
+                     ``[{name: fast, count: 15, speed: 3000, max_batch: 4096}, ...]``;
+                     counts sum to ``workers`` and are assigned in order (worker-0
+                     first); ``speed`` replaces ``worker_speed`` for the group;
+                     ``max_batch`` (0: unbounded) is the group's device memory
+                     limit, passed to the policy as
+                     ``params.max_batch_per_group``.
   ``ps_time_s``      (s >= 0, default 0.1) server time T_s per step of a healthy PS.
   ``comm_s``         (s >= 0, default 0.1) communication time T_m per step.
   ``pending_s``      (s >= 0, default 20) a relaunched pod waits this long in the
@@ -95,6 +102,14 @@ class ScenarioError(ValidationError):
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceGroup:
+    name: str
+    count: int
+    speed: float
+    max_batch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSpec:
     workers: int
     worker_speed: float
@@ -107,6 +122,18 @@ class ClusterSpec:
     report_steps: int = 10
     report_span_s: float = 30.0
     progress_s: float = 30.0
+    device_groups: tuple[DeviceGroup, ...] = ()
+
+    def speeds(self) -> list[float]:
+        """Compute speed of each worker (worker-0 first)."""
+        if not self.device_groups:
+            return [self.worker_speed] * self.workers
+        return [g.speed for g in self.device_groups for _ in range(g.count)]
+
+    def groups(self) -> dict[str, str]:
+        """worker -> device group name (empty for a homogeneous cluster)."""
+        names = [g.name for g in self.device_groups for _ in range(g.count)]
+        return {f"worker-{i}": n for i, n in enumerate(names)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,9 +276,27 @@ def _cluster(raw: Any) -> ClusterSpec:
         report_steps=f.int_("report_steps", 10, lo=1),
         report_span_s=f.float_("report_span_s", 30.0, lo=0.0, strict=True),
         progress_s=f.float_("progress_s", 30.0, lo=0.0, strict=True),
+        device_groups=_device_groups(f.get("device_groups", [])),
     )
     f.done()
+    if c.device_groups and sum(g.count for g in c.device_groups) != c.workers:
+        raise ScenarioError(f"cluster.device_groups: counts sum to {sum(g.count for g in c.device_groups)}, "
+                            f"not to cluster.workers ({c.workers})")
     return c
+
+
+def _device_groups(raw: Any) -> tuple[DeviceGroup, ...]:
+    if not isinstance(raw, list):
+        raise ScenarioError("cluster.device_groups: must be a list")
+    out = []
+    for i, item in enumerate(raw):
+        f = _Fields(item, f"cluster.device_groups[{i}]")
+        out.append(DeviceGroup(name=f.str_("name"), count=f.int_("count", lo=1),
+                               speed=f.float_("speed", lo=0.0, strict=True), max_batch=f.int_("max_batch", 0, lo=0)))
+        f.done()
+    if len({g.name for g in out}) != len(out):
+        raise ScenarioError("cluster.device_groups: group names must differ")
+    return tuple(out)
 
 
 def _job(raw: Any, workers: int) -> JobSpec:
