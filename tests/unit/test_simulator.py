@@ -282,7 +282,7 @@ def test_device_groups_must_cover_the_workers() -> None:
     raw = {"name": "x", "cluster": {"workers": 4, "worker_speed": 100.0,
                                     "device_groups": [{"name": "a", "count": 3, "speed": 100.0}]},
            "job": {"global_batch": 64, "records": 1000}}
-    with pytest.raises(ScenarioError, match="cluster.device_groups"):
+    with pytest.raises(ScenarioError, match=r"cluster\.device_groups"):
         parse(raw)
     raw["cluster"]["device_groups"] = [{"name": "a", "count": 4, "speed": 100.0, "memory": 1}]
     with pytest.raises(ScenarioError, match=r"device_groups\[0\]\.memory"):
