@@ -25,7 +25,7 @@ SERVICES: dict[str, str] = {
     "executor": "pacer_services.pod_executor.main",
     "api": "pacer_services.api.main",
     "controller": "pacer_services.controller.main",
-    "policies": "pacer_services.controller.policies_main",
+    "policies": "pacer_services.policy_service.main",
 }
 
 

@@ -29,7 +29,7 @@ from pacer.jobs.spec import parse_job_spec
 from pacer.policy import serve_policies
 from pacer_services.controller.app import ControllerService, ControllerServiceConfig
 from pacer_services.controller.core import ControllerConfig
-from pacer_services.controller.policies_main import PolicyService
+from pacer_services.policy_service.app import PolicyService
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -51,6 +51,8 @@ SERVICES = [
         "PACER_CHECKPOINT_ROOT": "/var/lib/pacer/checkpoints",
     }),
     Service("monitor", "monitor", "monitor"),
+    Service("controller", "controller", "controller"),
+    Service("policies", "policy_service", "policies", single=False),
     Service("pacer-api", "api", "api", {"PACER_API_HOST": "0.0.0.0", "PACER_API_PORT": "8750"}, single=False),
 ]
 

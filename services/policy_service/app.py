@@ -1,4 +1,4 @@
-"""The built-in straggler policies as a service: ``python -m pacer_services.controller.policies_main``.
+"""The built-in straggler policies as a service: ``python -m pacer_services.policy_service.main``.
 
 Each built-in (``antdt-nd``, ``antdt-dd``, ``lb-bsp``, ``backup-workers``,
 ``none``) answers ``pacer.policy.<name>.decide`` exactly as a user's policy
@@ -13,7 +13,7 @@ import contextlib
 from nats.aio.subscription import Subscription
 from pacer.bus import Bus
 from pacer.policy import serve_policies
-from pacer.runtime import RuntimeConfig, main_entry
+from pacer.runtime import RuntimeConfig
 from pacer.telemetry import Counters
 from pacer_services.controller.policies.registry import BUILTINS
 
@@ -36,12 +36,5 @@ class PolicyService:
 
 
 async def create(bus: Bus, rc: RuntimeConfig) -> PolicyService:
+    """App factory."""
     return PolicyService(bus)
-
-
-def main() -> None:
-    main_entry("policies", create)
-
-
-if __name__ == "__main__":
-    main()
