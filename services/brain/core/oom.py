@@ -1,0 +1,160 @@
+"""DLRover-RM §5.3 OOM prevention: predict a node's memory growth and raise its memory in time.
+
+The paper models "the dynamics of memory usage", checks whether a PS "would
+exceed the memory capacity before the job completion (e.g., 10,000 steps to
+complete)" and, if so, "scales the PSes with larger memory capacity" before
+the OOM happens.  It leaves the model to a technical report; here it is the
+least-squares line through the newest samples of (progress -> RSS), where
+progress is whatever the caller measures the job's completion in (global
+steps, or seconds):
+
+    rss(x) ~= a + b * x           (ordinary least squares over the window)
+    peak    = a + b * x_end + z * sigma
+
+with sigma the residual standard deviation, so noise widens the margin
+instead of triggering actions.  A fit over a recent window follows the
+current growth rate: embedding tables grow fast while new ids arrive and
+level off later (DLRover-RM Fig. 1(b)); a line over-predicts a levelling
+curve, which errs on the safe side.
+
+If ``peak`` exceeds the node's limit, the node gets ``peak * (1 + headroom)``
+rounded up, at most ``max_memory_mb`` (the machine).  Fewer than
+``min_samples`` samples, or samples that do not span any progress, predict
+nothing.  Pure: samples, limits and the horizon come in as arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from pacer.contracts.jobs import ResourcePlan
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySample:
+    """The RSS of a node at a point of the job's progress (step or seconds)."""
+
+    at: float
+    rss_mb: float
+
+
+@dataclass(frozen=True, slots=True)
+class OomConfig:
+    """Knobs of OOM prediction; the defaults are the documented ones."""
+
+    min_samples: int = 5  # no prediction from fewer samples
+    window: int = 60  # fit the newest this many samples
+    z: float = 2.0  # margin: peak + z residual standard deviations
+    headroom: float = 0.2  # new memory = predicted peak x (1 + headroom)
+    memory_step_mb: int = 64  # new memory is rounded up to this
+    max_memory_mb: int = 64 * 1024  # the most memory one node can get
+    min_growth_mb: float = 1.0  # growth over the remaining horizon below this counts as flat
+
+
+DEFAULT_OOM = OomConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryTrend:
+    """A least-squares line ``rss = intercept + slope * at`` with its residual spread."""
+
+    intercept_mb: float
+    slope_mb: float  # MiB per unit of progress
+    sigma_mb: float  # residual standard deviation
+    samples: int
+    last_at: float
+
+    def at(self, x: float) -> float:
+        return self.intercept_mb + self.slope_mb * x
+
+
+def fit_memory_trend(samples: Sequence[MemorySample], config: OomConfig = DEFAULT_OOM) -> MemoryTrend | None:
+    """The trend of the newest ``window`` samples; ``None`` if too few or all at one point."""
+    pts = sorted(samples, key=lambda s: s.at)[-config.window:] if config.window > 0 else sorted(samples, key=lambda s: s.at)
+    n = len(pts)
+    if n < max(2, config.min_samples):
+        return None
+    mx = sum(p.at for p in pts) / n
+    my = sum(p.rss_mb for p in pts) / n
+    sxx = sum((p.at - mx) ** 2 for p in pts)
+    if sxx <= 0:
+        return None
+    slope = sum((p.at - mx) * (p.rss_mb - my) for p in pts) / sxx
+    intercept = my - slope * mx
+    # n - 2 degrees of freedom: two parameters were fitted.
+    sse = sum((p.rss_mb - (intercept + slope * p.at)) ** 2 for p in pts)
+    sigma = math.sqrt(sse / (n - 2)) if n > 2 else 0.0
+    return MemoryTrend(intercept_mb=intercept, slope_mb=slope, sigma_mb=sigma, samples=n, last_at=pts[-1].at)
+
+
+@dataclass(frozen=True, slots=True)
+class OomForecast:
+    """The prediction for one node; ``new_memory_mb`` is set when its memory must be raised."""
+
+    node: str
+    role: str
+    limit_mb: int
+    trend: MemoryTrend | None
+    peak_mb: float  # predicted RSS (with margin) at the end of the horizon; 0 without a trend
+    oom_at: float | None  # progress at which the limit would be hit; None if not within the horizon
+    new_memory_mb: int | None
+    reason: str
+
+    @property
+    def act(self) -> bool:
+        return self.new_memory_mb is not None
+
+
+def forecast_oom(node: str, samples: Sequence[MemorySample], limit_mb: int, end_at: float,
+                 config: OomConfig = DEFAULT_OOM, *, role: str = "ps") -> OomForecast:
+    """Will ``node`` exceed ``limit_mb`` before the job's progress reaches ``end_at``? (DLRover-RM §5.3)"""
+    trend = fit_memory_trend(samples, config)
+    if trend is None:
+        return OomForecast(node, role, limit_mb, None, 0.0, None, None,
+                           f"too few samples to predict ({len(samples)} < {config.min_samples})")
+    end = max(end_at, trend.last_at)
+    margin = config.z * trend.sigma_mb
+    peak = trend.at(end) + margin
+    grows = trend.slope_mb * (end - trend.last_at) >= config.min_growth_mb
+    if peak <= limit_mb or (not grows and trend.at(trend.last_at) + margin <= limit_mb):
+        return OomForecast(node, role, limit_mb, trend, peak, None, None,
+                           f"predicted peak {peak:.0f} MiB within the limit {limit_mb} MiB")
+    # Where the line (plus margin) crosses the limit; at or before now when it is there already.
+    crossing = (limit_mb - margin - trend.intercept_mb) / trend.slope_mb if trend.slope_mb > 0 else trend.last_at
+    oom_at = max(crossing, trend.last_at)
+    step = config.memory_step_mb
+    want = math.ceil(peak * (1.0 + config.headroom) / step) * step
+    new = min(max(want, limit_mb), config.max_memory_mb)
+    if new <= limit_mb:
+        return OomForecast(node, role, limit_mb, trend, peak, oom_at, None,
+                           f"OOM predicted at {oom_at:.0f} but the limit {limit_mb} MiB is already the maximum")
+    capped = " (capped: OOM still predicted)" if want > config.max_memory_mb else ""
+    return OomForecast(node, role, limit_mb, trend, peak, oom_at, int(new),
+                       f"RSS grows {trend.slope_mb:.3g} MiB/unit: {peak:.0f} MiB predicted by {end:g} "
+                       f"> limit {limit_mb} MiB (hit at {oom_at:.0f}); raise to {new} MiB{capped}")
+
+
+def prevent_oom(plan: ResourcePlan, forecasts: Iterable[OomForecast]) -> ResourcePlan | None:
+    """``plan`` with memory raised for the forecasts that act, or ``None`` if none does.
+
+    A plan gives every node of a role the same memory, so a role gets the
+    largest memory any of its nodes needs.
+    """
+    ps_mem = plan.ps_memory_mb
+    worker_mem = plan.worker_memory_mb
+    why: list[str] = []
+    for f in forecasts:
+        if f.new_memory_mb is None:
+            continue
+        if f.role == "ps" and f.new_memory_mb > ps_mem:
+            ps_mem = f.new_memory_mb
+            why.append(f"{f.node}: {f.reason}")
+        elif f.role in ("worker", "chief") and f.new_memory_mb > worker_mem:
+            worker_mem = f.new_memory_mb
+            why.append(f"{f.node}: {f.reason}")
+    if not why:
+        return None
+    return replace(plan, ps_memory_mb=ps_mem, worker_memory_mb=worker_mem,
+                   reason="OOM prevention (DLRover-RM §5.3): " + "; ".join(why))
