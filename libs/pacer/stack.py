@@ -26,6 +26,7 @@ SERVICES: dict[str, str] = {
     "api": "pacer_services.api.main",
     "controller": "pacer_services.controller.main",
     "policies": "pacer_services.policy_service.main",
+    "brain": "pacer_services.brain.main",
 }
 
 

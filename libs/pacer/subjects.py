@@ -306,3 +306,19 @@ CONTROLLER_SERVICE = "controller"
 def controller_decision(job: str) -> str:
     """``pacer.events.controller.<job>.decision``: policy.ControllerDecision, one per decision round."""
     return event(CONTROLLER_SERVICE, job, "decision")
+
+
+# ------------------------------------------------------------------ brain
+BRAIN_SERVICE = "brain"
+BRAIN_BUCKET = "pacer-brain-history"  # JetStream KV: key <job> -> a finished job's record (JSON), the config DB
+
+
+class BrainOp:
+    PLAN = "plan"  # brain.PlanRequest -> jobs.ResourcePlan
+    HISTORY = "history"  # brain.HistoryQuery -> brain.HistoryList (on pacer.rpc.brain._all.history)
+    ALL = (PLAN, HISTORY)
+
+
+def brain_rpc(job: str, op: str) -> str:
+    """``pacer.rpc.brain.<job>.<op>`` with op in :class:`BrainOp`."""
+    return rpc(BRAIN_SERVICE, job, op)

@@ -43,9 +43,10 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 from pacer import subjects
-from pacer.bus import Bus, RetryPolicy
+from pacer.bus import NO_RETRY, Bus, RetryPolicy
 from pacer.codec import decode, encode
 from pacer.consumer import DurableConsumer
+from pacer.contracts.brain import PlanRequest
 from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind
 from pacer.contracts.jobs import (
     DataFormat,
@@ -57,6 +58,7 @@ from pacer.contracts.jobs import (
     JobSpec,
     JobState,
     ListRequest,
+    ResourcePlan,
     StopRequest,
     SubmitRequest,
 )
@@ -67,7 +69,7 @@ from pacer.jobs.lifecycle import TERMINAL, JobLifecycle, JobTrigger
 from pacer.jobs.spec import default_plan, parse_job_spec
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.shards.client import ShardAdmin
-from pacer.subjects import JobEventKind, JobOp, NodeEventKind, ShardEventKind
+from pacer.subjects import BrainOp, JobEventKind, JobOp, NodeEventKind, ShardEventKind
 from pacer.telemetry import Counters
 
 log = logging.getLogger("pacer.jobs")
@@ -80,6 +82,7 @@ class JobServiceConfig:
     batches_per_shard: int = 100
     lease_s: float = 30.0
     max_spec_bytes: int = 256 * 1024
+    brain_timeout_s: float = 5.0
 
     @classmethod
     def from_env(cls) -> JobServiceConfig:
@@ -204,7 +207,7 @@ class JobService:
                 raise Conflict(f"name: a job named {job!r} exists ({self.records[job].state.value}); "
                                "choose another name")
             data_path, eval_path, records = await asyncio.to_thread(self._prepare_data, spec)
-            plan = default_plan(spec)
+            plan = await self._first_plan(spec, records)
             per_worker = max(1, spec.batch_size // plan.workers)
             await self.admin.register(DatasetSpec(
                 job=job, dataset=spec.dataset.name, records=records, batch_size=per_worker,
@@ -220,6 +223,23 @@ class JobService:
             await self.bus.publish_durable(subjects.job_event(job, JobEventKind.PLAN), plan)
             self.counters.inc("submitted")
         await self.bus.respond(msg, rec)
+
+    async def _first_plan(self, spec: JobSpec, records: int) -> ResourcePlan:
+        """The brain's plan when the job's optimizer is ``brain`` (and it answers), else the default plan."""
+        if spec.policies.optimizer != subjects.BRAIN_SERVICE:
+            return default_plan(spec)
+        try:
+            plan = await self.bus.request(subjects.brain_rpc(spec.name, BrainOp.PLAN),
+                                          PlanRequest(spec.name, spec, records), ResourcePlan,
+                                          timeout=self.cfg.brain_timeout_s, retry=NO_RETRY)
+        except PacerError as exc:
+            self.counters.inc("brain_unavailable")
+            base = default_plan(spec)
+            return replace(base, reason=f"brain unavailable ({exc.code}): default plan; {base.reason}".rstrip("; "))
+        if plan.job != spec.name:
+            base = default_plan(spec)
+            return replace(base, reason=f"brain answered for {plan.job!r}: default plan; {base.reason}".rstrip("; "))
+        return plan
 
     def _prepare_data(self, spec: JobSpec) -> tuple[str, str, int]:
         """The record files the workers read: the spec's, or converted from Criteo text; and the record count."""

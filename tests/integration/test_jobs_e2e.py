@@ -51,7 +51,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "PACER_BATCHES_PER_SHARD": "5",
         "PACER_SHARD_LEASE_S": "20",
     }
-    st = Stack(tmp_path_factory.mktemp("stack"), services=["shard", "monitor", "jobs", "executor", "api"], env=env)
+    st = Stack(tmp_path_factory.mktemp("stack"), services=["shard", "monitor", "jobs", "executor", "api", "brain"], env=env)
     st.start()
     try:
         yield st
@@ -68,10 +68,12 @@ async def client(stack: Stack) -> AsyncIterator[JobClient]:
         await bus.close()
 
 
-def spec_yaml(name: str, data: Path, extra: str = "") -> str:
+def spec_yaml(name: str, data: Path, extra: str = "", optimizer: str = "default") -> str:
+    """Jobs take the default plan unless a test asks for the brain: what one job's OOM taught the
+    config DB must not leak into the next test's plan."""
     return (f"name: {name}\nmodel: wide_deep\n"
             f"dataset:\n  path: {data}\n  test_path: {heldout_path(data)}\n"
-            f"batch_size: 512\n{extra}")
+            f"batch_size: 512\npolicies: {{optimizer: {optimizer}}}\n{extra}")
 
 
 async def wait_for(client: JobClient, job: str, done, timeout: float = 240.0, what: str = "") -> JobRecord:
@@ -125,8 +127,10 @@ async def node_events(stack: Stack, job: str) -> list[NodeEvent]:
 
 async def test_job_completes_and_an_externally_killed_worker_is_relaunched(
         stack: Stack, client: JobClient, data: Path) -> None:
-    rec = await client.submit("e2e-basic", spec_yaml("e2e-basic", data))
-    assert rec.state is JobState.PLANNING and rec.plan is not None and rec.plan.source.value == "default"
+    rec = await client.submit("e2e-basic", spec_yaml("e2e-basic", data, optimizer="brain"))
+    # no resources in the spec: the brain plans it (a cold start: its config DB is empty)
+    assert rec.state is JobState.PLANNING and rec.plan is not None and rec.plan.source.value == "brain"
+    assert "cold start" in rec.plan.reason
     rec = await wait_for(client, "e2e-basic", lambda r: r.state is JobState.RUNNING
                          and 0 < r.progress.shards_done < r.progress.shards_total / 2, what="a running job")
     os.kill(trainer_pid(stack, "e2e-basic", "worker-1"), signal.SIGKILL)
@@ -141,6 +145,19 @@ async def test_job_completes_and_an_externally_killed_worker_is_relaunched(
     assert any(e.kind == "finished" and e.node == "worker-0" and e.result for e in events)
     status = await client.nodes("e2e-basic")
     assert status.state == "torn_down" and all(n.phase.value == "exited" for n in status.nodes)
+    # the finished job is in the brain's config DB, as it ran
+    from pacer import subjects
+    from pacer.bus import NO_RETRY
+    from pacer.contracts.brain import HistoryList, HistoryQuery
+
+    for _ in range(40):
+        hist = await client.bus.request(subjects.brain_rpc(subjects.ALL_JOBS, subjects.BrainOp.HISTORY),
+                                        HistoryQuery(), HistoryList, retry=NO_RETRY)
+        if any(e.job == "e2e-basic" for e in hist.jobs):
+            break
+        await asyncio.sleep(0.25)
+    entry = next(e for e in hist.jobs if e.job == "e2e-basic")
+    assert entry.succeeded and entry.workers == 2 and entry.throughput > 0
 
 
 async def test_kill_9_of_each_service_mid_job_loses_nothing(stack: Stack, client: JobClient, data: Path) -> None:

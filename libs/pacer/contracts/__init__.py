@@ -4,6 +4,6 @@ Importing this package registers every message class with the codec, which
 is what ``pacer schemas export`` and the round-trip test iterate over.
 """
 
-from pacer.contracts import agent, common, executor, jobs, monitor, nodes, policy, shards
+from pacer.contracts import agent, brain, common, executor, jobs, monitor, nodes, policy, shards
 
-__all__ = ["agent", "common", "executor", "jobs", "monitor", "nodes", "policy", "shards"]
+__all__ = ["agent", "brain", "common", "executor", "jobs", "monitor", "nodes", "policy", "shards"]

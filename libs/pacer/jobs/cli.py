@@ -344,6 +344,29 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return _run("jobs", args.nats, body)
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    """The brain's config DB: finished jobs, their final plans and throughput."""
+    from pacer import subjects
+    from pacer.contracts.brain import HistoryList, HistoryQuery
+
+    async def body(c: JobClient) -> int:
+        hl = await c.bus.request(subjects.brain_rpc(subjects.ALL_JOBS, subjects.BrainOp.HISTORY),
+                                 HistoryQuery(args.model or "", args.limit), HistoryList, timeout=c.timeout,
+                                 retry=c.retry)
+        if args.json:
+            print(_dump([to_dict(e) for e in hl.jobs]))
+        elif not hl.jobs:
+            print("the config DB is empty" + (f" for model {args.model}" if args.model else ""))
+        else:
+            print(table(["JOB", "MODEL", "RECORDS", "WORKERS", "PS", "W_CPU", "PS_CPU", "SAMPLES/S", "OK"],
+                        [[e.job, e.model, f"{e.records:,}", str(e.workers), str(e.ps), f"{e.worker_cpu:g}",
+                          f"{e.ps_cpu:g}", f"{e.throughput:,.0f}", "yes" if e.succeeded else "no"]
+                         for e in hl.jobs]))
+        return 0
+
+    return _run("history", args.nats, body)
+
+
 def cmd_job(args: argparse.Namespace) -> int:
     async def body(c: JobClient) -> int:
         rec = await c.get(args.id)
@@ -490,6 +513,12 @@ def add_cli(subparsers: Any) -> None:
     lg.add_argument("--interval", type=_positive(float), default=1.0, metavar="S", help="with -f: poll period")
     _common(lg)
     lg.set_defaults(fn=cmd_logs)
+
+    hp = subparsers.add_parser("history", help="the brain's config DB of finished jobs")
+    hp.add_argument("--model", help="only this model family (wide_deep, xdeepfm, dcn)")
+    hp.add_argument("--limit", type=_positive(int), default=50)
+    _common(hp)
+    hp.set_defaults(fn=cmd_history)
 
     st = subparsers.add_parser("stop", help="stop a job")
     st.add_argument("id", metavar="ID")

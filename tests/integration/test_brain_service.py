@@ -1,0 +1,128 @@
+"""The brain service over a real nats-server: cold and warm starts, the config DB, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from conftest import InProcess
+from pacer import subjects
+from pacer.bus import NO_RETRY, Bus
+from pacer.codec import encode
+from pacer.contracts.brain import HistoryList, HistoryQuery, PlanRequest
+from pacer.contracts.jobs import (
+    JobEvent,
+    JobProgress,
+    JobRecord,
+    JobState,
+    PlanSource,
+    ResourcePlan,
+)
+from pacer.embedded import EmbeddedNats
+from pacer.errors import ValidationError
+from pacer.jobs.spec import DEFAULT_PLAN, parse_job_spec
+from pacer_services.brain.app import BrainService
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def spec(name: str, model: str = "wide_deep", extra: str = ""):  # type: ignore[no-untyped-def]
+    return parse_job_spec(f"name: {name}\nmodel: {model}\ndataset: {{path: /data/day0.rec}}\n{extra}")
+
+
+@pytest.fixture
+async def brain(nats_server: EmbeddedNats) -> AsyncIterator[InProcess[BrainService]]:
+    b = InProcess(nats_server.url, BrainService)
+    await b.start()
+    yield b
+    await b.stop()
+
+
+async def plan_for(bus: Bus, name: str, model: str = "wide_deep", extra: str = "") -> ResourcePlan:
+    return await bus.request(subjects.brain_rpc(name, subjects.BrainOp.PLAN),
+                             PlanRequest(name, spec(name, model, extra), 1_000_000), ResourcePlan, retry=NO_RETRY)
+
+
+async def finish(bus: Bus, name: str, workers: int, ps: int, worker_cpu: float, model: str = "wide_deep") -> None:
+    plan = ResourcePlan(name, workers, ps, worker_cpu, 4096, 4.0, 8192, PlanSource.BRAIN)
+    now = time.time()
+    rec = JobRecord(name, spec(name, model), JobState.COMPLETED, now - 600, started_at=now - 500,
+                    finished_at=now, plan=plan, records=1_000_000,
+                    progress=JobProgress(shards_total=10, shards_done=10, records_done=1_000_000,
+                                         records_total=1_000_000))
+    await (await bus.kv(subjects.JOB_BUCKET)).put(name, encode(rec))
+    await bus.publish_durable(subjects.job_event(name, "completed"),
+                              JobEvent(name, JobState.COMPLETED, now, "every dataset finished", JobState.RUNNING))
+
+
+async def history(bus: Bus, model: str = "") -> HistoryList:
+    return await bus.request(subjects.brain_rpc(subjects.ALL_JOBS, subjects.BrainOp.HISTORY),
+                             HistoryQuery(model), HistoryList, retry=NO_RETRY)
+
+
+async def wait_history(bus: Bus, n: int) -> HistoryList:
+    for _ in range(100):
+        h = await history(bus)
+        if len(h.jobs) >= n:
+            return h
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"config DB has {len(h.jobs)} jobs, not {n}")
+
+
+async def test_cold_start_then_warm_start_from_finished_jobs(brain: InProcess[BrainService], bus: Bus) -> None:
+    cold = await plan_for(bus, "new-1")
+    assert cold.source is PlanSource.BRAIN and "cold start" in cold.reason
+    assert (cold.workers, cold.ps, cold.worker_memory_mb) == (DEFAULT_PLAN.workers, DEFAULT_PLAN.ps,
+                                                              DEFAULT_PLAN.worker_memory_mb)
+    await finish(bus, "old-a", 8, 4, 3.0)
+    await finish(bus, "old-b", 12, 4, 3.0)
+    await finish(bus, "old-dcn", 2, 1, 1.0, model="dcn")
+    h = await wait_history(bus, 3)
+    assert {e.job for e in h.jobs} == {"old-a", "old-b", "old-dcn"}
+    assert all(e.throughput == pytest.approx(2000.0, rel=0.05) for e in h.jobs)  # 1M records in 500 s
+    warm = await plan_for(bus, "new-2")
+    assert "warm start" in warm.reason and warm.reason.index("old-b") < warm.reason.index("old-dcn")
+    # Alg. 1 by hand, mu = 0.6, least similar first (old-dcn, then old-a, then the newer twin old-b):
+    # workers 2 -> 0.6*8 + 0.4*2 = 5.6 -> 0.6*12 + 0.4*5.6 = 9.44; ps 1 -> 2.8 -> 3.52; cpu 1 -> 2.2 -> 2.68
+    assert (warm.workers, warm.ps, warm.worker_cpu) == (9, 4, 2.7)
+    limited = await plan_for(bus, "new-3", extra="limits: {max_workers: 5}\n")
+    assert limited.workers == 5  # the spec's limits still win
+    assert [e.job for e in (await history(bus, "dcn")).jobs] == ["old-dcn"]
+
+
+async def test_config_db_survives_a_restart_and_bad_requests_are_refused(
+        brain: InProcess[BrainService], bus: Bus, nats_server: EmbeddedNats) -> None:
+    await finish(bus, "kept", 6, 2, 2.0)
+    await wait_history(bus, 1)
+    await brain.stop()
+    again = InProcess(nats_server.url, BrainService)
+    await again.start()
+    try:
+        assert [e.job for e in (await history(bus)).jobs] == ["kept"]
+        assert "warm start" in (await plan_for(bus, "after")).reason
+        with pytest.raises(ValidationError, match="job"):
+            await bus.request(subjects.brain_rpc("x1", subjects.BrainOp.PLAN), PlanRequest("x2", spec("x2")),
+                              ResourcePlan, retry=NO_RETRY)
+        with pytest.raises(ValidationError, match="limit"):
+            await bus.request(subjects.brain_rpc(subjects.ALL_JOBS, subjects.BrainOp.HISTORY), HistoryQuery("", 0),
+                              HistoryList, retry=NO_RETRY)
+        await bus.nc.publish(subjects.brain_rpc("x3", subjects.BrainOp.PLAN), b"\x01")  # garbage: no crash
+        assert (await plan_for(bus, "still-up")).source is PlanSource.BRAIN
+    finally:
+        await again.stop()
+
+
+async def test_pacer_history_lists_the_config_db(brain: InProcess[BrainService], bus: Bus,
+                                                 nats_server: EmbeddedNats,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from pacer.cli import main
+
+    await finish(bus, "listed", 6, 2, 2.0, model="dcn")
+    await wait_history(bus, 1)
+    rc = await asyncio.to_thread(main, ["history", "--nats", nats_server.url])
+    out = capsys.readouterr().out
+    assert rc == 0 and "listed" in out and "dcn" in out and "2,000" in out
+    rc = await asyncio.to_thread(main, ["history", "--nats", nats_server.url, "--model", "xdeepfm"])
+    assert rc == 0 and "empty" in capsys.readouterr().out
