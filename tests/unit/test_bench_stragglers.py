@@ -1,0 +1,31 @@
+"""``bench/bench_stragglers.py --quick``: the simulation part runs and its last line is the documented JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW_KEYS = {"side", "mode", "intensity", "method", "jct_s", "ideal_jct_s", "speedup_vs_native_pct"}
+
+
+def test_quick_benchmark_prints_tables_and_the_json_last() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_stragglers.py"), "--quick"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    out = json.loads(lines[-1])
+    assert {"table", "decision_ms_1000_workers", "overhead_pct"} <= out.keys()
+    assert "### Table III" in proc.stdout and "| SI |" in proc.stdout
+    rows = out["table"]
+    # 2 sides x (4 BSP methods + 3 ASP methods) at one intensity
+    assert len(rows) == 14
+    for r in rows:
+        assert set(r) == ROW_KEYS
+        assert r["side"] in ("worker", "ps") and r["mode"] in ("bsp", "asp") and r["intensity"] == 0.8
+        assert r["jct_s"] > 0 and r["ideal_jct_s"] > 0 and r["jct_s"] >= r["ideal_jct_s"] - 1e-6
+    natives = [r for r in rows if r["method"] in ("bsp", "asp")]
+    assert len(natives) == 4 and all(r["speedup_vs_native_pct"] == 0.0 for r in natives)
+    assert out["decision_ms_1000_workers"] > 0 and out["overhead_pct"] >= 0
