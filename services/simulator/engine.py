@@ -279,6 +279,7 @@ class Simulation:
         self.backup = j.backup_workers
         self.ps_up = np.ones(self.m, dtype=bool)
         self.ps_down_until = 0.0
+        self.migrating: set[str] = set()  # PS whose seamless replacement is starting
         # ---- stragglers
         self.wpat: list[list[_Pattern]] = [[] for _ in range(self.n)]
         self.ppat: list[list[_Pattern]] = [[] for _ in range(self.m)]
@@ -425,6 +426,8 @@ class Simulation:
             self._return(payload)
         elif kind == "ps_return":
             self._ps_return(payload)
+        elif kind == "ps_swap":
+            self._ps_swap(payload)
         elif kind == "leg":
             i, g = payload
             if g == self.gen[i]:
@@ -573,7 +576,14 @@ class Simulation:
 
     def _kill_ps(self, j: int) -> None:
         name = self.pnames[j]
-        if not self.ps_up[j]:
+        if not self.ps_up[j] or name in self.migrating:
+            return
+        c = self.sc.cluster
+        if c.ps_migration == "seamless":
+            # Pacer's seamless migration (DLRover-RM §5.2): the replacement starts while the old
+            # PS keeps serving (slowly); the pause comes only when the workers move (_ps_swap).
+            self.migrating.add(name)
+            self.push(self.t + c.pending_s + c.ps_start_s, "ps_swap", j)
             return
         self.ps_up[j] = False
         back = self._relaunch(name, "ps", self.ppat[j])
@@ -582,6 +592,22 @@ class Simulation:
         self.push(back, "ps_return", j)
         if self.sc.job.mode == "asp" and pause > 0:
             # Every in-flight step waits for the PS: shift the legs by the pause.
+            for i, (start, end, steps, bpt) in sorted(self.leg.items()):
+                self.gen[i] += 1
+                self.leg[i] = (start, end + pause, steps, bpt)
+                self.push(end + pause, "leg", (i, int(self.gen[i])))
+
+    def _ps_swap(self, j: int) -> None:
+        """The new PS runs: checkpoint, the workers restart on the new cluster (init_s), old PS stops."""
+        name = self.pnames[j]
+        self.migrating.discard(name)
+        self._relaunch(name, "ps", self.ppat[j])  # executor decision + died/created; the new PS is healthy
+        self.ps_up[j] = False
+        back = self.t + self.sc.cluster.init_s
+        pause = back - max(self.t, self.ps_down_until)
+        self.ps_down_until = max(self.ps_down_until, back)
+        self.push(back, "ps_return", j)
+        if self.sc.job.mode == "asp" and pause > 0:
             for i, (start, end, steps, bpt) in sorted(self.leg.items()):
                 self.gen[i] += 1
                 self.leg[i] = (start, end + pause, steps, bpt)

@@ -34,6 +34,15 @@ iterations, monitor every 5 min, lambda 1.5, L_trans 5 min, L_per 10 min):
                      rebuild the communication world, restore the checkpoint,
                      rebuild the graph (AntDT §V-D: "several minutes"; DDS-based
                      restart delay ~2 min in AntDT Fig. 17).
+  ``ps_migration``   (``restart`` | ``seamless``, default restart) how a PS is
+                     KILL_RESTARTed: ``restart``: the PS is gone at once and
+                     training pauses pending_s + init_s; ``seamless`` as
+                     Pacer's executor migrates a PS (DLRover-RM §5.2): the
+                     replacement starts (pending_s + ps_start_s) while the old
+                     PS keeps serving, then training pauses init_s while the
+                     workers move.  Seamless wins for a mildly slow PS and
+                     loses for a very slow one (it keeps serving meanwhile).
+  ``ps_start_s``     (s >= 0, default 30) a new PS process's start-up after its pod runs.
   ``busy``           (bool, default false) the cluster scheduler has pods queued:
                      the monitor's cluster-busy flag (AntDT-ND then does not
                      KILL_RESTART workers).
@@ -119,6 +128,8 @@ class ClusterSpec:
     pending_s: float = 20.0
     init_s: float = 100.0
     busy: bool = False
+    ps_migration: str = "restart"
+    ps_start_s: float = 30.0
     report_steps: int = 10
     report_span_s: float = 30.0
     progress_s: float = 30.0
@@ -273,6 +284,8 @@ def _cluster(raw: Any) -> ClusterSpec:
         pending_s=f.float_("pending_s", 20.0, lo=0.0),
         init_s=f.float_("init_s", 100.0, lo=0.0),
         busy=f.bool_("busy", False),
+        ps_migration=f.str_("ps_migration", "restart", choices=("restart", "seamless")),
+        ps_start_s=f.float_("ps_start_s", 30.0, lo=0.0),
         report_steps=f.int_("report_steps", 10, lo=1),
         report_span_s=f.float_("report_span_s", 30.0, lo=0.0, strict=True),
         progress_s=f.float_("progress_s", 30.0, lo=0.0, strict=True),

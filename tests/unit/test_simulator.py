@@ -157,12 +157,34 @@ def test_restart_does_not_cure_a_straggler_that_follows_the_node() -> None:
 
 
 def test_ps_kill_restart_pauses_then_recovers() -> None:
-    sc = scenario(stragglers=[{"node": "ps-0", "pattern": "persistent", "sleep_s": 2.0, "intensity": 1.0}])
+    slow_ps = [{"node": "ps-0", "pattern": "persistent", "sleep_s": 2.0, "intensity": 1.0}]
+    sc = scenario(cluster={"ps_migration": "restart"}, stragglers=slow_ps)
     none = run(sc, policy=none_policy)
     res = run(sc, policy=restart_stragglers, controller=False)
     assert res.actions == {"KILL_RESTART": 1}
     assert res.jct_s < none.jct_s / 2
     assert res.records_duplicated == 0  # a PS restart loses no data
+
+
+def test_seamless_ps_migration_trades_slow_service_for_a_shorter_pause() -> None:
+    """DLRover-RM §5.2: the replacement starts while the old PS serves; only init_s is a pause.
+
+    That wins when the old PS is mildly slow (little is lost while it serves) and
+    loses when it is very slow (stopping it at once costs less than its service).
+    """
+    def both(sleep_s: float) -> tuple[Any, Any]:
+        slow_ps = [{"node": "ps-0", "pattern": "persistent", "sleep_s": sleep_s, "intensity": 1.0}]
+        # a long queue (pending 30 s) and a quick PS start (10 s): restart pauses 40 s, seamless 10 s
+        cluster = {"ps_migration": "", "ps_start_s": 10, "pending_s": 30}
+        return tuple(run(scenario(cluster={**cluster, "ps_migration": mode}, stragglers=slow_ps),
+                         policy=restart_stragglers, controller=False) for mode in ("restart", "seamless"))
+
+    restart, seamless = both(0.2)  # a step of 0.5 s instead of 0.3
+    assert seamless.restarts == restart.restarts == 1  # requests while the replacement starts change nothing
+    assert seamless.jct_s < restart.jct_s
+    assert seamless.records_duplicated == 0
+    restart, seamless = both(9.7)  # 10 s instead of 0.3: 40 s of its service cost more than the pause
+    assert restart.jct_s < seamless.jct_s
 
 
 def test_backup_workers_drop_the_straggler_gradient() -> None:
