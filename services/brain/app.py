@@ -12,9 +12,18 @@
   the job lifecycle events (``completed``, ``failed``) adds to it, so a job
   that ends while the brain is down is recorded when it comes back.
 
+* OOM prevention (DLRover-RM §5.3, :mod:`.core.oom`): from the monitor's
+  statistics (``pacer.events.monitor.<job>.statistics``) the brain keeps each
+  node's RSS over time, forecasts it to the job's end (remaining records over
+  the current throughput), and when a PS would cross its memory limit it
+  publishes a new plan with more PS memory; the executor applies it as a
+  seamless PS migration, before the OOM.  One such plan per job per
+  ``oom_cooldown_s``.
+
 Not yet here (issue 6 continues): the sample/optimize/adjust stages and
 online model fitting during a job (the cores exist in :mod:`.core`), cluster-
-level selection, OOM prevention and placement applied to running jobs.
+level selection and placement applied to running jobs; worker memory is
+forecast but only new worker pods get a raised limit.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import deque
 from dataclasses import replace
 
 import nats.errors
@@ -36,12 +46,20 @@ from pacer.codec import decode
 from pacer.consumer import DurableConsumer
 from pacer.contracts.brain import HistoryEntry, HistoryList, HistoryQuery, PlanRequest
 from pacer.contracts.executor import ExecutorJob
-from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
-from pacer.errors import ValidationError
+from pacer.contracts.jobs import JobEvent, JobRecord, JobState, PlanSource, ResourcePlan
+from pacer.contracts.monitor import JobStatistics, NodeState
+from pacer.errors import PacerError, ValidationError
 from pacer.runtime import RuntimeConfig, dispatch_rpc
 from pacer.subjects import BrainOp
 from pacer.telemetry import Counters
 from pacer_services.brain.core.history import JobFeatures, JobHistory
+from pacer_services.brain.core.oom import (
+    DEFAULT_OOM,
+    MemorySample,
+    OomConfig,
+    forecast_oom,
+    prevent_oom,
+)
 from pacer_services.brain.core.warmstart import warm_start
 
 log = logging.getLogger("pacer.brain")
@@ -50,10 +68,15 @@ log = logging.getLogger("pacer.brain")
 class BrainService:
     name = subjects.BRAIN_SERVICE
 
-    def __init__(self, bus: Bus, durable: str = "brain") -> None:
+    def __init__(self, bus: Bus, durable: str = "brain", oom: OomConfig = DEFAULT_OOM,
+                 oom_cooldown_s: float = 300.0) -> None:
         self.bus = bus
         self.counters = Counters(self.name)
         self.history: dict[str, JobHistory] = {}
+        self.oom, self.oom_cooldown_s = oom, oom_cooldown_s
+        self.memory: dict[str, dict[str, deque[MemorySample]]] = {}  # job -> node -> RSS over time
+        self.plans: dict[str, ResourcePlan] = {}  # job -> the plan the brain last published
+        self.oom_at: dict[str, float] = {}  # job -> when its last OOM-prevention plan went out
         self.rpc = {BrainOp.PLAN: self._plan, BrainOp.HISTORY: self._history}
         self.consumer = DurableConsumer(
             bus, self.name, durable,
@@ -63,6 +86,7 @@ class BrainService:
         self._kv: KeyValue | None = None
         self._jobs_kv: KeyValue | None = None
         self._sub: Subscription | None = None
+        self._stats_sub: Subscription | None = None
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
         await self.bus.ensure_streams()
@@ -75,14 +99,17 @@ class BrainService:
                 self.counters.inc("bad_records")
                 log.error("unreadable config DB record %s; ignored", key)
         self._sub = await self.bus.nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name, cb=self._on_rpc)
+        self._stats_sub = await self.bus.nc.subscribe(
+            subjects.events_of(subjects.MONITOR_SERVICE, kind="statistics"), queue=self.name, cb=self._on_statistics)
         await self.bus.nc.flush()
         tg.create_task(self.consumer.run(), name="pacer:brain:jobs")
         log.info("brain ready", extra={"fields": {"history": len(self.history)}})
 
     async def drain(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await self._sub.unsubscribe()
+        for sub in (self._sub, self._stats_sub):
+            if sub is not None:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
         await self.consumer.stop()
 
     async def _on_rpc(self, msg: Msg) -> None:
@@ -111,6 +138,59 @@ class BrainService:
                                     plan.ps, plan.worker_cpu, plan.ps_cpu, h.throughput, h.finished_at,
                                     h.succeeded))
         await self.bus.respond(msg, HistoryList(out[: q.limit]))
+
+    # ---------------------------------------------------------------- OOM prevention
+    async def _on_statistics(self, msg: Msg) -> None:
+        try:
+            stats = decode(JobStatistics, msg.data)
+            await self.prevent_oom(stats)
+        except PacerError as exc:
+            self.counters.inc("bad_events", code=exc.code)
+        except Exception:  # the subscription's boundary: the next window tries again
+            self.counters.inc("internal_errors", op="oom")
+            log.exception("OOM prevention failed")
+
+    async def prevent_oom(self, stats: JobStatistics) -> ResourcePlan | None:
+        """Feed one statistics window; publish (and return) a plan with more memory if an OOM is coming."""
+        nodes = self.memory.setdefault(stats.job, {})
+        for n in stats.nodes:
+            if n.state is NodeState.RUNNING and n.rss_bytes > 0:
+                q = nodes.setdefault(n.node, deque(maxlen=self.oom.window))
+                if not q or stats.ts > q[-1].at:
+                    q.append(MemorySample(stats.ts, n.rss_bytes / (1 << 20)))
+        sh = stats.shards
+        if sh is None or sh.finished or stats.throughput_samples_per_s <= 0 or sh.records_total <= sh.records_done:
+            return None
+        if stats.ts - self.oom_at.get(stats.job, -1e18) < self.oom_cooldown_s:
+            return None
+        plan = self.plans.get(stats.job) or await self._current_plan(stats.job)
+        if plan is None:
+            return None
+        end_at = stats.ts + (sh.records_total - sh.records_done) / stats.throughput_samples_per_s
+        roles = {n.node: n.role for n in stats.nodes}
+        forecasts = [forecast_oom(node, list(q), plan.ps_memory_mb if roles.get(node) == "ps"
+                                  else plan.worker_memory_mb, end_at, self.oom, role=roles.get(node, "worker"))
+                     for node, q in nodes.items() if node in roles]
+        raised = prevent_oom(plan, [f for f in forecasts if f.role == "ps"])  # PS move seamlessly (§5.2)
+        if raised is None:
+            return None
+        new_plan: ResourcePlan = replace(raised, source=PlanSource.BRAIN)
+        self.plans[stats.job], self.oom_at[stats.job] = new_plan, stats.ts
+        await self.bus.publish_durable(subjects.job_event(stats.job, subjects.JobEventKind.PLAN), new_plan)
+        self.counters.inc("oom_plans")
+        log.info("OOM prevention plan", extra={"fields": {"job": stats.job, "reason": new_plan.reason}})
+        return new_plan
+
+    async def _current_plan(self, job: str) -> ResourcePlan | None:
+        assert self._jobs_kv is not None
+        try:
+            entry = await self._jobs_kv.get(job)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        if not entry.value:
+            return None
+        rec = decode(JobRecord, entry.value)
+        return rec.plan if rec.state is JobState.RUNNING else None
 
     # ---------------------------------------------------------------- config DB
     async def _on_job_end(self, m: Msg) -> None:

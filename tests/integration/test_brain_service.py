@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from conftest import InProcess
@@ -126,3 +127,60 @@ async def test_pacer_history_lists_the_config_db(brain: InProcess[BrainService],
     assert rc == 0 and "listed" in out and "dcn" in out and "2,000" in out
     rc = await asyncio.to_thread(main, ["history", "--nats", nats_server.url, "--model", "xdeepfm"])
     assert rc == 0 and "empty" in capsys.readouterr().out
+
+
+def stats_window(job: str, t: float, ps_rss_mb: float, done: int, total: int = 10_000_000) -> Any:
+    from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
+
+    def node(name: str, role: str, rss_mb: float) -> NodeStats:
+        return NodeStats(node=name, role=role, bpt_short_s=0.1, bpt_long_s=0.1, speed_samples_per_s=1000.0,
+                         samples_total=done, cpu_percent=90.0, rss_bytes=int(rss_mb * (1 << 20)), last_seen=t,
+                         state=NodeState.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0,
+                         slowdown_long=1.0)
+
+    return JobStatistics(job=job, ts=t, window_short_s=300.0, window_long_s=600.0, throughput_samples_per_s=2000.0,
+                         nodes=[node("ps-0", "ps", ps_rss_mb), node("ps-1", "ps", 500.0),
+                                node("worker-0", "worker", 700.0), node("worker-1", "worker", 700.0)],
+                         shards=ShardSummary(todo=5, doing=2, done=3, failed=0, records_done=done,
+                                             records_total=total))
+
+
+async def running_job(bus: Bus, name: str) -> None:
+    plan = ResourcePlan(name, 2, 2, 1.0, 2048, 1.0, 1024, PlanSource.BRAIN)
+    rec = JobRecord(name, spec(name), JobState.RUNNING, time.time(), plan=plan, records=10_000_000)
+    await (await bus.kv(subjects.JOB_BUCKET)).put(name, encode(rec))
+
+
+async def test_a_ps_whose_memory_grows_gets_more_before_it_would_oom(
+        brain: InProcess[BrainService], bus: Bus) -> None:
+    """DLRover-RM §5.3: ps-0 grows 30 MiB per 10 s window; at 2,000 samples/s the job has ~80 min
+    left, far past its 1,024 MiB limit: a plan with more PS memory goes out before the OOM."""
+    from pacer.codec import decode
+
+    got: list[ResourcePlan] = []
+
+    async def on_plan(msg: Any) -> None:
+        got.append(decode(ResourcePlan, msg.data))
+
+    await bus.nc.subscribe(subjects.events_of("job", kind=subjects.JobEventKind.PLAN), cb=on_plan)
+    await running_job(bus, "growing")
+    await running_job(bus, "flat")
+    t0 = time.time()
+    for i in range(8):
+        await bus.publish(subjects.monitor_statistics("growing"), stats_window("growing", t0 + 10 * i, 600 + 30 * i,
+                                                                                 200_000 + 20_000 * i))
+        await bus.publish(subjects.monitor_statistics("flat"), stats_window("flat", t0 + 10 * i, 600.0,
+                                                                              200_000 + 20_000 * i))
+    for _ in range(100):
+        if got:
+            break
+        await asyncio.sleep(0.05)
+    assert [p.job for p in got] == ["growing"]  # the flat job needs nothing
+    plan = got[0]
+    assert plan.source is PlanSource.BRAIN and "OOM prevention" in plan.reason and "ps-0" in plan.reason
+    assert plan.ps_memory_mb > 1024 and plan.worker_memory_mb == 2048  # only the PS memory moves
+    assert plan.ps_memory_mb % 64 == 0
+    # while it would still be within its limit for a long time: nothing more within the cool-down
+    await bus.publish(subjects.monitor_statistics("growing"), stats_window("growing", t0 + 90, 880, 400_000))
+    await asyncio.sleep(0.5)
+    assert len(got) == 1
