@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import pacer.contracts  # noqa: F401  (registers every message with the codec)
 from pacer import codec, subjects
-from pacer.contracts import agent, common, executor, jobs, monitor, nodes, shards
+from pacer.contracts import agent, brain, common, executor, jobs, monitor, nodes, policy, shards
 from pacer.subjects import NodeEventKind, ShardEventKind, ShardOp
 
 SCHEMA_DIR = "proto-schemas"
@@ -83,6 +83,7 @@ OTHER_EVENT_CONTRACTS: list[tuple[str, str, type[Any]]] = [
     ("job", subjects.JobEventKind.PLAN, jobs.ResourcePlan),
     *(("job", state.value, jobs.JobEvent) for state in jobs.JobState),
     *((subjects.EXECUTOR_SERVICE, kind.value, executor.ExecutorEvent) for kind in executor.ExecutorEventKind),
+    (subjects.CONTROLLER_SERVICE, "decision", policy.ControllerDecision),
 ]
 
 
@@ -110,6 +111,12 @@ def _other_rpcs() -> list[OtherRpc]:
                  "jobs, newest first"),
         OtherRpc(subjects.job_rpc(_JOB, subjects.JobOp.STOP), jobs.StopRequest, jobs.JobRecord,
                  "stop a job; its pods are torn down"),
+        OtherRpc(subjects.brain_rpc(_JOB, subjects.BrainOp.PLAN), brain.PlanRequest, jobs.ResourcePlan,
+                 "a new job's first plan (warm start from the config DB, defaults on a cold start)"),
+        OtherRpc(subjects.brain_rpc(subjects.ALL_JOBS, subjects.BrainOp.HISTORY), brain.HistoryQuery,
+                 brain.HistoryList, "the config DB of finished jobs"),
+        OtherRpc(subjects.policy_decide("__policy__"), policy.PolicyRequest,
+                 policy.PolicyDecision, "a straggler policy service (built-in or your own) decides for one window"),
         OtherRpc(subjects.executor_rpc(_JOB, subjects.ExecutorOp.COMMAND), executor.ExecutorCommand,
                  executor.CommandResult, "node action: restart (KILL_RESTART), migrate, stop"),
         OtherRpc(subjects.executor_rpc(_JOB, subjects.ExecutorOp.STATUS), executor.JobQuery,
@@ -321,7 +328,7 @@ def render_readme() -> str:
     ]
     for r in _other_rpcs():
         reply = _link(r.reply) if r.reply is not None else "none"
-        subject = _job(r.subject).replace("__node__", "<node>")
+        subject = _job(r.subject).replace("__node__", "<node>").replace("__policy__", "<name>")
         lines.append(f"| `{subject}` | {_link(r.request)} | {reply} | {r.meaning} |")
     lines += [
         "",
