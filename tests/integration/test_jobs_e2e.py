@@ -164,7 +164,7 @@ async def test_kill_9_of_each_service_mid_job_loses_nothing(stack: Stack, client
     await client.submit("e2e-kills", spec_yaml("e2e-kills", data))
     await wait_for(client, "e2e-kills", lambda r: r.state is JobState.RUNNING and r.progress.shards_done > 0,
                    what="a running job")
-    for name in ("executor", "shard", "monitor"):
+    for name in ("executor", "shard", "monitor", "jobs"):
         before = (await client.get("e2e-kills")).progress.shards_done
         stack.procs[name].kill()
         stack.procs[name].wait()
