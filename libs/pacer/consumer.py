@@ -46,6 +46,25 @@ async def dead_letter(bus: Bus, service: str, msg: Msg, why: str) -> None:
     )
 
 
+async def bind_durable(js: JetStreamContext, durable: str, filters: list[str], deliver: DeliverPolicy,
+                       ack_wait_s: float) -> JetStreamContext.PullSubscription:
+    """Bind to (creating on first use) a durable pull consumer on ``PACER_EVENTS``: explicit acks,
+    redelivered forever, only ``filters``; ``deliver`` matters only when it is created."""
+    return await js.pull_subscribe(
+        "",
+        durable=durable,
+        stream=subjects.EVENTS_STREAM,
+        config=ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=deliver,
+            ack_wait=ack_wait_s,
+            max_deliver=-1,
+            filter_subjects=list(filters),
+        ),
+    )
+
+
 class DurableConsumer:
     def __init__(
         self,
@@ -71,19 +90,7 @@ class DurableConsumer:
         self.idle.set()
 
     async def bind(self) -> JetStreamContext.PullSubscription:
-        return await self.bus.js.pull_subscribe(
-            "",
-            durable=self.durable,
-            stream=subjects.EVENTS_STREAM,
-            config=ConsumerConfig(
-                durable_name=self.durable,
-                ack_policy=AckPolicy.EXPLICIT,
-                deliver_policy=self.deliver,
-                ack_wait=self.ack_wait_s,
-                max_deliver=-1,
-                filter_subjects=list(self.filters),
-            ),
-        )
+        return await bind_durable(self.bus.js, self.durable, self.filters, self.deliver, self.ack_wait_s)
 
     async def run(self) -> None:
         """Fetch and handle until :meth:`stop`; then park (the runtime cancels the task)."""

@@ -63,12 +63,13 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from pacer import subjects
 from pacer.bus import Bus
+from pacer.consumer import dead_letter
 from pacer.errors import PacerError
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.telemetry import Counters
 from pacer_services.monitor import handlers
 from pacer_services.monitor.core import MonitorConfig, MonitorCore
-from pacer_services.monitor.effects import EventFeed, dead_letter, publish_statistics
+from pacer_services.monitor.effects import EventFeed, publish_statistics
 
 log = logging.getLogger("pacer.monitor")
 

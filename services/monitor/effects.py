@@ -27,6 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pacer import subjects
 from pacer.bus import Bus
+from pacer.consumer import bind_durable
 from pacer.contracts.monitor import JobStatistics
 
 log = logging.getLogger("pacer.monitor")
@@ -48,19 +49,7 @@ class EventFeed:
         history.  Call this *before* :meth:`replay` so that no message falls
         between the two.
         """
-        return await self.js.pull_subscribe(
-            "",
-            durable=self.durable,
-            stream=subjects.EVENTS_STREAM,
-            config=ConsumerConfig(
-                durable_name=self.durable,
-                ack_policy=AckPolicy.EXPLICIT,
-                deliver_policy=DeliverPolicy.NEW,
-                ack_wait=ack_wait_s,
-                max_deliver=-1,
-                filter_subjects=list(self.filters),
-            ),
-        )
+        return await bind_durable(self.js, self.durable, self.filters, DeliverPolicy.NEW, ack_wait_s)
 
     async def replay(self, since: float, batch: int = 256, idle_s: float = 0.5) -> AsyncIterator[Msg]:
         """Yield every input event stored since unix time ``since`` up to the stream's current end."""
@@ -94,13 +83,6 @@ class EventFeed:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-
-
-async def dead_letter(bus: Bus, service: str, msg: Msg, why: str) -> None:
-    """Publish a refused message's bytes on ``pacer.deadletter.<service>`` and say why."""
-    await bus.nc.publish(
-        subjects.dead_letter(service), msg.data, headers={"Pacer-Error": why[:1024], "Pacer-Subject": msg.subject}
-    )
 
 
 async def publish_statistics(bus: Bus, stats: JobStatistics) -> None:

@@ -585,29 +585,23 @@ class Simulation:
             self.migrating.add(name)
             self.push(self.t + c.pending_s + c.ps_start_s, "ps_swap", j)
             return
-        self.ps_up[j] = False
-        back = self._relaunch(name, "ps", self.ppat[j])
-        pause = back - max(self.t, self.ps_down_until)
-        self.ps_down_until = max(self.ps_down_until, back)
-        self.push(back, "ps_return", j)
-        if self.sc.job.mode == "asp" and pause > 0:
-            # Every in-flight step waits for the PS: shift the legs by the pause.
-            for i, (start, end, steps, bpt) in sorted(self.leg.items()):
-                self.gen[i] += 1
-                self.leg[i] = (start, end + pause, steps, bpt)
-                self.push(end + pause, "leg", (i, int(self.gen[i])))
+        self._ps_down(j, self._relaunch(name, "ps", self.ppat[j]))
 
     def _ps_swap(self, j: int) -> None:
         """The new PS runs: checkpoint, the workers restart on the new cluster (init_s), old PS stops."""
         name = self.pnames[j]
         self.migrating.discard(name)
         self._relaunch(name, "ps", self.ppat[j])  # executor decision + died/created; the new PS is healthy
+        self._ps_down(j, self.t + self.sc.cluster.init_s)
+
+    def _ps_down(self, j: int, back: float) -> None:
+        """PS j is out until ``back``: training pauses until then."""
         self.ps_up[j] = False
-        back = self.t + self.sc.cluster.init_s
         pause = back - max(self.t, self.ps_down_until)
         self.ps_down_until = max(self.ps_down_until, back)
         self.push(back, "ps_return", j)
         if self.sc.job.mode == "asp" and pause > 0:
+            # Every in-flight step waits for the PS: shift the legs by the pause.
             for i, (start, end, steps, bpt) in sorted(self.leg.items()):
                 self.gen[i] += 1
                 self.leg[i] = (start, end + pause, steps, bpt)
