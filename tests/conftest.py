@@ -8,6 +8,7 @@ with its JetStream store in the test's tmp dir.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -156,3 +157,26 @@ def service_process(nats_server: EmbeddedNats, tmp_path: Path) -> Iterator[Servi
     p = ServiceProcess(nats_server.url, tmp_path / "shard-service.log")
     yield p
     p.stop()
+
+
+async def eventually(check: Callable[[], Any], within: float, what: Callable[[], str] | str = "") -> Any:
+    """Poll ``check`` until it returns something truthy (returned); fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {within}s; {what() if callable(what) else what}")
+
+
+@contextlib.asynccontextmanager
+async def job_client(url: str, name: str) -> AsyncIterator[Any]:
+    """A :class:`pacer.jobs.client.JobClient` on its own connection to the bus at ``url``."""
+    from pacer.jobs.client import JobClient
+
+    bus = await Bus.connect(url, name=name)
+    try:
+        yield JobClient(bus, timeout=20.0)
+    finally:
+        await bus.close()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from conftest import InProcess
+from conftest import InProcess, eventually
 from nats.aio.msg import Msg
 from pacer import subjects
 from pacer.bus import Bus
@@ -76,13 +76,7 @@ class Doubles:
         await self.bus.nc.flush()
 
     async def wait(self, check: Callable[[], Any], within: float = 15.0) -> Any:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            got = check()
-            if got:
-                return got
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out; decisions so far: {self.decisions}")
+        return await eventually(check, within, lambda: f"decisions so far: {self.decisions}")
 
 
 async def add_job(bus: Bus, job: str, policy: str, mode: str = "bsp") -> None:

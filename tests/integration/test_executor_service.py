@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import InProcess
+from conftest import InProcess, eventually
 from nats.aio.msg import Msg
 from pacer import subjects
 from pacer.bus import NO_RETRY, Bus
@@ -100,13 +100,7 @@ class Events:
         return [e for k, e in self.items if k == key]
 
     async def wait(self, check: Callable[[], Any], within: float = 30.0) -> Any:
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            got = check()
-            if got:
-                return got
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out; events: {[k for k, _ in self.items]}")
+        return await eventually(check, within, lambda: f"events: {[k for k, _ in self.items]}")
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import job_client
 from pacer.bus import Bus
 from pacer.contracts.jobs import JobRecord, JobState
 from pacer.contracts.nodes import NodeEvent
@@ -61,11 +62,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture
 async def client(stack: Stack) -> AsyncIterator[JobClient]:
-    bus = await Bus.connect(stack.url, name="e2e-test")
-    try:
-        yield JobClient(bus, timeout=20.0)
-    finally:
-        await bus.close()
+    async with job_client(stack.url, "e2e-test") as c:
+        yield c
 
 
 def spec_yaml(name: str, data: Path, extra: str = "", optimizer: str = "default") -> str:

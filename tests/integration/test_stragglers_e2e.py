@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import job_client
 from pacer import subjects
-from pacer.bus import Bus
 from pacer.codec import decode
 from pacer.contracts.agent import ActionKind
 from pacer.contracts.jobs import JobRecord, JobState
@@ -66,11 +66,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 @pytest.fixture
 async def client(stack: Stack) -> AsyncIterator[JobClient]:
-    bus = await Bus.connect(stack.url, name="stragglers-test")
-    try:
-        yield JobClient(bus, timeout=20.0)
-    finally:
-        await bus.close()
+    async with job_client(stack.url, "stragglers-test") as c:
+        yield c
 
 
 def spec(name: str, data: Path, policy: str) -> str:
