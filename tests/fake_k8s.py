@@ -9,7 +9,7 @@ real HTTP, with the official ``kubernetes`` client.  It implements only:
   replays history after a given ``resourceVersion``, ends after
   ``timeoutSeconds``, answers a compacted version with a 410 ``ERROR`` event),
 * ``GET/DELETE /api/v1/namespaces/{ns}/pods/{name}`` and ``.../log``,
-* ``POST/GET /api/v1/namespaces/{ns}/services[/{name}]``.
+* ``POST/GET/DELETE /api/v1/namespaces/{ns}/services[/{name}]``.
 
 It validates what a real API server would reject first (missing or
 non-DNS-1123 names, duplicate names -> 409 ``AlreadyExists``, unknown
@@ -140,6 +140,7 @@ class FakeK8s:
         app.router.add_post(base + "/services", self._create_service)
         app.router.add_get(base + "/services", self._list_services)
         app.router.add_get(base + "/services/{name}", self._get_service)
+        app.router.add_delete(base + "/services/{name}", self._delete_service)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
         sock = socket.socket()
@@ -352,6 +353,13 @@ class FakeK8s:
         if key not in self.services:
             return _error(404, "NotFound", f'services "{key[1]}" not found')
         return web.json_response(self.services[key])
+
+    async def _delete_service(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        key = (request.match_info["ns"], request.match_info["name"])
+        if key not in self.services:
+            return _error(404, "NotFound", f'services "{key[1]}" not found')
+        return web.json_response(self.services.pop(key))
 
     # -- kubelet-like helpers for tests -------------------------------------
 

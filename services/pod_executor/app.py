@@ -540,6 +540,11 @@ class ExecutorService:
                 if st is not None and st.phase is not PodPhase.EXITED and st.name not in n.deleting:
                     await self._delete(ej, n)
             if all(p.phase is PodPhase.EXITED for p in self.pods.values() if p.job == ej.job):
+                try:
+                    await self.backend.release(ej.job)
+                except PacerError as exc:  # leftovers cost memory, not correctness: say so, go on
+                    self.counters.inc("errors", code=exc.code, op="release")
+                    log.warning("resources of %s not released: %s", ej.job, exc.message)
                 ej.state = TORN_DOWN
                 await self._save(ej)
                 await self._executor_event(ej, ExecutorEventKind.TORN_DOWN, ej.reason)

@@ -66,6 +66,13 @@ class Backend(Protocol):
     def pod_port(self, cluster: ClusterDesc, role: str, index: int) -> int:
         """The TF server port of one slot (what :attr:`PodSpec.port` carries)."""
 
+    async def release(self, job: str) -> None:
+        """Free what the backend keeps for a job once every pod is gone (its pods' logs stay).
+
+        Local: the chief's flash checkpoints in shared memory (the disk copy
+        stays); Kubernetes: the job's headless Service.
+        """
+
     def capacity(self) -> tuple[float, int]:
         """(CPUs, memory MiB) that pods can use in total; (0, 0) when the backend cannot tell."""
 

@@ -233,6 +233,17 @@ class KubernetesBackend:
     def pod_port(self, cluster: ClusterDesc, role: str, index: int) -> int:
         return TF_PORT
 
+    async def release(self, job: str) -> None:
+        """Delete the job's headless Service (a 404 is fine: it is gone already)."""
+        try:
+            await asyncio.to_thread(self.api.delete_namespaced_service, job, self.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise _unavailable("delete service " + job, e) from e
+        except Exception as e:
+            raise _unavailable("delete service " + job, e) from e
+        self._services.discard(job)
+
     def capacity(self) -> tuple[float, int]:
         """Unknown here: summing node allocatable would need cluster-wide RBAC to list nodes."""
         return 0.0, 0

@@ -174,6 +174,19 @@ class LocalBackend:
         addrs = cluster.ps if role == "ps" else cluster.workers
         return int(addrs[index].rsplit(":", 1)[1])
 
+    async def release(self, job: str, shm: Path = Path("/dev/shm")) -> None:
+        """Remove the job's flash checkpoints from shared memory (RAM); their disk copies stay.
+
+        The chief's checkpointer is named ``<job>-chief`` (pacer.trainer.worker), its
+        slots ``pacer-flash-<job>-chief.A|B`` (pacer.trainer.flashckpt).
+        """
+        def remove() -> None:
+            for f in shm.glob(f"pacer-flash-{job}-chief.*"):
+                with contextlib.suppress(OSError):
+                    f.unlink()
+
+        await asyncio.to_thread(remove)
+
     def capacity(self) -> tuple[float, int]:
         """This machine's CPUs and memory: every local pod shares them."""
         return float(os.cpu_count() or 1), int(psutil.virtual_memory().total // (1 << 20))

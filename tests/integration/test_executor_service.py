@@ -141,6 +141,8 @@ def running(ev: Events, node: str, generation: int) -> Callable[[], bool]:
 
 async def test_plan_starts_nodes_and_a_finished_job_is_torn_down(env: tuple[Harness, Events, Bus]) -> None:
     h, ev, bus = env
+    shm = Path("/dev/shm") / f"pacer-flash-{JOB}-chief.A"  # what a chief's flash checkpoint leaves in RAM
+    shm.write_bytes(b"x" * 1024)
     await publish_plan(bus, plan())
     applied = await ev.wait(lambda: ev.of("executor.applied"))
     assert sorted(applied[0].started) == ["ps-0", "worker-0", "worker-1"] and applied[0].overhead_s >= 0
@@ -159,6 +161,7 @@ async def test_plan_starts_nodes_and_a_finished_job_is_torn_down(env: tuple[Harn
     assert ps_end and not ps_end[0].relaunch  # stopped by the executor, not relaunched
     cs = await ev.wait(lambda: ev.of("cluster.status"))
     assert cs[-1].backend == "local" and cs[-1].total_cpu >= 1
+    assert not shm.exists()  # released with the job: shared memory is RAM
 
 
 async def test_exits_are_classified_relaunched_or_fail_the_job(env: tuple[Harness, Events, Bus]) -> None:

@@ -448,3 +448,11 @@ def test_cluster_addresses(fake: FakeK8s) -> None:
     assert c.workers[2] == "job1-worker-2.job1.training.svc:2222" and len(c.workers) == 3
     assert b.pod_port(c, "worker", 1) == 2222 and b.name == "kubernetes"
     b.api.api_client.close()
+
+
+async def test_release_deletes_the_jobs_headless_service(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    await backend.create(spec())
+    assert (NS, JOB) in fake.services
+    await backend.release(JOB)
+    assert (NS, JOB) not in fake.services
+    await backend.release(JOB)  # gone already: a 404 is fine
