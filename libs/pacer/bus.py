@@ -41,7 +41,7 @@ from nats.js.kv import KeyValue
 from opentelemetry import propagate, trace
 
 from pacer import subjects
-from pacer.codec import encode
+from pacer.codec import decode, encode
 from pacer.contracts.common import decode_reply, encode_error
 from pacer.errors import PacerError, Unavailable
 
@@ -173,6 +173,15 @@ class Bus:
                                storage=StorageType.FILE))
         except nats.js.errors.BadRequestError:  # created concurrently by another instance
             return await self.js.key_value(bucket)
+
+    @staticmethod
+    async def kv_get(kv: KeyValue, key: str, cls: type[T]) -> T | None:
+        """The value of ``key`` decoded as ``cls``; ``None`` when the key is absent or deleted."""
+        try:
+            entry = await kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return decode(cls, entry.value) if entry.value else None
 
     async def kv_items(self, bucket: str, batch: int = 256) -> dict[str, bytes]:
         """Every live key of a KV bucket with its value, read straight from the bucket's stream.

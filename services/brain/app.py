@@ -183,27 +183,17 @@ class BrainService:
 
     async def _current_plan(self, job: str) -> ResourcePlan | None:
         assert self._jobs_kv is not None
-        try:
-            entry = await self._jobs_kv.get(job)
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        if not entry.value:
-            return None
-        rec = decode(JobRecord, entry.value)
-        return rec.plan if rec.state is JobState.RUNNING else None
+        rec = await Bus.kv_get(self._jobs_kv, job, JobRecord)
+        return rec.plan if rec is not None and rec.state is JobState.RUNNING else None
 
     # ---------------------------------------------------------------- config DB
     async def _on_job_end(self, m: Msg) -> None:
         ev = decode(JobEvent, m.data)
         assert self._jobs_kv is not None and self._kv is not None
-        try:
-            entry = await self._jobs_kv.get(ev.job)
-        except nats.js.errors.KeyNotFoundError:
+        rec = await Bus.kv_get(self._jobs_kv, ev.job, JobRecord)
+        if rec is None:
             self.counters.inc("unknown_jobs")
             return
-        if not entry.value:
-            return
-        rec = decode(JobRecord, entry.value)
         if rec.plan is None:
             return
         span = (rec.finished_at or ev.ts) - (rec.started_at or rec.submitted_at)
@@ -221,14 +211,10 @@ class BrainService:
     async def _as_run(self, plan: ResourcePlan) -> ResourcePlan:
         """The plan as the job really ran at the end: the executor's nodes (after OOM relaunches with
         more memory, migrations, scaling) — what a similar job should start from (DLRover-RM Alg. 1's A^i)."""
-        try:
-            kv = await self.bus.kv(subjects.EXECUTOR_BUCKET)
-            entry = await kv.get(plan.job)
-        except nats.js.errors.KeyNotFoundError:
+        ej = await Bus.kv_get(await self.bus.kv(subjects.EXECUTOR_BUCKET), plan.job, ExecutorJob)
+        if ej is None:
             return plan
-        if not entry.value:
-            return plan
-        ej = decode(ExecutorJob, entry.value)  # its latest plan's slots (teardown marks every node removed)
+        # its latest plan's slots (teardown marks every node removed)
         workers = [n for n in ej.nodes if n.role == "worker" and n.index < ej.plan.workers]
         ps = [n for n in ej.nodes if n.role == "ps" and n.index < ej.plan.ps]
         if not workers or not ps:

@@ -145,11 +145,7 @@ class ControllerService:
 
     async def _record(self, job: str) -> JobRecord | None:
         assert self._kv is not None
-        try:
-            entry = await self._kv.get(job)
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        return decode(JobRecord, entry.value) if entry.value else None
+        return await Bus.kv_get(self._kv, job, JobRecord)
 
     def _control(self, rec: JobRecord) -> JobControl:
         ctl = self.jobs.get(rec.job)

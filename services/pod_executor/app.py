@@ -217,13 +217,9 @@ class ExecutorService:
         rec = self.records.get(job)
         if rec is None:
             assert self._jobs_kv is not None
-            try:
-                entry = await self._jobs_kv.get(job)
-            except nats.js.errors.KeyNotFoundError:
-                raise NotFound(f"job {job!r}: no job record (submit it through the job service)") from None
-            if not entry.value:
-                raise NotFound(f"job {job!r}: no job record")
-            rec = decode(JobRecord, entry.value)
+            rec = await Bus.kv_get(self._jobs_kv, job, JobRecord)
+            if rec is None:
+                raise NotFound(f"job {job!r}: no job record (submit it through the job service)")
             self.records[job] = rec
         return rec
 
