@@ -84,6 +84,7 @@ OTHER_EVENT_CONTRACTS: list[tuple[str, str, type[Any]]] = [
     *(("job", state.value, jobs.JobEvent) for state in jobs.JobState),
     *((subjects.EXECUTOR_SERVICE, kind.value, executor.ExecutorEvent) for kind in executor.ExecutorEventKind),
     (subjects.CONTROLLER_SERVICE, "decision", policy.ControllerDecision),
+    (subjects.BRAIN_SERVICE, "decision", brain.BrainDecision),
 ]
 
 

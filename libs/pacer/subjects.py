@@ -319,6 +319,11 @@ class BrainOp:
     ALL = (PLAN, HISTORY)
 
 
+def brain_decision(job: str) -> str:
+    """``pacer.events.brain.<job>.decision``: brain.BrainDecision, one per re-plan of a running job."""
+    return event(BRAIN_SERVICE, job, "decision")
+
+
 def brain_rpc(job: str, op: str) -> str:
     """``pacer.rpc.brain.<job>.<op>`` with op in :class:`BrainOp`."""
     return rpc(BRAIN_SERVICE, job, op)

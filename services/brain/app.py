@@ -20,10 +20,25 @@
   seamless PS migration, before the OOM.  One such plan per job per
   ``oom_cooldown_s``.
 
-Not yet here (issue 6 continues): the sample/optimize/adjust stages and
-online model fitting during a job (the cores exist in :mod:`.core`), cluster-
-level selection and placement applied to running jobs; worker memory is
-forecast but only new worker pods get a raised limit.
+* Zero-config jobs (no ``resources`` in the spec) are re-planned while they
+  run by a :class:`~.core.autoscaler.JobAutoscaler` each: the first plan
+  (warm start, or on a cold start the default plan, measured as the sample)
+  -> optimize (DLRover 2023 Eq. 10-11) -> adjust every ``adjust_interval_s``
+  (hot PS, the online-fitted DLRover-RM model with Pareto candidates and the
+  Eq. 8-14 choice within the job's quota, idle PS).  Each re-plan goes out as
+  a plan event, which the executor applies, and a ``BrainDecision`` event
+  (``pacer.events.brain.<job>.decision``) saying why.  The executor's
+  ``applied`` events tell the autoscaler the plan in force and the pause it
+  cost (Eq. 8's overhead from history).  A brain restart picks up running
+  zero-config jobs from the executor's record, in the adjust stage.
+  The quota (C_total) and node size (C_max) come from :class:`BrainConfig`
+  (``PACER_BRAIN_CPU_QUOTA``, ``PACER_BRAIN_NODE_CPU``): a job's
+  ``limits.max_cpu`` lowers the quota.
+
+Not yet here: cluster-level selection across running jobs (the simulator
+runs it, :func:`.core.autoscaler.plan_cluster`; the service plans each job
+within its own quota) and placement (:mod:`.core.placement`) as node
+affinity; worker memory is forecast but only PS memory is raised.
 """
 
 from __future__ import annotations
@@ -32,8 +47,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import deque
-from dataclasses import replace
+import os
+from dataclasses import dataclass, field, replace
 
 import nats.errors
 import nats.js.errors
@@ -44,37 +59,77 @@ from pacer import subjects
 from pacer.bus import Bus
 from pacer.codec import decode
 from pacer.consumer import DurableConsumer
-from pacer.contracts.brain import HistoryEntry, HistoryList, HistoryQuery, PlanRequest
-from pacer.contracts.executor import ExecutorJob
-from pacer.contracts.jobs import JobEvent, JobRecord, JobState, PlanSource, ResourcePlan
-from pacer.contracts.monitor import JobStatistics, NodeState
+from pacer.contracts.brain import (
+    BrainDecision,
+    HistoryEntry,
+    HistoryList,
+    HistoryQuery,
+    PlanRequest,
+)
+from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind, ExecutorJob
+from pacer.contracts.jobs import JobEvent, JobRecord, JobSpec, JobState, PlanSource, ResourcePlan
+from pacer.contracts.monitor import JobStatistics
 from pacer.errors import PacerError, ValidationError
 from pacer.runtime import RuntimeConfig, dispatch_rpc
 from pacer.subjects import BrainOp
 from pacer.telemetry import Counters
-from pacer_services.brain.core.history import JobFeatures, JobHistory
-from pacer_services.brain.core.oom import (
-    DEFAULT_OOM,
-    MemorySample,
-    OomConfig,
-    forecast_oom,
-    prevent_oom,
+from pacer_services.brain.core.autoscaler import (
+    AutoscaleConfig,
+    Decision,
+    JobAutoscaler,
+    same_resources,
 )
+from pacer_services.brain.core.cluster import ScalingKind, ScalingRecord
+from pacer_services.brain.core.history import JobFeatures, JobHistory
+from pacer_services.brain.core.oom import DEFAULT_OOM, MemoryWatch, OomConfig
 from pacer_services.brain.core.warmstart import warm_start
 
 log = logging.getLogger("pacer.brain")
+
+
+@dataclass(frozen=True, slots=True)
+class BrainConfig:
+    """What the brain re-plans running jobs with (env: ``PACER_BRAIN_*``)."""
+
+    autoscale: bool = True  # re-plan zero-config jobs while they run
+    cpu_quota: float = 64.0  # C_total of a job without limits.max_cpu (DLRover 2023 §4.2)
+    node_cpu: float = 16.0  # C_max: CPUs of one node
+    adjust_interval_s: float = 180.0  # DLRover-RM §6: every 3 min
+    settle_s: float = 30.0  # a plan counts as measured after its nodes ran this long
+    autoscale_config: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+
+    @classmethod
+    def from_env(cls) -> BrainConfig:
+        env = os.environ
+        return cls(autoscale=env.get("PACER_BRAIN_AUTOSCALE", "1") not in ("0", "false", "no"),
+                   cpu_quota=float(env.get("PACER_BRAIN_CPU_QUOTA", "64")),
+                   node_cpu=float(env.get("PACER_BRAIN_NODE_CPU", "16")),
+                   adjust_interval_s=float(env.get("PACER_BRAIN_ADJUST_S", "180")),
+                   settle_s=float(env.get("PACER_BRAIN_SETTLE_S", "30")))
+
+    def autoscaler(self, spec: JobSpec, first: ResourcePlan, warm: bool) -> JobAutoscaler:
+        stages = replace(self.autoscale_config.stages, c_total=self.cpu_quota, c_max=self.node_cpu,
+                         ps_cpu_target=min(self.autoscale_config.stages.ps_cpu_target, self.node_cpu))
+        cfg = replace(self.autoscale_config, stages=stages, adjust_interval_s=self.adjust_interval_s,
+                      settle_s=self.settle_s)
+        # m of DLRover-RM Eq. 1 is per worker; the spec's batch is global (launch divides it).
+        m = max(1, spec.batch_size // max(1, first.workers))
+        return JobAutoscaler(spec, m, cfg, first=first, warm=warm)
 
 
 class BrainService:
     name = subjects.BRAIN_SERVICE
 
     def __init__(self, bus: Bus, durable: str = "brain", oom: OomConfig = DEFAULT_OOM,
-                 oom_cooldown_s: float = 300.0) -> None:
+                 oom_cooldown_s: float = 300.0, config: BrainConfig | None = None) -> None:
         self.bus = bus
         self.counters = Counters(self.name)
         self.history: dict[str, JobHistory] = {}
         self.oom, self.oom_cooldown_s = oom, oom_cooldown_s
-        self.memory: dict[str, dict[str, deque[MemorySample]]] = {}  # job -> node -> RSS over time
+        self.config = config or BrainConfig()
+        self.memory: dict[str, MemoryWatch] = {}  # job -> its nodes' RSS over time (jobs not autoscaled)
+        self.autoscalers: dict[str, JobAutoscaler] = {}  # running zero-config jobs
+        self.not_autoscaled: set[str] = set()  # jobs looked up and found not to be ours to re-plan
         self.plans: dict[str, ResourcePlan] = {}  # job -> the plan the brain last published
         self.oom_at: dict[str, float] = {}  # job -> when its last OOM-prevention plan went out
         self.rpc = {BrainOp.PLAN: self._plan, BrainOp.HISTORY: self._history}
@@ -87,6 +142,7 @@ class BrainService:
         self._jobs_kv: KeyValue | None = None
         self._sub: Subscription | None = None
         self._stats_sub: Subscription | None = None
+        self._applied_sub: Subscription | None = None
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
         await self.bus.ensure_streams()
@@ -101,12 +157,15 @@ class BrainService:
         self._sub = await self.bus.nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name, cb=self._on_rpc)
         self._stats_sub = await self.bus.nc.subscribe(
             subjects.events_of(subjects.MONITOR_SERVICE, kind="statistics"), queue=self.name, cb=self._on_statistics)
+        self._applied_sub = await self.bus.nc.subscribe(
+            subjects.events_of(subjects.EXECUTOR_SERVICE, kind=ExecutorEventKind.APPLIED.value),
+            queue=self.name, cb=self._on_applied)
         await self.bus.nc.flush()
         tg.create_task(self.consumer.run(), name="pacer:brain:jobs")
         log.info("brain ready", extra={"fields": {"history": len(self.history)}})
 
     async def drain(self) -> None:
-        for sub in (self._sub, self._stats_sub):
+        for sub in (self._sub, self._stats_sub, self._applied_sub):
             if sub is not None:
                 with contextlib.suppress(nats.errors.Error):
                     await sub.unsubscribe()
@@ -122,7 +181,11 @@ class BrainService:
             raise ValidationError(f"job: the request names {req.job!r} / spec {req.spec.name!r}, the subject {job!r}")
         ws = warm_start(req.spec, self.history.values(), records=req.records or None)
         self.counters.inc("plans", start="cold" if ws.cold else "warm")
-        await self.bus.respond(msg, replace(ws.plan, job=job))
+        plan = replace(ws.plan, job=job)
+        if self.config.autoscale and req.spec.resources is None:
+            self.autoscalers[job] = self.config.autoscaler(req.spec, plan, warm=not ws.cold)
+            self.not_autoscaled.discard(job)
+        await self.bus.respond(msg, plan)
 
     async def _history(self, job: str, msg: Msg) -> None:
         q = decode(HistoryQuery, msg.data)
@@ -143,21 +206,21 @@ class BrainService:
     async def _on_statistics(self, msg: Msg) -> None:
         try:
             stats = decode(JobStatistics, msg.data)
-            await self.prevent_oom(stats)
+            auto = await self._autoscaler_of(stats.job)
+            if auto is not None:
+                await self.autoscale(auto, stats)
+            else:
+                await self.prevent_oom(stats)
         except PacerError as exc:
             self.counters.inc("bad_events", code=exc.code)
         except Exception:  # the subscription's boundary: the next window tries again
-            self.counters.inc("internal_errors", op="oom")
-            log.exception("OOM prevention failed")
+            self.counters.inc("internal_errors", op="statistics")
+            log.exception("re-planning from statistics failed")
 
     async def prevent_oom(self, stats: JobStatistics) -> ResourcePlan | None:
         """Feed one statistics window; publish (and return) a plan with more memory if an OOM is coming."""
-        nodes = self.memory.setdefault(stats.job, {})
-        for n in stats.nodes:
-            if n.state is NodeState.RUNNING and n.rss_bytes > 0:
-                q = nodes.setdefault(n.node, deque(maxlen=self.oom.window))
-                if not q or stats.ts > q[-1].at:
-                    q.append(MemorySample(stats.ts, n.rss_bytes / (1 << 20)))
+        watch = self.memory.setdefault(stats.job, MemoryWatch(self.oom))
+        watch.feed(stats)
         sh = stats.shards
         if sh is None or sh.finished or stats.throughput_samples_per_s <= 0 or sh.records_total <= sh.records_done:
             return None
@@ -167,11 +230,7 @@ class BrainService:
         if plan is None:
             return None
         end_at = stats.ts + (sh.records_total - sh.records_done) / stats.throughput_samples_per_s
-        roles = {n.node: n.role for n in stats.nodes}
-        forecasts = [forecast_oom(node, list(q), plan.ps_memory_mb if roles.get(node) == "ps"
-                                  else plan.worker_memory_mb, end_at, self.oom, role=roles.get(node, "worker"))
-                     for node, q in nodes.items() if node in roles]
-        raised = prevent_oom(plan, [f for f in forecasts if f.role == "ps"])  # PS move seamlessly (§5.2)
+        raised = watch.plan_for(plan, end_at)  # PS only: they move seamlessly (§5.2)
         if raised is None:
             return None
         new_plan: ResourcePlan = replace(raised, source=PlanSource.BRAIN)
@@ -180,6 +239,54 @@ class BrainService:
         self.counters.inc("oom_plans")
         log.info("OOM prevention plan", extra={"fields": {"job": stats.job, "reason": new_plan.reason}})
         return new_plan
+
+    # ---------------------------------------------------------------- re-planning running jobs
+    async def _autoscaler_of(self, job: str) -> JobAutoscaler | None:
+        """The job's autoscaler; after a brain restart, rebuilt for a running zero-config job."""
+        auto = self.autoscalers.get(job)
+        if auto is not None or not self.config.autoscale or job in self.not_autoscaled:
+            return auto
+        assert self._jobs_kv is not None
+        rec = await Bus.kv_get(self._jobs_kv, job, JobRecord)
+        ej = await Bus.kv_get(await self.bus.kv(subjects.EXECUTOR_BUCKET), job, ExecutorJob)
+        if rec is None or rec.state is not JobState.RUNNING or rec.spec.resources is not None or ej is None:
+            if rec is None or rec.state is not JobState.RUNNING or rec.spec.resources is not None:
+                self.not_autoscaled.add(job)
+            return None
+        auto = self.config.autoscaler(rec.spec, ej.plan, warm=True)  # measured afresh, in the adjust stage
+        auto.applied(ej.plan, 0.0)
+        self.autoscalers[job] = auto
+        self.counters.inc("autoscalers_resumed")
+        return auto
+
+    async def autoscale(self, auto: JobAutoscaler, stats: JobStatistics) -> Decision | None:
+        """Feed one statistics window to a job's autoscaler; publish its re-plan, if any."""
+        before = auto.plan
+        d = auto.step(stats.ts, stats)
+        if d is None or before is None or same_resources(d.plan, before):
+            return None
+        measured = auto.measured.get((before.workers, before.ps, before.worker_cpu, before.ps_cpu))
+        plan = replace(d.plan, job=stats.job, source=PlanSource.BRAIN)
+        await self.bus.publish_durable(subjects.job_event(stats.job, subjects.JobEventKind.PLAN), plan)
+        await self.bus.publish_durable(subjects.brain_decision(stats.job), BrainDecision(
+            stats.job, stats.ts, d.stage.value, d.rule, plan, before,
+            measured.throughput if measured is not None else 0.0, d.predicted_throughput))
+        self.counters.inc("replans", rule=d.rule)
+        log.info("re-plan", extra={"fields": {"job": stats.job, "rule": d.rule, "reason": plan.reason}})
+        return d
+
+    async def _on_applied(self, msg: Msg) -> None:
+        try:
+            ev = decode(ExecutorEvent, msg.data)
+            auto = self.autoscalers.get(ev.job)
+            if auto is None or ev.plan is None:
+                return
+            kind = ScalingKind.between(auto.plan, ev.plan)
+            if auto.plan is not None and kind is not ScalingKind.NONE:
+                auto.paused(ScalingRecord(kind, max(0.0, ev.overhead_s)))  # DLRover-RM Eq. 8: from history
+            auto.applied(ev.plan, ev.ts)
+        except PacerError as exc:
+            self.counters.inc("bad_events", code=exc.code)
 
     async def _current_plan(self, job: str) -> ResourcePlan | None:
         assert self._jobs_kv is not None
@@ -205,6 +312,8 @@ class BrainService:
                        succeeded=ev.state is JobState.COMPLETED)
         await self._kv.put(rec.job, json.dumps(h.to_dict()).encode())
         self.history[rec.job] = h
+        self.autoscalers.pop(rec.job, None)
+        self.memory.pop(rec.job, None)
         self.counters.inc("recorded", state=ev.state.value)
 
 
@@ -227,4 +336,4 @@ class BrainService:
 
 async def create(bus: Bus, rc: RuntimeConfig) -> BrainService:
     """App factory."""
-    return BrainService(bus)
+    return BrainService(bus, config=BrainConfig.from_env())

@@ -129,12 +129,13 @@ async def test_pacer_history_lists_the_config_db(brain: InProcess[BrainService],
     assert rc == 0 and "empty" in capsys.readouterr().out
 
 
-def stats_window(job: str, t: float, ps_rss_mb: float, done: int, total: int = 10_000_000) -> Any:
+def stats_window(job: str, t: float, ps_rss_mb: float, done: int, total: int = 10_000_000,
+                 ps_cpu_percent: float = 90.0) -> Any:
     from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
 
     def node(name: str, role: str, rss_mb: float) -> NodeStats:
         return NodeStats(node=name, role=role, bpt_short_s=0.1, bpt_long_s=0.1, speed_samples_per_s=1000.0,
-                         samples_total=done, cpu_percent=90.0, rss_bytes=int(rss_mb * (1 << 20)), last_seen=t,
+                         samples_total=done, cpu_percent=ps_cpu_percent if role == "ps" else 90.0, rss_bytes=int(rss_mb * (1 << 20)), last_seen=t,
                          state=NodeState.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0,
                          slowdown_long=1.0)
 
@@ -184,3 +185,69 @@ async def test_a_ps_whose_memory_grows_gets_more_before_it_would_oom(
     await bus.publish(subjects.monitor_statistics("growing"), stats_window("growing", t0 + 90, 880, 400_000))
     await asyncio.sleep(0.5)
     assert len(got) == 1
+
+
+async def test_a_zero_config_job_is_re_planned_while_it_runs(nats_server: EmbeddedNats, bus: Bus) -> None:
+    """DLRover 2023 §4.2 over the bus: the cold plan is measured as the sample; once the executor says
+    it is applied and the monitor's windows show it running, the brain publishes the optimize plan
+    (Eq. 10-11) as a plan event and a BrainDecision; the executor's reported pause feeds Eq. 8;
+    malformed statistics are counted and change nothing."""
+    from pacer.codec import decode
+    from pacer.contracts.brain import BrainDecision
+    from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind
+    from pacer_services.brain.app import BrainConfig
+    from pacer_services.brain.core.cluster import ScalingKind
+
+    cfg = BrainConfig(cpu_quota=16.0, node_cpu=4.0, adjust_interval_s=60.0, settle_s=20.0)
+    b = InProcess(nats_server.url, lambda bb: BrainService(bb, config=cfg))
+    svc = await b.start()
+    try:
+        plans: list[ResourcePlan] = []
+        decisions: list[BrainDecision] = []
+
+        async def on_plan(msg: Any) -> None:
+            plans.append(decode(ResourcePlan, msg.data))
+
+        async def on_decision(msg: Any) -> None:
+            decisions.append(decode(BrainDecision, msg.data))
+
+        await bus.nc.subscribe(subjects.job_event("auto", subjects.JobEventKind.PLAN), cb=on_plan)
+        await bus.nc.subscribe(subjects.brain_decision("auto"), cb=on_decision)
+        first = await plan_for(bus, "auto")
+        user = await plan_for(bus, "fixed", extra="resources: {workers: 2}")
+        assert "auto" in svc.autoscalers and "fixed" not in svc.autoscalers  # user resources: not re-planned
+        await bus.publish(subjects.executor_event("auto", "applied"),
+                          ExecutorEvent("auto", ExecutorEventKind.APPLIED, time.time(), plan=first, overhead_s=15.0))
+        await bus.nc.publish(subjects.monitor_statistics("auto"), b"\x00not msgpack")
+        t0 = time.time()
+        # 2 workers using 0.9 cores each, 2 PS using 0.3 cores together, 2,000 samples/s
+        for i in range(4):
+            w = stats_window("auto", t0 + 30 * i, 600.0, 100_000 * i, ps_cpu_percent=15.0)
+            await bus.publish(subjects.monitor_statistics("auto"), w)
+        for _ in range(100):
+            if plans and decisions:
+                break
+            await asyncio.sleep(0.05)
+        assert len(plans) == 1 and len(decisions) == 1, (plans, decisions)
+        d = decisions[0]
+        assert d.rule == "optimize" and d.stage == "adjust" and d.previous is not None
+        assert (d.previous.workers, d.previous.ps) == (first.workers, first.ps)
+        # Eq. 10 on the measured sample: N_w = floor(16 / (w-hat + s-hat)), w-hat = 0.9, s-hat = 0.3 / 2
+        assert plans[0].workers == 15 and plans[0].source is PlanSource.BRAIN
+        assert d.measured_throughput == pytest.approx(2000.0) and d.plan == plans[0]
+        assert sum(v for k, v in svc.counters.snapshot().items() if k.startswith("bad_events")) == 1
+        # the executor applies it and reports the pause it paid: the next decision's Eq. 8 overhead
+        await bus.publish(subjects.executor_event("auto", "applied"),
+                          ExecutorEvent("auto", ExecutorEventKind.APPLIED, time.time(), plan=plans[0],
+                                        overhead_s=42.0))
+        for _ in range(100):
+            if svc.autoscalers["auto"].plan == plans[0]:
+                break
+            await asyncio.sleep(0.05)
+        auto = svc.autoscalers["auto"]
+        assert [(r.kind, r.pause_s) for r in auto.pauses] == [(ScalingKind.WORKERS if plans[0].ps == first.ps
+                                                               else ScalingKind.PS, 42.0)]
+        assert auto.overhead_model().pause_s(first, plans[0]) == 42.0
+        assert user.workers == 2
+    finally:
+        await b.stop()

@@ -3,7 +3,9 @@
 The job service asks ``pacer.rpc.brain.<job>.plan`` for a new job's first
 plan (DLRover-RM Alg. 1 warm start from similar finished jobs; documented
 defaults on a cold start); ``pacer.rpc.brain._all.history`` lists the config
-DB.  Finished jobs are recorded from the job lifecycle events.
+DB.  Finished jobs are recorded from the job lifecycle events.  A running
+zero-config job is re-planned by the brain: each re-plan is a plan event
+(``pacer.events.job.<job>.plan``) and a :class:`BrainDecision` that says why.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pacer.codec import doc, message
-from pacer.contracts.jobs import JobSpec
+from pacer.contracts.jobs import JobSpec, ResourcePlan
 
 
 @message("brain.PlanRequest")
@@ -53,3 +55,18 @@ class HistoryEntry:
 @dataclass(frozen=True, slots=True)
 class HistoryList:
     jobs: list[HistoryEntry] = field(default_factory=list)
+
+
+@message("brain.BrainDecision")
+@dataclass(frozen=True, slots=True)
+class BrainDecision:
+    """``pacer.events.brain.<job>.decision``: the brain re-planned a running job (the plan itself goes out as a plan event)."""
+
+    job: str
+    ts: float = field(metadata=doc("monitor time (s) of the statistics the decision was made on"))
+    stage: str = field(metadata=doc("sample | adjust (DLRover 2023 §4.2)"))
+    rule: str = field(metadata=doc("sample-oom | sample-saturated | optimize | oom | hot-ps | model | idle-ps"))
+    plan: ResourcePlan
+    previous: ResourcePlan | None = field(default=None, metadata=doc("the plan in force before"))
+    measured_throughput: float = field(default=0.0, metadata=doc("samples/s measured under the previous plan (0: not measured)"))
+    predicted_throughput: float = field(default=0.0, metadata=doc("samples/s the new plan is expected to reach (0: not predicted)"))

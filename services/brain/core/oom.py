@@ -26,10 +26,12 @@ nothing.  Pure: samples, limits and the horizon come in as arguments.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from pacer.contracts.jobs import ResourcePlan
+from pacer.contracts.monitor import JobStatistics, NodeState
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,3 +160,41 @@ def prevent_oom(plan: ResourcePlan, forecasts: Iterable[OomForecast]) -> Resourc
         return None
     return replace(plan, ps_memory_mb=ps_mem, worker_memory_mb=worker_mem,
                    reason="OOM prevention (DLRover-RM §5.3): " + "; ".join(why))
+
+
+class MemoryWatch:
+    """Each node's RSS over a job's progress, fed from the monitor's statistics, and the plan that prevents an OOM.
+
+    One per job.  ``feed`` keeps the newest ``config.window`` samples of
+    every running node (time in seconds is the progress); ``plan_for``
+    forecasts each node to the job's end and returns ``plan`` with more
+    memory where a node would exceed its limit (:func:`prevent_oom`), or
+    ``None``.  ``roles`` limits which roles may be raised (the brain service
+    raises PS memory only: a PS moves seamlessly, DLRover-RM §5.2).
+    """
+
+    def __init__(self, config: OomConfig = DEFAULT_OOM) -> None:
+        self.config = config
+        self.nodes: dict[str, deque[MemorySample]] = {}
+        self.roles: dict[str, str] = {}
+
+    def feed(self, stats: JobStatistics) -> None:
+        for n in stats.nodes:
+            if n.state is NodeState.RUNNING and n.rss_bytes > 0:
+                q = self.nodes.setdefault(n.node, deque(maxlen=self.config.window))
+                if not q or stats.ts > q[-1].at:
+                    q.append(MemorySample(stats.ts, n.rss_bytes / (1 << 20)))
+        self.roles = {n.node: n.role for n in stats.nodes}
+
+    def forget(self, node: str) -> None:
+        """A node was relaunched or resized: its old samples no longer describe it."""
+        self.nodes.pop(node, None)
+
+    def plan_for(self, plan: ResourcePlan, end_at: float, roles: Iterable[str] = ("ps",)) -> ResourcePlan | None:
+        wanted = set(roles)
+        forecasts = [
+            forecast_oom(node, list(q), plan.ps_memory_mb if self.roles[node] == "ps" else plan.worker_memory_mb,
+                         end_at, self.config, role=self.roles[node])
+            for node, q in self.nodes.items() if self.roles.get(node) in wanted
+        ]
+        return prevent_oom(plan, forecasts)

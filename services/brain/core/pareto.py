@@ -15,8 +15,8 @@ Decision variables, all integers so NSGA-II works on a lattice
 repair): workers ``w``, PS ``p``, and the CPUs per worker and per PS as
 multiples of ``cpu_step``.  Memory per node is not a variable of the
 throughput model: workers get ``worker_memory_mb``; each PS gets
-``max(ps_memory_mb, model_memory_mb / p)`` since the parameters are split
-over the PS.  Constraints (NSGA-II's constraint domination): total CPUs and
+``max(ps_memory_mb, ps_base_mb + model_memory_mb / p)`` since the
+parameters are split over the PS and each PS has its own runtime.  Constraints (NSGA-II's constraint domination): total CPUs and
 total memory within the job's quota.
 
 Cost (DLRover-RM Eq. 7): ``RC = sum a_r * Money(a_r)`` with a price per CPU
@@ -86,9 +86,12 @@ class SearchSpace:
     worker_memory_mb: int
     ps_memory_mb: int  # at least this per PS
     model_memory_mb: int = 0  # parameters + embeddings, split over the PS
+    ps_base_mb: int = 0  # what every PS holds besides its share of the model (its runtime)
     min_workers: int = 1
     min_ps: int = 1
     cpu_step: float = 0.5
+    min_worker_cpu: float = 0.0  # below one cpu_step means one cpu_step
+    min_ps_cpu: float = 0.0
     max_cpu: float | None = None
     max_memory_mb: int | None = None
 
@@ -99,12 +102,21 @@ class SearchSpace:
             raise ValueError(f"need 0 < cpu_step <= max CPUs per node: {self}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1: {self}")
+        if self.min_worker_cpu > self.max_worker_cpu or self.min_ps_cpu > self.max_ps_cpu:
+            raise ValueError(f"need min <= max CPUs per node: {self}")
+
+    @property
+    def lower(self) -> tuple[int, int, int, int]:
+        """The smallest plan on the lattice: (workers, PS, worker CPU steps, PS CPU steps)."""
+        def steps(cpu: float) -> int:
+            return max(1, math.ceil(cpu / self.cpu_step - 1e-9))
+        return (self.min_workers, self.min_ps, steps(self.min_worker_cpu), steps(self.min_ps_cpu))
 
     def ps_memory(self, ps: npt.ArrayLike) -> IntArray:
-        """Memory per PS for ``ps`` PS: the model's share, at least ``ps_memory_mb``."""
+        """Memory per PS for ``ps`` PS: its runtime plus the model's share, at least ``ps_memory_mb``."""
         p = np.asarray(ps, dtype=np.int64)
         share = -(-self.model_memory_mb // p)  # ceil division
-        return np.maximum(self.ps_memory_mb, share)
+        return np.maximum(self.ps_memory_mb, self.ps_base_mb + share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +166,7 @@ class _PlanProblem(Problem):  # type: ignore[misc]
             n_var=4,
             n_obj=2,
             n_ieq_constr=n_constr,
-            xl=np.array([space.min_workers, space.min_ps, 1, 1]),
+            xl=np.array(space.lower),
             xu=np.array([
                 space.max_workers,
                 space.max_ps,
@@ -207,7 +219,7 @@ def pareto_candidates(
     """
     prices = prices or Prices()
     problem = _PlanProblem(model, space, prices)
-    smallest = np.array([[space.min_workers, space.min_ps, 1, 1]], dtype=np.int64)
+    smallest = np.array([space.lower], dtype=np.int64)
     _, g_min = _objectives(smallest, model, space, prices)
     if g_min.size and float(g_min.max()) > 0.0:
         raise NoFeasiblePlan(
