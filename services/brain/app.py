@@ -249,9 +249,11 @@ class BrainService:
         assert self._jobs_kv is not None
         rec = await Bus.kv_get(self._jobs_kv, job, JobRecord)
         ej = await Bus.kv_get(await self.bus.kv(subjects.EXECUTOR_BUCKET), job, ExecutorJob)
-        if rec is None or rec.state is not JobState.RUNNING or rec.spec.resources is not None or ej is None:
-            if rec is None or rec.state is not JobState.RUNNING or rec.spec.resources is not None:
-                self.not_autoscaled.add(job)
+        ours = (rec is not None and rec.state is JobState.RUNNING and rec.spec.resources is None
+                and rec.spec.policies.optimizer == subjects.BRAIN_SERVICE)
+        if not ours:
+            self.not_autoscaled.add(job)
+        if rec is None or not ours or ej is None:
             return None
         auto = self.config.autoscaler(rec.spec, ej.plan, warm=True)  # measured afresh, in the adjust stage
         auto.applied(ej.plan, 0.0)

@@ -232,8 +232,10 @@ async def test_a_zero_config_job_is_re_planned_while_it_runs(nats_server: Embedd
         d = decisions[0]
         assert d.rule == "optimize" and d.stage == "adjust" and d.previous is not None
         assert (d.previous.workers, d.previous.ps) == (first.workers, first.ps)
-        # Eq. 10 on the measured sample: N_w = floor(16 / (w-hat + s-hat)), w-hat = 0.9, s-hat = 0.3 / 2
-        assert plans[0].workers == 15 and plans[0].source is PlanSource.BRAIN
+        # Eq. 10 on the measured sample: N_w = floor(16 / (w-hat + s-hat)) = 15 (w-hat 0.9, s-hat 0.3 / 2);
+        # Eq. 11: s_total = 16 - 15 x 0.9 = 2.5 -> 1 PS of 2 CPUs; 15 x 1 + 2 > 16, so one worker goes
+        assert (plans[0].workers, plans[0].ps, plans[0].ps_cpu) == (14, 1, 2.0)
+        assert plans[0].source is PlanSource.BRAIN and "N_w=15.2 (Eq. 10)" in plans[0].reason
         assert d.measured_throughput == pytest.approx(2000.0) and d.plan == plans[0]
         assert sum(v for k, v in svc.counters.snapshot().items() if k.startswith("bad_events")) == 1
         # the executor applies it and reports the pause it paid: the next decision's Eq. 8 overhead

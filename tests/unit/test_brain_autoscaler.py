@@ -133,7 +133,9 @@ def test_no_decision_before_the_plan_is_measured() -> None:
     # fewer workers running than the plan has
     assert auto.step(300.0, stats_of(truth, replace(plan, ps=plan.ps + 1), 300.0)) is None
     assert auto.step(310.0, stats_of(truth, plan, 310.0)) is None  # running_since restarted at 310
-    d = auto.step(350.0, stats_of(truth, plan, 350.0))
+    # the sample is measured for a whole adjust interval from when it first ran (210)
+    assert auto.step(350.0, stats_of(truth, plan, 350.0)) is None
+    d = auto.step(400.0, stats_of(truth, plan, 400.0))
     assert d is not None and d.rule == "optimize"
 
 
@@ -141,9 +143,9 @@ def test_optimize_follows_eq_10_11_from_the_measured_sample() -> None:
     truth = Truth()
     auto = JobAutoscaler(spec(), truth.m, CFG)
     auto.applied(auto.first_plan(), 0.0)
-    stats = stats_of(truth, auto.first_plan(), 240.0)
+    stats = stats_of(truth, auto.first_plan(), 400.0)
     auto.step(200.0, stats_of(truth, auto.first_plan(), 200.0))
-    d = auto.step(240.0, stats)
+    d = auto.step(400.0, stats)
     assert d is not None and d.rule == "optimize" and auto.stage is Stage.ADJUST
     profile = profile_from_statistics(stats)
     assert profile is not None
@@ -157,7 +159,7 @@ def test_saturated_sample_ps_get_more_cpu_before_optimizing() -> None:
     first = auto.first_plan()
     auto.applied(first, 0.0)
     auto.step(100.0, stats_of(truth, first, 100.0))
-    d = auto.step(200.0, stats_of(truth, first, 200.0))
+    d = auto.step(300.0, stats_of(truth, first, 300.0))
     assert d is not None and d.rule == "sample-saturated" and auto.stage is Stage.SAMPLE
     assert d.plan.ps * d.plan.ps_cpu > first.ps * first.ps_cpu
 

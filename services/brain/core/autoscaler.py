@@ -267,6 +267,8 @@ class JobAutoscaler:
             return None
         if self._running_since is None:
             self._running_since = now
+            if self._last_decision == -math.inf:  # the first plan is measured for a whole interval
+                self._last_decision = now
         if now - self._running_since < self.config.settle_s:
             return None
         profile = profile_from_statistics(stats)
@@ -314,6 +316,13 @@ class JobAutoscaler:
         return self._adjust(now, plan, profile, remaining)
 
     def _decide(self, now: float, d: Decision) -> Decision:
+        # Every plan within the job's quota: the stages round up (w = ceil(w-hat)), so Eq. 10's
+        # N_w workers can exceed C_total; fit_to_spec then takes workers away first.
+        lim = self.spec.limits or ResourceLimits()
+        quota = self.quota
+        capped = replace(self.spec, limits=replace(
+            lim, max_cpu=quota.cpu, max_memory_mb=None if math.isinf(quota.memory_mb) else int(quota.memory_mb)))
+        d = replace(d, plan=fit_to_spec(d.plan, capped))
         self._last_decision, self._pending = now, d.plan
         self.decisions.append(d)
         return d
