@@ -309,6 +309,7 @@ class SimConfig:
     quota_memory_mb: float | None = None  # per job: limits.max_memory_mb (None: unbounded)
     max_pod_cpu: float = 32.0
     adjust_interval_s: float = 180.0
+    stats_interval_s: float = 60.0  # the monitor's window, for scalers that read every one (``every_window``)
     pending_s: float = 20.0
     init_s: float = 100.0
     checkpoint_s: float = 600.0
@@ -362,8 +363,15 @@ def _oracle(ctx: ScalerContext) -> Scaler:
     return OracleScaler(ctx.truth, ctx.config.quota_cpu, ctx.config.max_pod_cpu, samples_total=ctx.samples_total)
 
 
-# name -> factory(ctx: ScalerContext) -> Scaler.  The lead adds "pacer" here.
+def _pacer(ctx: ScalerContext) -> Scaler:
+    from .pacer_scaler import pacer
+
+    return pacer(ctx)
+
+
+# name -> factory(ctx: ScalerContext) -> Scaler.
 SCALERS: dict[str, Callable[..., Scaler]] = {
+    "pacer": _pacer,
     "oracle": _oracle,
     "es": _es,
     "optimus": _optimus,
@@ -716,7 +724,10 @@ def run_job(
     if rec is not None:
         scaler.on_applied(job, 0.0, rec)
     now, dt = 0.0, cfg.tick_s
-    next_decide = cfg.adjust_interval_s
+    # A scaler that sets ``every_window`` sees every monitor window (and paces itself, as the brain
+    # service does); the others are asked once per adjust interval, over the whole interval.
+    decide_s = cfg.stats_interval_s if getattr(scaler, "every_window", False) else cfg.adjust_interval_s
+    next_decide = decide_s
     while sim.finished_at is None and now < cfg.max_time_s:
         sim.step(now, dt)
         now += dt
@@ -733,7 +744,7 @@ def run_job(
             if rec is not None:
                 scaler.on_applied(job, now, rec)
         if now + 1e-9 >= next_decide:
-            next_decide += cfg.adjust_interval_s
+            next_decide += decide_s
             new = scaler.decide(job, now, sim.stats(now))
             if new is not None:
                 if not sim.valid(new):
@@ -756,7 +767,14 @@ def _first_come(ctx: ScalerContext) -> ClusterScaler:
 
 
 # name -> factory(ctx: ScalerContext) -> ClusterScaler (ctx.truth is the scenario's nominal truth).
+def _pacer_cluster(ctx: ScalerContext) -> ClusterScaler:
+    from .pacer_scaler import pacer_cluster
+
+    return pacer_cluster(ctx)
+
+
 CLUSTER_SCALERS: dict[str, Callable[..., ClusterScaler]] = {
+    "pacer": _pacer_cluster,
     "first-come-static": _first_come,
 }
 
@@ -831,7 +849,8 @@ def run_cluster(spec: ClusterSpec, scaler: ClusterScaler, seed: int = 0, config:
     order = [j.name for j, _ in jobs]
     rejected = 0
     now, dt = 0.0, cfg.tick_s
-    next_decide = cfg.adjust_interval_s
+    decide_s = cfg.stats_interval_s if getattr(scaler, "every_window", False) else cfg.adjust_interval_s
+    next_decide = decide_s
     alloc_cpu_s = used_cpu_s = 0.0
     arrived: set[str] = set()
 
@@ -873,7 +892,7 @@ def run_cluster(spec: ClusterSpec, scaler: ClusterScaler, seed: int = 0, config:
                 arrived.add(name)
                 changed = True
         if now + 1e-9 >= next_decide:
-            next_decide += cfg.adjust_interval_s
+            next_decide += decide_s
             for s in sims.values():
                 if s.plan is not None and s.finished_at is None and now > s.interval_t0:
                     s.stats(now)

@@ -42,9 +42,14 @@ Choices of ours where the papers are silent (all in :class:`AutoscaleConfig`):
   throughput replaces the prediction; the measured configurations are
   candidates too, so a step that disappointed is undone.
 * A change must promise at least ``min_gain`` (2 %) more throughput than
-  the current plan measures; below that the job stays put (the paper's
-  Eq. 8 overhead already discounts pauses; this also keeps noise from
-  causing churn).
+  the current plan measures, and more than twice the noise of that
+  measurement (the relative spread of windows of one plan, pooled); below
+  that the job stays put (Eq. 8's overhead already discounts pauses; this
+  keeps noise and the optimism of the model's best prediction from causing
+  churn).
+* After ``patience`` (3) exploring moves in a row that did not raise the
+  best measured throughput by ``min_gain``, the job goes back to its best
+  measured plan and stops exploring (each move pauses training).
 
 Pure: no IO and no clock; ``now`` is whatever clock the caller uses.
 """
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -70,7 +76,7 @@ from .cluster import (
     select,
 )
 from .fitting import Config, FitError, Model, Sample, fit
-from .oom import DEFAULT_OOM, MemoryWatch, OomConfig
+from .oom import DEFAULT_OOM, MemorySample, MemoryWatch, OomConfig, fit_memory_trend
 from .pareto import (
     Candidate,
     NoFeasiblePlan,
@@ -82,6 +88,7 @@ from .pareto import (
 )
 from .stages import (
     DEFAULT_STAGES,
+    MIB,
     WORKER_ROLES,
     SampleProfile,
     StageConfig,
@@ -125,6 +132,9 @@ class AutoscaleConfig:
     trust_add: int = 4  # ... + trust_add of the current plan's (CPUs per node: x trust only)
     busy: float = 0.9  # a node using this share of its CPUs may need more
     min_configs: int = 2  # distinct measured configurations before the model is fitted
+    patience: int = 3  # exploring moves in a row that do not raise the best measured throughput -> converged
+    default_noise: float = 0.05  # relative noise of one window until it can be estimated
+    memory_horizon_s: float = 3600.0  # new PS are sized for the model this far ahead
     max_memory_mb: int | None = None  # the job's memory quota when limits.max_memory_mb is absent
     prices: Prices = field(default_factory=Prices)
     rho: float = DEFAULT_RHO
@@ -172,11 +182,17 @@ def _key(plan: ResourcePlan) -> _Key:
 class _Measured:
     n: int = 0
     throughput: float = 0.0  # running mean
+    m2: float = 0.0  # sum of squared log deviations (Welford), for the measurement noise
+    log_mean: float = 0.0
     plan: ResourcePlan | None = None
 
     def add(self, value: float, plan: ResourcePlan) -> None:
         self.n += 1
         self.throughput += (value - self.throughput) / self.n
+        x = math.log(max(value, 1e-12))
+        delta = x - self.log_mean
+        self.log_mean += delta / self.n
+        self.m2 += delta * (x - self.log_mean)
         self.plan = plan
 
 
@@ -213,7 +229,12 @@ class JobAutoscaler:
         self._running_since: float | None = None
         self._last_decision: float = -math.inf
         self._pending: ResourcePlan | None = None  # decided, not yet reported applied
+        self._model_mem: deque[MemorySample] = deque(maxlen=60)  # records trained -> model MiB on all PS
+        self._records_total = 0
         self.decisions: list[Decision] = []
+        self.converged = False  # the model stopped finding better plans: no more exploring moves
+        self._fruitless = 0
+        self._best_at_last_move = 0.0
 
     # ------------------------------------------------------------ inputs
     @property
@@ -260,6 +281,13 @@ class JobAutoscaler:
         if plan is None:
             return None
         live = [n for n in stats.nodes if n.state is NodeState.RUNNING]
+        ps_rss = [n.rss_bytes / MIB for n in live if n.role == "ps" and n.rss_bytes > 0]
+        if stats.shards is not None and ps_rss and len(ps_rss) == plan.ps:
+            self._records_total = stats.shards.records_total
+            base = float(self.config.stages.process_base_mb)
+            done = float(stats.shards.records_done)
+            if not self._model_mem or done > self._model_mem[-1].at:
+                self._model_mem.append(MemorySample(done, sum(ps_rss) - base * len(ps_rss)))
         workers = sum(1 for n in live if n.role in WORKER_ROLES)
         ps = sum(1 for n in live if n.role == "ps")
         if workers != plan.workers or ps != plan.ps or stats.pending_nodes or stats.throughput_samples_per_s <= 0:
@@ -302,8 +330,10 @@ class JobAutoscaler:
         remaining = 0.0
         if stats.shards is not None:
             remaining = max(0.0, float(stats.shards.records_total - stats.shards.records_done))
-        # OOM prevention does not wait for the adjust interval nor for a valid measurement.
-        if self.memory is not None and stats.throughput_samples_per_s > 0 and remaining > 0:
+        # OOM prevention does not wait for the adjust interval nor for a valid measurement; while
+        # sampling, OOMs double the role instead (DLRover 2023 §4.2) and the horizon means nothing.
+        if (self.memory is not None and self.stage is Stage.ADJUST and stats.throughput_samples_per_s > 0
+                and remaining > 0):
             raised = self.memory.plan_for(plan, now + remaining / stats.throughput_samples_per_s)
             if raised is not None:
                 return Proposal(self._decide(now, Decision(replace(raised, job=plan.job), self.stage, "oom")))
@@ -335,7 +365,28 @@ class JobAutoscaler:
         self.sample_profile = profile
         self.stage = Stage.ADJUST
         opt = optimize(profile, self.spec, cfg)
-        return self._decide(now, Decision(opt.plan, Stage.ADJUST, "optimize", opt.predicted_throughput))
+        plan = opt.plan
+        grown = self._model_mb_ahead(opt.predicted_throughput)
+        if grown is not None:  # Eq. 10-11 size the PS from the sample's RSS; embeddings keep growing
+            need = memory_for(cfg.process_base_mb + grown * (1.0 + cfg.memory_headroom) / plan.ps, cfg)
+            if need > plan.ps_memory_mb:
+                plan = replace(plan, ps_memory_mb=need)
+        return self._decide(now, Decision(plan, Stage.ADJUST, "optimize", opt.predicted_throughput))
+
+    def _model_mb_ahead(self, throughput: float) -> float | None:
+        """The model's MiB on all PS ``memory_horizon_s`` ahead at ``throughput`` (or at the job's end, if
+        sooner), from its growth over the records trained (DLRover-RM §5.3); beyond the horizon the
+        per-node OOM prediction raises memory in time, so an early, noisy slope is not extrapolated
+        over the whole job (nor beyond ten times the progress it was measured over)."""
+        if self.config.oom is None or self._records_total <= 0 or not self._model_mem:
+            return None
+        trend = fit_memory_trend(list(self._model_mem), self.config.oom)
+        if trend is None:
+            return None
+        span = self._model_mem[-1].at - self._model_mem[0].at
+        ahead = min(throughput * self.config.memory_horizon_s, 10.0 * span)  # no wild extrapolation
+        at = min(float(self._records_total), self._model_mem[-1].at + ahead)
+        return trend.at(at) + self.config.oom.z * trend.sigma_mb
 
     def _adjust(self, now: float, plan: ResourcePlan, profile: SampleProfile, remaining: float) -> Proposal | None:
         cfg = self.config.stages
@@ -369,10 +420,43 @@ class JobAutoscaler:
             return None
         current = self.measured.get(_key(plan))
         predicted = choice.scored.candidate.throughput
-        if current is not None and predicted < current.throughput * (1.0 + self.config.min_gain):
-            return None
+        tried = self.measured.get(_key(choice.plan))
+        if self.converged and (tried is None or not tried.n):
+            return None  # done exploring: only a move back to a measured plan
+        if current is not None:
+            # Significant against the noise of a mean of current.n windows, and at least min_gain.
+            need = max(self.config.min_gain, 2.0 * self.noise() / math.sqrt(max(1, current.n)))
+            if predicted < current.throughput * (1.0 + need):
+                return None
+        if tried is None or not tried.n:  # an exploring move: count the ones that did not pay
+            best = max((m.throughput for m in self.measured.values() if m.n), default=0.0)
+            if best <= self._best_at_last_move * (1.0 + self.config.min_gain):
+                self._fruitless += 1
+            else:
+                self._fruitless = 0
+            self._best_at_last_move = max(best, self._best_at_last_move)
+            if self._fruitless >= self.config.patience:
+                self.converged = True
+                return self._back_to_best(now)
         new = fit_to_spec(replace(choice.plan, job=plan.job), self.spec)
         return self._decide(now, Decision(new, Stage.ADJUST, "model", predicted))
+
+    def noise(self) -> float:
+        """Relative noise of one window's throughput, pooled over the configurations measured twice or more."""
+        dof = sum(m.n - 1 for m in self.measured.values() if m.n > 1)
+        if dof < 2:
+            return self.config.default_noise
+        return math.sqrt(sum(m.m2 for m in self.measured.values() if m.n > 1) / dof)
+
+    def _back_to_best(self, now: float) -> Decision | None:
+        plan = self.plan
+        best = max((m for m in self.measured.values() if m.n and m.plan is not None),
+                   key=lambda m: m.throughput, default=None)
+        if plan is None or best is None or best.plan is None or same_resources(best.plan, plan):
+            return None
+        new = fit_to_spec(replace(best.plan, job=plan.job, reason=f"converged: back to the best measured plan "
+                                  f"({best.throughput:.1f} samples/s)"), self.spec)
+        return self._decide(now, Decision(new, Stage.ADJUST, "model", best.throughput))
 
     # ------------------------------------------------------------ the model
     def _fit(self) -> Model | None:
@@ -415,6 +499,10 @@ class JobAutoscaler:
         # optimize does), and every node keeps the stages' headroom over what it was seen using.
         base = float(cfg.process_base_mb)
         model_mb = max(0.0, sum(profile.ps_rss_mb) - base * len(profile.ps_rss_mb))
+        # Embeddings grow with the data seen (DLRover-RM §5.3, Fig. 1(b)): size the PS for the
+        # model at the job's end, from the model's size over the records trained (any PS count).
+        current = self.measured.get(_key(plan))
+        model_mb = max(model_mb, self._model_mb_ahead(current.throughput if current else profile.throughput) or 0.0)
         return SearchSpace(
             batch_size=self.batch_size, max_workers=max_w, max_ps=max_p,
             max_worker_cpu=hi_wc, max_ps_cpu=hi_pc, min_worker_cpu=lo_wc, min_ps_cpu=lo_pc,

@@ -198,3 +198,4 @@ class MemoryWatch:
             for node, q in self.nodes.items() if self.roles.get(node) in wanted
         ]
         return prevent_oom(plan, forecasts)
+

@@ -228,8 +228,9 @@ def on_sample_oom(plan: ResourcePlan, role: str, spec: JobSpec,
     """The sample plan after a node of ``role`` died of OOM (DLRover 2023 §4.2, "Sampling").
 
     A worker gets double memory.  For PS the paper doubles the *number* of PS
-    so that the partitioned model has twice the memory; where ``limits.max_ps``
-    (or a user-fixed PS count) forbids that, each PS's memory doubles instead.
+    so that the partitioned model has twice the memory; where ``limits.max_ps``,
+    a user-fixed PS count or the CPU quota forbids that, each PS's memory
+    doubles instead.
     Memory stops at ``max_node_memory_mb``.
     """
     req = spec.resources or ResourceRequest()
@@ -241,9 +242,12 @@ def on_sample_oom(plan: ResourcePlan, role: str, spec: JobSpec,
         can_grow = req.ps is None and (lim.max_ps is None or plan.ps * 2 <= lim.max_ps)
         if can_grow:
             out = replace(plan, ps=plan.ps * 2, reason=f"sample stage: PS OOM, PS doubled to {plan.ps * 2}")
-        else:
-            mem = min(plan.ps_memory_mb * 2, config.max_node_memory_mb)
-            out = replace(plan, ps_memory_mb=mem, reason=f"sample stage: PS OOM, PS memory doubled to {mem} MiB")
+            grown = fit_to_spec(out, spec)
+            if grown.ps * grown.ps_memory_mb >= 2 * plan.ps * plan.ps_memory_mb:
+                return grown
+        # the PS count cannot double (limits, the user's count, or the CPU quota): memory per PS does
+        mem = min(plan.ps_memory_mb * 2, config.max_node_memory_mb)
+        out = replace(plan, ps_memory_mb=mem, reason=f"sample stage: PS OOM, PS memory doubled to {mem} MiB")
     else:
         raise ValueError(f"role must be worker, chief or ps, got {role!r}")
     return fit_to_spec(out, spec)
