@@ -78,7 +78,7 @@ class PacerScaler:
     def start(self, job: SimJob, now: float) -> ResourcePlan:
         warm = None if self.warm is None else replace(self.warm, job=job.name)
         auto = JobAutoscaler(job.spec, job.batch_size, self.config, first=warm, warm=warm is not None)
-        first = auto.first_plan()
+        first: ResourcePlan = auto.first_plan()
         self.job = _Job(auto, first)
         return first
 
@@ -87,12 +87,13 @@ class PacerScaler:
         d = self.job.auto.step(now, stats)
         if d is None:
             return None
-        self.job.proposed = d.plan
-        return d.plan
+        plan: ResourcePlan = d.plan
+        self.job.proposed = plan
+        return plan
 
     def on_oom(self, job: SimJob, now: float, node: str, role: str, plan: ResourcePlan) -> ResourcePlan | None:
         assert self.job is not None
-        out = self.job.auto.on_oom(role)
+        out: ResourcePlan | None = self.job.auto.on_oom(role)
         if out is None or same_resources(out, plan):
             out = _doubled(plan, role)
         self.job.proposed = out
