@@ -135,6 +135,7 @@ class AutoscaleConfig:
     patience: int = 3  # exploring moves in a row that do not raise the best measured throughput -> converged
     default_noise: float = 0.05  # relative noise of one window until it can be estimated
     memory_horizon_s: float = 3600.0  # new PS are sized for the model this far ahead
+    hot_ps_growth: float = 1.5  # a hot PS gets CPU for this much more throughput than now
     max_memory_mb: int | None = None  # the job's memory quota when limits.max_memory_mb is absent
     prices: Prices = field(default_factory=Prices)
     rho: float = DEFAULT_RHO
@@ -390,7 +391,13 @@ class JobAutoscaler:
 
     def _adjust(self, now: float, plan: ResourcePlan, profile: SampleProfile, remaining: float) -> Proposal | None:
         cfg = self.config.stages
-        s_hat = self.sample_profile.s_hat if self.sample_profile is not None else profile.s_hat
+        s_hat = profile.s_hat
+        sp = self.sample_profile
+        if sp is not None and sp.throughput > 0 and profile.throughput > 0 and plan.workers > 0:
+            # The hot-PS rule's s-hat x N_w is the PS CPU N_w workers need.  The sample's s-hat is per
+            # worker of the sample plan (one worker with C_max CPUs, far faster than one of N_w), so
+            # scale the sample's PS CPU per sample/s to the job's throughput now, with room to grow.
+            s_hat = sp.ps_cpu_total / sp.throughput * profile.throughput * self.config.hot_ps_growth / plan.workers
         adj = adjust(plan, profile, s_hat, self.spec, cfg)
         if adj.replace_ps:
             cpu = max(r.cpu for r in adj.replace_ps)
