@@ -103,6 +103,7 @@ def single_jobs(seeds: int, cfg: SimConfig) -> tuple[list[dict[str, Any]], dict[
             o = runs["oracle"]
             assert o.jct_s is not None
             t95 = time_to_fraction_of(runs["pacer"].timeline, peak(o), 0.95)
+            final = runs["pacer"].timeline[-1][1]
             rows.append({
                 "profile": prof, "seed": seed,
                 **{f"jct_{sc}_h": None if r.jct_s is None else round(r.jct_s / 3600, 3) for sc, r in runs.items()},
@@ -110,6 +111,8 @@ def single_jobs(seeds: int, cfg: SimConfig) -> tuple[list[dict[str, Any]], dict[
                 "gain_vs_es_pct": _gain(runs["pacer"].jct_s, runs["es"].jct_s),
                 "gain_vs_optimus_pct": _gain(runs["pacer"].jct_s, runs["optimus"].jct_s),
                 "time_to_95pct_s": t95,
+                # convergence: until the throughput first reaches 95 % of what the job ends with
+                "time_to_95pct_of_final_s": time_to_fraction_of(runs["pacer"].timeline, final, 0.95),
                 "pacer_final_vs_oracle_throughput": round(runs["pacer"].timeline[-1][1] / peak(o), 3),
                 "pacer_scalings": runs["pacer"].scalings, "pacer_oom": runs["pacer"].oom_failures,
                 "pacer_cpu_util": round(runs["pacer"].cpu_core_hours_used / runs["pacer"].cpu_core_hours_allocated, 3),
@@ -174,6 +177,8 @@ def warm_starts(history: int, tests: int, cfg: SimConfig) -> dict[str, Any]:
                 "predicted_error_pct": round(abs(ws.predicted_throughput - psi_best) / psi_best * 100.0, 2),
                 "warm_time_to_95pct_s": time_to_fraction_of(warm.timeline, peak(oracle), 0.95),
                 "cold_time_to_95pct_s": time_to_fraction_of(cold.timeline, peak(oracle), 0.95),
+                "warm_time_to_95pct_of_final_s": time_to_fraction_of(warm.timeline, warm.timeline[-1][1], 0.95),
+                "cold_time_to_95pct_of_final_s": time_to_fraction_of(cold.timeline, cold.timeline[-1][1], 0.95),
                 "warm_jct_h": round((warm.jct_s or 0) / 3600, 3), "cold_jct_h": round((cold.jct_s or 0) / 3600, 3),
                 "oracle_jct_h": round((oracle.jct_s or 0) / 3600, 3),
             }
@@ -183,6 +188,8 @@ def warm_starts(history: int, tests: int, cfg: SimConfig) -> dict[str, Any]:
     out["warm_start_error_pct"] = _mean([r["error_pct"] for r in rows])
     out["warm_jct_vs_oracle_pct"] = _mean([(r["warm_jct_h"] / r["oracle_jct_h"] - 1) * 100 for r in rows])
     out["cold_jct_vs_oracle_pct"] = _mean([(r["cold_jct_h"] / r["oracle_jct_h"] - 1) * 100 for r in rows])
+    out["warm_time_to_95pct_of_final_s"] = _mean([r["warm_time_to_95pct_of_final_s"] for r in rows])
+    out["cold_time_to_95pct_of_final_s"] = _mean([r["cold_time_to_95pct_of_final_s"] for r in rows])
     return out
 
 
@@ -286,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         "jct_gain_vs_optimus_pct": _mean([r["gain_vs_optimus_pct"] for r in rows]),
         "time_to_95pct_oracle_throughput_s": _mean([r["time_to_95pct_s"] for r in rows]),
         "time_to_95pct_never": sum(1 for r in rows if r["time_to_95pct_s"] is None),
+        "time_to_95pct_of_final_s": _mean([r["time_to_95pct_of_final_s"] for r in rows]),
         "warm_start_error_pct": warm["warm_start_error_pct"],
         "oom_failures": {k: v for k, v in ooms.items() if not k.endswith("_jct_h")},
         "cluster_mean_jct_gain_pct": clu["cluster_mean_jct_gain_pct"],
@@ -316,7 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| JCT shorter than Optimus | {res['jct_gain_vs_optimus_pct']:.1f} % | >= {TARGET_OPTIMUS_PCT} % |")
     print(f"| time to 95 % of the oracle's throughput | {res['time_to_95pct_oracle_throughput_s']} s "
           f"(never in {res['time_to_95pct_never']} of {len(rows)}) | - |")
+    print(f"| time to 95 % of its own final throughput (convergence) | {res['time_to_95pct_of_final_s']} s | - |")
     print(f"| warm-start plan's throughput error vs the oracle | {res['warm_start_error_pct']} % | - |")
+    print(f"| time to 95 % of the final throughput, warm vs cold start | {warm['warm_time_to_95pct_of_final_s']} s vs "
+          f"{warm['cold_time_to_95pct_of_final_s']} s | - |")
     o = res["oom_failures"]
     print(f"| OOM failures, growing embeddings (after the sample stage) | Pacer {o['pacer']} ({o['pacer_after_sample']})"
           f", no prediction {o['no_prediction']} ({o['no_prediction_after_sample']}) | 0 after sampling |")

@@ -180,3 +180,35 @@ async def job_client(url: str, name: str) -> AsyncIterator[Any]:
         yield JobClient(bus, timeout=20.0)
     finally:
         await bus.close()
+
+
+async def read_events(url: str, subject: str, cls: type[Any], idle_s: float = 1.0) -> list[Any]:
+    """Every event kept on ``subject`` (a JetStream ordered consumer), decoded as ``cls``, until ``idle_s`` of quiet."""
+    from pacer.bus import Bus
+    from pacer.codec import decode
+
+    bus = await Bus.connect(url, name="test-events")
+    try:
+        sub = await bus.js.subscribe(subject, ordered_consumer=True)
+        out: list[Any] = []
+        while True:
+            try:
+                m = await sub.next_msg(timeout=idle_s)
+            except TimeoutError:
+                return out
+            out.append(decode(cls, m.data))
+    finally:
+        await bus.close()
+
+
+@contextlib.contextmanager
+def running_stack(data_dir: Path, services: list[str], env: dict[str, str]) -> Iterator[Any]:
+    """The embedded stack (``pacer.stack.Stack``) with ``services`` and ``env``; stopped on exit."""
+    from pacer.stack import Stack
+
+    st = Stack(data_dir, services=services, env=env)
+    st.start()
+    try:
+        yield st
+    finally:
+        st.stop()

@@ -52,8 +52,10 @@ class Stack:
         return self
 
     def start_service(self, name: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PACER_NATS_URL": self.url, "PACER_DATA_DIR": str(self.data_dir),
-               **self.env}
+        cores = str(os.cpu_count() or 2)
+        # The brain plans within this machine (C_total = C_max = its cores) unless told otherwise.
+        env = {"PACER_BRAIN_CPU_QUOTA": cores, "PACER_BRAIN_NODE_CPU": cores,
+               **os.environ, "PACER_NATS_URL": self.url, "PACER_DATA_DIR": str(self.data_dir), **self.env}
         log = open(self.data_dir / f"{name}.log", "ab")
         try:
             proc = subprocess.Popen([sys.executable, "-m", SERVICES[name]], env=env, stdout=log, stderr=log)

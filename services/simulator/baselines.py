@@ -379,23 +379,13 @@ def _round_mb(mb: float) -> int:
     return int(math.ceil(mb / 256.0) * 256)
 
 
-class OracleScaler:
+class OracleScaler(StaticScaler):
     """Runs :func:`oracle_plan` (with the job's true parameters) from the start; never changes it."""
-
-    name = "oracle"
 
     def __init__(self, truth: JobTruth, quota: float, max_pod_cpu: float, *, samples_total: int | None = None) -> None:
         self.truth, self.quota, self.max_pod_cpu, self.samples_total = truth, quota, max_pod_cpu, samples_total
+        super().__init__(self._plan, name="oracle")
 
-    def start(self, job: SimJob, now: float) -> ResourcePlan:
+    def _plan(self, job: SimJob) -> ResourcePlan:
         return oracle_plan(self.truth, min(self.quota, _quota(job)), self.max_pod_cpu,
                            samples_total=self.samples_total or job.samples_total, job=job.name)
-
-    def decide(self, job: SimJob, now: float, stats: JobStatistics) -> ResourcePlan | None:
-        return None
-
-    def on_oom(self, job: SimJob, now: float, node: str, role: str, plan: ResourcePlan) -> ResourcePlan | None:
-        return None
-
-    def on_applied(self, job: SimJob, now: float, record: ScalingRecord) -> None:
-        return None

@@ -17,10 +17,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import job_client
+from conftest import job_client, read_events, running_stack
 from pacer import subjects
-from pacer.bus import NO_RETRY, Bus
-from pacer.codec import decode
+from pacer.bus import NO_RETRY
 from pacer.contracts.brain import BrainDecision, HistoryList, HistoryQuery
 from pacer.contracts.executor import ExecutorEvent
 from pacer.contracts.jobs import JobState
@@ -54,33 +53,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "PACER_BRAIN_CPU_QUOTA": "4",
         "PACER_BRAIN_NODE_CPU": "2",
     }
-    st = Stack(tmp_path_factory.mktemp("stack"), services=["shard", "monitor", "jobs", "executor", "brain"], env=env)
-    st.start()
-    try:
+    with running_stack(tmp_path_factory.mktemp("stack"), ["shard", "monitor", "jobs", "executor", "brain"], env) as st:
         yield st
-    finally:
-        st.stop()
 
 
 @pytest.fixture
 async def client(stack: Stack) -> AsyncIterator[JobClient]:
     async with job_client(stack.url, "brain-e2e") as c:
         yield c
-
-
-async def events(url: str, subject: str, cls: type) -> list:  # type: ignore[type-arg]
-    bus = await Bus.connect(url, name="brain-e2e-events")
-    try:
-        sub = await bus.js.subscribe(subject, ordered_consumer=True)
-        out = []
-        while True:
-            try:
-                m = await sub.next_msg(timeout=1.0)
-            except TimeoutError:
-                return out
-            out.append(decode(cls, m.data))
-    finally:
-        await bus.close()
 
 
 async def test_the_brain_re_plans_a_running_zero_config_job_and_it_trains_every_record(
@@ -110,13 +90,13 @@ async def test_the_brain_re_plans_a_running_zero_config_job_and_it_trains_every_
     assert p.records_done == p.records_total == ROWS  # nothing lost across the re-plan
     assert 0.5 < float(rec.result["auc"]) <= 1.0
 
-    decisions = await events(stack.url, subjects.brain_decision("auto-1"), BrainDecision)
+    decisions = await read_events(stack.url, subjects.brain_decision("auto-1"), BrainDecision)
     assert decisions, "the brain never re-planned the job"
     d = decisions[0]
     assert d.rule == "optimize" and d.previous is not None and d.measured_throughput > 0
     assert (d.previous.workers, d.previous.ps) == (first.workers, first.ps)
     assert d.plan.workers <= 3  # limits.max_workers
     assert d.plan.workers * d.plan.worker_cpu + d.plan.ps * d.plan.ps_cpu <= 4 + 1e-9  # the quota
-    applied = await events(stack.url, subjects.executor_event("auto-1", "applied"), ExecutorEvent)
+    applied = await read_events(stack.url, subjects.executor_event("auto-1", "applied"), ExecutorEvent)
     assert any(e.plan is not None and (e.plan.workers, e.plan.ps, e.plan.worker_cpu, e.plan.ps_cpu)
                == (d.plan.workers, d.plan.ps, d.plan.worker_cpu, d.plan.ps_cpu) for e in applied), applied

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import job_client
-from pacer.bus import Bus
+from conftest import job_client, read_events, running_stack
 from pacer.contracts.jobs import JobRecord, JobState
 from pacer.contracts.nodes import NodeEvent
 from pacer.data.criteo import generate, heldout_path
@@ -52,12 +51,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "PACER_BATCHES_PER_SHARD": "5",
         "PACER_SHARD_LEASE_S": "20",
     }
-    st = Stack(tmp_path_factory.mktemp("stack"), services=["shard", "monitor", "jobs", "executor", "api", "brain"], env=env)
-    st.start()
-    try:
+    with running_stack(tmp_path_factory.mktemp("stack"), ["shard", "monitor", "jobs", "executor", "api", "brain"],
+                       env) as st:
         yield st
-    finally:
-        st.stop()
 
 
 @pytest.fixture
@@ -107,20 +103,7 @@ def trainer_pid(stack: Stack, job: str, node: str) -> int:
 
 
 async def node_events(stack: Stack, job: str) -> list[NodeEvent]:
-    from pacer.codec import decode
-
-    bus = await Bus.connect(stack.url, name="e2e-events")
-    try:
-        sub = await bus.js.subscribe(events_of("node", job), ordered_consumer=True)
-        out: list[NodeEvent] = []
-        while True:
-            try:
-                m = await sub.next_msg(timeout=1.0)
-            except TimeoutError:
-                return out
-            out.append(decode(NodeEvent, m.data))
-    finally:
-        await bus.close()
+    return await read_events(stack.url, events_of("node", job), NodeEvent)
 
 
 async def test_job_completes_and_an_externally_killed_worker_is_relaunched(

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import job_client
+from conftest import job_client, running_stack
 from pacer import subjects
 from pacer.codec import decode
 from pacer.contracts.agent import ActionKind
@@ -55,13 +55,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "PACER_MONITOR_INTERVAL_S": "2", "PACER_MONITOR_WINDOW_SHORT_S": "6", "PACER_MONITOR_WINDOW_LONG_S": "12",
         "PACER_CONTROLLER_EVERY_S": "3", "PACER_BATCHES_PER_SHARD": "5",
     }
-    st = Stack(tmp_path_factory.mktemp("stack"),
-               services=["shard", "monitor", "jobs", "executor", "controller", "policies"], env=env)
-    st.start()
-    try:
+    with running_stack(tmp_path_factory.mktemp("stack"),
+                       ["shard", "monitor", "jobs", "executor", "controller", "policies"], env) as st:
         yield st
-    finally:
-        st.stop()
 
 
 @pytest.fixture
