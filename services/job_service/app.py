@@ -7,8 +7,10 @@ JobRecord, or an ``invalid`` error naming every bad field), ``get``,
 A submission is validated (:func:`pacer.jobs.spec.parse_job_spec`), its
 dataset prepared (a Criteo TSV/CSV is converted to a record file; the record
 count is read from the file) and registered with the shard service, and the
-job gets a plan: the documented default plan
-(:func:`pacer.jobs.spec.default_plan`) until the brain-optimizer exists.
+job gets a plan: the brain-optimizer's when the spec leaves resources to it
+(``policies.optimizer: brain``, the default) and it answers within
+``brain_timeout_s``, else the documented default plan
+(:func:`pacer.jobs.spec.default_plan`), saying why in the plan's reason.
 The plan is published as ``pacer.events.job.<job>.plan``, which the
 pod-executor applies.
 

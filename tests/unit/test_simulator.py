@@ -17,6 +17,7 @@ from pacer.contracts.monitor import StragglerKind
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 from pacer_services.shard_service.core import ShardState
 from pacer_services.simulator import ScenarioError, load, parse, run
+from pacer_services.simulator.autoscale_scenario import is_autoscale
 from pacer_services.simulator.cli import main
 from pacer_services.simulator.engine import Simulation, none_policy
 
@@ -263,7 +264,15 @@ def test_missing_required_field_is_named() -> None:
 # ------------------------------------------------------------------ the shipped examples
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+# autoscale-*.yaml are the other kind of scenario (tests/unit/test_autoscale_sim.py parses them)
+STRAGGLER_EXAMPLES = sorted(p for p in EXAMPLES.glob("*.yaml") if not is_autoscale(p))
+
+
+def test_both_kinds_of_example_are_shipped() -> None:
+    assert STRAGGLER_EXAMPLES and len(STRAGGLER_EXAMPLES) < len(list(EXAMPLES.glob("*.yaml")))
+
+
+@pytest.mark.parametrize("path", STRAGGLER_EXAMPLES, ids=lambda p: p.name)
 def test_examples_parse(path: Path) -> None:
     sc = load(path)
     assert sc.stragglers or sc.cluster.device_groups  # each example is about one or the other

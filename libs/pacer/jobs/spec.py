@@ -467,7 +467,7 @@ def default_plan(spec: JobSpec, defaults: DefaultPlan = DEFAULT_PLAN) -> Resourc
     if lim.max_memory_mb is not None:
         plan = _fit(plan, lim.max_memory_mb, "memory_mb", user, min_workers, defaults.min_memory_mb, notes)
     given = ", ".join(f for f in RESOURCE_FIELDS if f in user)
-    head = f"user resources ({given}), the rest default" if user else "default plan (no brain-optimizer yet)"
+    head = f"user resources ({given}), the rest default" if user else "default plan"
     return replace(plan, reason="; ".join([head, *notes]))
 
 
