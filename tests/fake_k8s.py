@@ -9,9 +9,16 @@ real HTTP, with the official ``kubernetes`` client.  It implements only:
   replays history after a given ``resourceVersion``, ends after
   ``timeoutSeconds``, answers a compacted version with a 410 ``ERROR`` event),
 * ``GET/DELETE /api/v1/namespaces/{ns}/pods/{name}`` and ``.../log``,
-* ``POST/GET/DELETE /api/v1/namespaces/{ns}/services[/{name}]``.
+* ``POST/GET/DELETE /api/v1/namespaces/{ns}/services[/{name}]``,
+* ``GET /api/v1/nodes`` (a ``NodeList`` shaped as the real API returns it:
+  labels with ``kubernetes.io/hostname``, ``spec.unschedulable`` and
+  ``taints``, ``status.capacity`` / ``allocatable`` quantities and the
+  ``Ready`` condition among the kubelet's conditions; tests add nodes with
+  :meth:`FakeK8s.add_node`) and ``GET /api/v1/pods`` (every namespace, with
+  the ``status.phase!=...`` field selector).
 
-It validates what a real API server would reject first (missing or
+It is a fake: nothing is scheduled (``spec.nodeName`` is whatever a test
+sets), no admission, no RBAC.  It validates what a real API server would reject first (missing or
 non-DNS-1123 names, duplicate names -> 409 ``AlreadyExists``, unknown
 names -> 404 ``NotFound``), assigns ``resourceVersion``, ``uid`` and
 ``creationTimestamp``, and records every request for assertions.  There is
@@ -101,6 +108,7 @@ class FakeK8s:
         self.namespace = namespace  # the helpers' default namespace
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        self.nodes: dict[str, dict[str, Any]] = {}
         self.logs: dict[tuple[str, str, str], str] = {}
         self.requests: list[Request] = []
         self.rv = 0
@@ -141,6 +149,8 @@ class FakeK8s:
         app.router.add_get(base + "/services", self._list_services)
         app.router.add_get(base + "/services/{name}", self._get_service)
         app.router.add_delete(base + "/services/{name}", self._delete_service)
+        app.router.add_get("/api/v1/nodes", self._list_nodes)
+        app.router.add_get("/api/v1/pods", self._list_all_pods)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
         sock = socket.socket()
@@ -321,6 +331,81 @@ class FakeK8s:
         if "tailLines" in request.query:
             lines = lines[len(lines) - min(len(lines), int(request.query["tailLines"])):]
         return web.Response(text="".join(lines), content_type="text/plain")
+
+    async def _list_all_pods(self, request: web.Request) -> web.Response:
+        """``list_pod_for_all_namespaces``: label selector and ``status.phase!=X`` field selectors."""
+        await self._record(request)
+        selector = _parse_selector(request.query.get("labelSelector", ""))
+        not_phases: set[str] = set()
+        for part in filter(None, (p.strip() for p in request.query.get("fieldSelector", "").split(","))):
+            key, op, value = part.partition("!=")
+            if key != "status.phase" or not op:
+                return _error(400, "BadRequest", f"field selector {part!r} not supported by the fake")
+            not_phases.add(value)
+        items = [p for _, p in sorted(self.pods.items())
+                 if _matches(p, selector) and p["status"].get("phase") not in not_phases]
+        return web.json_response({"kind": "PodList", "apiVersion": "v1",
+                                  "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+
+    # -- nodes ---------------------------------------------------------------
+
+    async def _list_nodes(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"kind": "NodeList", "apiVersion": "v1",
+                                  "metadata": {"resourceVersion": str(self.rv)},
+                                  "items": [n for _, n in sorted(self.nodes.items())]})
+
+    def add_node(self, name: str, cpu: str, memory: str, *, ready: bool = True, unschedulable: bool = False,
+                 taints: list[dict[str, str]] | None = None, hostname: str = "") -> None:
+        """A node as a kubelet registers it (allocatable = capacity minus a small system reserve)."""
+        def go() -> None:
+            node: dict[str, Any] = {
+                "kind": "Node", "apiVersion": "v1",
+                "metadata": {
+                    "name": name, "uid": str(uuid.uuid4()), "creationTimestamp": _now(),
+                    "labels": {"kubernetes.io/hostname": hostname or name, "kubernetes.io/os": "linux",
+                               "kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux"},
+                    "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+                },
+                "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]},
+                "status": {
+                    "capacity": {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "102400Mi"},
+                    "allocatable": {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "94371840Ki"},
+                    "conditions": [
+                        {"type": t, "status": "False", "reason": f"KubeletHasNo{t}",
+                         "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}
+                        for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
+                    ] + [{"type": "Ready", "status": "True" if ready else "False",
+                          "reason": "KubeletReady" if ready else "KubeletNotReady",
+                          "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}],
+                    "addresses": [{"type": "InternalIP", "address": "10.0.0.1"},
+                                  {"type": "Hostname", "address": hostname or name}],
+                    "nodeInfo": {"kubeletVersion": "v1.30.2", "containerRuntimeVersion": "containerd://1.7.18",
+                                 "operatingSystem": "linux", "architecture": "amd64"},
+                },
+            }
+            if unschedulable:
+                node["spec"]["unschedulable"] = True
+            if taints:
+                node["spec"]["taints"] = taints
+            self.rv += 1
+            node["metadata"]["resourceVersion"] = str(self.rv)
+            self.nodes[name] = node
+        self._run(go)
+
+    def add_foreign_pod(self, name: str, ns: str, node: str, cpu: str, memory: str, phase: str = "Running") -> None:
+        """Another tenant's pod on ``node`` (not Pacer's: no Pacer labels)."""
+        def go() -> None:
+            pod = {"kind": "Pod", "apiVersion": "v1",
+                   "metadata": {"name": name, "namespace": ns, "uid": str(uuid.uuid4()),
+                                "creationTimestamp": _now(), "labels": {"app": "other"}},
+                   "spec": {"nodeName": node, "containers": [
+                       {"name": "main", "image": "other", "resources": {"requests": {"cpu": cpu, "memory": memory},
+                                                                        "limits": {"memory": memory}}}]},
+                   "status": {"phase": phase}}
+            self._bump(pod)
+            self.pods[(ns, name)] = pod
+        self._run(go)
 
     # -- services ------------------------------------------------------------
 

@@ -24,15 +24,28 @@ What to do about an exit is decided by the pure :mod:`.core` (AntDT §V-D
 retryable vs unretryable; DLRover's x2 memory after an OOM; a relaunch
 budget per node).
 
+A plan that changes the PS (count, CPU, memory) moves them by a seamless
+migration (DLRover-RM §5.2, :meth:`ExecutorService.start_migration`).  A
+plan that changes the workers' CPU or memory replaces the running workers
+of another size, a batch at a time (:func:`.core.resize_targets`,
+:func:`.core.resize_batch`): each gets ``intent = resize``, its pod stops
+(its shards go back to TODO through its ``died`` event, reason
+``resized``), a pod of the new size takes the slot, and the next batch
+starts once the replacements run.  ``applied`` comes when the last one runs.
+
 Crash safety
 ------------
 The executor's record of each job (KV ``pacer-executor``) is written
 *before* the action it describes: a relaunch first bumps the node's
-generation and saves it, then creates the pod.  After a kill -9 the executor
+generation and saves it, then creates the pod; a worker replacement first
+saves the new size it is due and its ``resize`` intent, then stops the pod.
+After a kill -9 the executor
 reloads the records, lists the pods (a local pod is a supervisor process in
 its own session, so it outlived the executor; on Kubernetes the pods simply
 stay), and a reconcile pass every ``reconcile_s`` creates whatever pod a
-record names but the backend does not have.  Exits are handled once per
+record names but the backend does not have, stops again a pod whose
+replacement was decided but whose stop this executor did not send, and
+starts the next batch of a rolling replacement.  Exits are handled once per
 generation (``NodeRecord.handled``), so the backend's replay of every pod at
 watch start is harmless.
 
@@ -47,7 +60,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +86,7 @@ from pacer.contracts.executor import (
     JobQuery,
     LogsQuery,
     LogsReply,
+    MachineInfo,
     NodeInfo,
     NodeRecord,
     PodPhase,
@@ -101,6 +115,7 @@ STARTING, RUNNING, COMPLETING, TEARING, FAILED, TORN_DOWN = (
 ACTIVE = frozenset({STARTING, RUNNING})
 RESTART = "restart"  # NodeRecord.intent: the pod is being stopped to be started again
 MIGRATE = "migrate"  # NodeRecord.intent: the pod stops to move to the next cluster
+RESIZE = "resize"  # NodeRecord.intent: the pod stops to be replaced with the node's resize_cpu / resize_memory_mb
 STARTING_PS, DRAINING = "starting_ps", "draining"  # ExecutorJob.migration phases
 
 # Last words of a trainer that lost its PS / connection (pacer.trainer.worker prints this).
@@ -137,6 +152,7 @@ class ExecutorConfig:
             policy=core.ExecutorPolicy(
                 relaunch_budget=int(env.get("PACER_RELAUNCH_BUDGET", "3")),
                 oom_memory_factor=float(env.get("PACER_OOM_MEMORY_FACTOR", "2.0")),
+                resize_fraction=float(env.get("PACER_WORKER_RESIZE_FRACTION", "0.25")),
             ),
         )
 
@@ -156,6 +172,7 @@ class ExecutorService:
         self.records: dict[str, JobRecord] = {}  # the job service's records, read from KV
         self.pods: dict[str, PodStatus] = {}  # newest status of every pod we know
         self.orphans: dict[str, float] = {}  # pod -> when first seen without a job record
+        self.stops_sent: set[str] = set()  # pods this executor (not a crashed predecessor) asked to stop
         self.lock = asyncio.Lock()
         self.launch = launch.LaunchConfig(bus_url(bus), self.cfg.checkpoint_root, self.cfg.checkpoint_every,
                                           agents=self.cfg.agents, stragglers=tuple(self.cfg.stragglers.items()))
@@ -310,14 +327,19 @@ class ExecutorService:
                     n = NodeRecord(name, role, i, cpu, mem)
                     ej.nodes.append(n)
                     started.append(name)
-                elif n.removed and not n.finished:  # scaled back up
-                    n.removed, n.generation = False, n.generation + 1
+                elif n.removed and not n.finished:  # scaled back up: a fresh pod, nothing pending on it
+                    n.removed, n.generation, n.intent = False, n.generation + 1, ""
                     n.cpu, n.memory_mb = cpu, mem
                     started.append(name)
             for n in ej.nodes:
                 if n.role == role and n.index >= count and not n.removed:
                     n.removed = True
                     stopped.append(n.node)
+        resized = self._queue_resize(ej, plan)
+        if resized:
+            ej.reason = (ej.reason + "; " if ej.reason else "") + (
+                f"replacing {resized} running worker(s) with {plan.worker_cpu:g} CPU / {plan.worker_memory_mb} MiB, "
+                f"at most {core.resize_batch_size(workers, self.cfg.policy)} at a time")
         await self._save(ej)  # intent first: a crash from here on is healed by reconcile
         for n in ej.nodes:
             if n.node in started:
@@ -327,9 +349,64 @@ class ExecutorService:
         if migrate:
             await self.start_migration(ej, {i: (plan.ps_cpu, plan.ps_memory_mb) for i in range(plan.ps)},
                                        f"plan: {plan.ps} PS x {plan.ps_cpu:g} CPU / {plan.ps_memory_mb} MiB")
+        await self._resize_step(ej)
         self.counters.inc("plans_applied")
         log.info("plan applied", extra={"fields": {"job": plan.job, "workers": workers, "ps": ps,
-                                                    "started": started, "stopped": stopped}})
+                                                    "started": started, "stopped": stopped,
+                                                    "resizing": resized}})
+
+    # ================================================================ rolling worker replacement
+    def _queue_resize(self, ej: ExecutorJob, plan: ResourcePlan) -> int:
+        """Mark every live worker whose size differs from ``plan`` with the size it is due (not saved).
+
+        A later plan overrides what an earlier one queued; a worker scaled away
+        or finished has nothing due.  Returns how many are due.
+        """
+        wanted = core.NodeSpec("worker", 0, plan.worker_cpu, plan.worker_memory_mb)
+        live = [n for n in ej.nodes if n.role == "worker" and not n.removed and not n.finished]
+        nodes = [core.Node(core.NodeSpec(n.role, n.index, n.cpu, n.memory_mb), n.restarts, n.requested_restarts,
+                           oom_memory_mb=n.oom_memory_mb) for n in live]
+        due = {t.index: t for t in core.resize_targets(wanted, nodes)}
+        for n in ej.nodes:
+            t = due.get(n.index) if n.role == "worker" and not n.removed and not n.finished else None
+            n.resize_cpu, n.resize_memory_mb = (t.cpu, t.memory_mb) if t is not None else (0.0, 0)
+        return len(due)
+
+    def _worker_phase(self, ej: ExecutorJob, n: NodeRecord) -> core.WorkerPhase:
+        st = self._current(ej, n)
+        if st is None or st.phase is PodPhase.EXITED:
+            return core.WorkerPhase.GONE
+        if n.intent in (RESTART, RESIZE, MIGRATE):
+            return core.WorkerPhase.STOPPING
+        return core.WorkerPhase.RUNNING if n.running_at else core.WorkerPhase.PENDING
+
+    async def _resize_step(self, ej: ExecutorJob) -> None:
+        """Start the next batch of a rolling worker replacement, if one is due and there is room.
+
+        Called with the lock held, after a plan and on every reconcile pass.
+        Not while a PS migration runs: it restarts every worker anyway and
+        gives each the size it is due (:meth:`_migrate_step`).
+        """
+        if ej.state not in ACTIVE or ej.migration:
+            return
+        live = [n for n in ej.nodes if n.role == "worker" and not n.removed and not n.finished]
+        if not any(n.resize_memory_mb for n in live):
+            return
+        views = [core.ResizeView(n.index, self._worker_phase(ej, n), bool(n.resize_memory_mb) and not n.intent)
+                 for n in live]
+        picked = set(core.resize_batch(views, self.cfg.policy))
+        batch = [n for n in live if n.index in picked]
+        if not batch:
+            return
+        for n in batch:
+            n.intent = RESIZE
+        await self._save(ej)  # intent first: reconcile stops a pod whose stop a crash swallowed
+        for n in batch:
+            await self._delete(ej, n)
+        self.counters.inc("workers_resized", len(batch))
+        log.info("replacing workers with their new size", extra={"fields": {
+            "job": ej.job, "nodes": [n.node for n in batch],
+            "size": [(n.resize_cpu, n.resize_memory_mb) for n in batch]}})
 
     # ================================================================ pods
     def _current(self, ej: ExecutorJob, n: NodeRecord) -> PodStatus | None:
@@ -366,6 +443,7 @@ class ExecutorService:
             n.deleting.append(st.name)
             await self._save(ej)
         await self.backend.delete(st.name, self.cfg.delete_grace_s)
+        self.stops_sent.add(st.name)
         self.counters.inc("pods_deleted")
 
     async def _watch_loop(self) -> None:
@@ -380,6 +458,8 @@ class ExecutorService:
     async def _on_pod(self, st: PodStatus) -> None:
         prev = self.pods.get(st.name)
         self.pods[st.name] = st
+        if st.phase is PodPhase.EXITED:
+            self.stops_sent.discard(st.name)
         ej = self.jobs.get(st.job)
         n = next((x for x in ej.nodes if x.node == st.node), None) if ej else None
         if ej is None or n is None:
@@ -438,23 +518,33 @@ class ExecutorService:
             await self._node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
                                    reason="migrating", relaunch=True, detail=decision.detail)
             return
-        restart = by_us and n.intent == RESTART and not n.removed
+        restart = by_us and n.intent in (RESTART, RESIZE) and not n.removed
         active = ej.state in ACTIVE or ej.state == COMPLETING
         relaunch: core.NodeSpec | None = None
-        if restart:  # a restart (KILL_RESTART) or migration command stopped it: start it again
+        if restart:  # a restart (KILL_RESTART), migration command or replacement stopped it: start it again
             relaunch = core.NodeSpec(n.role, n.index, n.cpu, n.memory_mb)
         elif not n.removed and active and not by_us:
             relaunch = decision.relaunch
+        oom = not restart and decision.reason is core.ExitReason.OOM
+        reason, detail = ("restart_requested" if restart else decision.reason.value), decision.detail
+        if relaunch is not None and n.resize_memory_mb:  # a replacement was due: this relaunch is it
+            relaunch = core.relaunch_resized(
+                relaunch, core.NodeSpec(n.role, n.index, n.resize_cpu, n.resize_memory_mb), oom)
+            if n.intent == RESIZE and restart:
+                reason = "resized"
+            detail = f"{detail}; relaunched with {relaunch.cpu:g} CPU / {relaunch.memory_mb} MiB (plan)"
         await self._node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
-                               reason="restart_requested" if restart else decision.reason.value,
-                               relaunch=relaunch is not None, detail=decision.detail)
+                               reason=reason, relaunch=relaunch is not None, detail=detail)
         if relaunch is not None:
             if restart or decision.reason is core.ExitReason.RESTART_REQUESTED:
                 n.requested_restarts += 1
             else:
                 n.restarts += 1
+            if oom:
+                n.oom_memory_mb = max(n.oom_memory_mb, relaunch.memory_mb)
             n.intent = ""
             n.cpu, n.memory_mb = relaunch.cpu, relaunch.memory_mb
+            n.resize_cpu, n.resize_memory_mb = 0.0, 0
             n.restore = (n.role == "worker" and n.index == 0 and decision.reason is core.ExitReason.NETWORK)
             n.generation += 1
             await self._create(ej, n)
@@ -516,8 +606,18 @@ class ExecutorService:
             for n in live:  # a pod the record names but nobody created (crash between save and create)
                 if self._current(ej, n) is None and n.handled < n.generation:
                     self.counters.inc("pods_recreated")
+                    if n.resize_memory_mb:  # a replacement was due: the new pod is it
+                        n.cpu, n.memory_mb, n.resize_cpu, n.resize_memory_mb = n.resize_cpu, n.resize_memory_mb, 0.0, 0
                     await self._create(ej, n)
-        if ej.state in ACTIVE and not ej.migration and not ej.applied and live and all(n.running_at for n in live):
+            for n in live:  # a replacement decided, but a crash swallowed the stop
+                st = self._current(ej, n)
+                if (n.intent == RESIZE and st is not None and st.phase is not PodPhase.EXITED
+                        and st.name not in self.stops_sent):
+                    self.counters.inc("stops_resent")
+                    await self._delete(ej, n)
+        resizing = any(n.resize_memory_mb or n.intent == RESIZE for n in live)
+        if (ej.state in ACTIVE and not ej.migration and not ej.applied and not resizing and live
+                and all(n.running_at for n in live)):
             ej.applied, ej.state = True, RUNNING
             await self._save(ej)
             overhead = max(n.running_at for n in live) - ej.plan_at
@@ -525,6 +625,7 @@ class ExecutorService:
                                        started=[n.node for n in live])
         if ej.migration and ej.state in ACTIVE:
             await self._migrate_step(ej)
+        await self._resize_step(ej)
         workers = [n for n in ej.nodes if n.role == "worker" and not n.removed]
         if ej.state in ACTIVE | {COMPLETING} and workers and all(n.finished for n in workers):
             await self._teardown(ej, "every worker finished")
@@ -636,6 +737,8 @@ class ExecutorService:
             ej.plan_at, ej.applied = ej.migration_at, False
             for n in workers:
                 n.intent, n.generation, n.restore = "", n.generation + 1, n.index == 0
+                if n.resize_memory_mb:  # a worker resize of the same plan rides on this restart
+                    n.cpu, n.memory_mb, n.resize_cpu, n.resize_memory_mb = n.resize_cpu, n.resize_memory_mb, 0.0, 0
             retiring, ej.retiring = ej.retiring, []
             await self._save(ej)
             for n in workers:
@@ -648,11 +751,13 @@ class ExecutorService:
                      extra={"fields": {"job": ej.job, "checkpoint": ej.checkpoint}})
 
     # ================================================================ cluster
-    def cluster_status(self) -> ClusterStatus:
+    def cluster_status(self, machines: Sequence[MachineInfo] = ()) -> ClusterStatus:
         """The backend's queue and what is left of its capacity after the limits of live pods.
 
         Only where limits reserve capacity (Kubernetes): locally nothing is reserved and no
         pod ever queues, so the cluster is "busy" only while pods are pending (starting).
+        Where the backend lists its ``machines`` and reserves capacity, the totals are theirs
+        (their free capacity counts every tenant's pods, not only ours).
         """
         live = [p for p in self.pods.values() if p.phase is not PodPhase.EXITED]
         pending = sum(1 for p in live if p.phase is PodPhase.PENDING)
@@ -660,12 +765,17 @@ class ExecutorService:
         reserved = self.backend.reserves_capacity
         used_cpu = sum(p.cpu for p in live) if reserved else 0.0
         used_mem = sum(p.memory_mb for p in live) if reserved else 0
-        return ClusterStatus(self.clock(), self.backend.name, pending, len(live) - pending, cpu,
-                             max(0.0, cpu - used_cpu) if cpu else 0.0, mem, max(0, mem - used_mem) if mem else 0)
+        free_cpu, free_mem = max(0.0, cpu - used_cpu) if cpu else 0.0, max(0, mem - used_mem) if mem else 0
+        if reserved and machines:
+            cpu, mem = sum(m.cpu for m in machines), sum(m.memory_mb for m in machines)
+            free_cpu, free_mem = sum(m.free_cpu for m in machines), sum(m.free_memory_mb for m in machines)
+        return ClusterStatus(self.clock(), self.backend.name, pending, len(live) - pending, cpu, free_cpu, mem,
+                             free_mem, reserves_capacity=reserved, machines=list(machines))
 
     async def _cluster_loop(self) -> None:
         while True:
-            await self.bus.publish(subjects.cluster_status(), self.cluster_status())
+            machines = await self.backend.machines()  # [] when unknown: the brain then places nothing
+            await self.bus.publish(subjects.cluster_status(), self.cluster_status(machines))
             await asyncio.sleep(self.cfg.cluster_every_s)
 
     # ================================================================ rpc

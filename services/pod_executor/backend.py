@@ -23,14 +23,20 @@ Contract
   every known pod when it starts), forever; it survives backend errors by
   reconnecting / re-listing.  Statuses of one pod arrive in order.
 * ``cluster`` gives the TF addresses a job's PS and worker slots will have.
+* ``machines`` lists the machines pods can run on with what is free on each
+  (the brain places nodes on them, Dike); ``[]`` when the backend cannot
+  tell.  A pod's :attr:`~pacer.contracts.executor.PodSpec.machine` is a
+  preference the backend may honour (Kubernetes: soft node affinity) or
+  ignore (local: there is one machine).
 """
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from pacer.contracts.executor import PodSpec, PodStatus
+from pacer.contracts.executor import MachineInfo, PodSpec, PodStatus
 from pacer.trainer.cluster import ClusterDesc
 
 
@@ -75,6 +81,12 @@ class Backend(Protocol):
 
     def capacity(self) -> tuple[float, int]:
         """(CPUs, memory MiB) that pods can use in total; (0, 0) when the backend cannot tell."""
+
+    async def machines(self) -> builtins.list[MachineInfo]:
+        """The machines pods can run on, with what is free on each; ``[]`` when the backend cannot tell.
+
+        Never raises for a backend error: what cannot be listed is unknown.
+        """
 
     async def close(self) -> None:
         """Release clients and background tasks (pods keep running)."""

@@ -6,6 +6,10 @@ a process namespace (the agent reads the trainer's ``/proc``).  Each job gets
 a headless Service named after it, so slot ``<job>-<node>`` has the stable
 DNS name ``<job>-<node>.<job>.<namespace>.svc`` that the TF ClusterSpec uses.
 
+A PodSpec's ``machine`` (the brain's Dike placement) becomes a *preferred*
+node affinity on ``kubernetes.io/hostname``; :meth:`KubernetesBackend.machines`
+reports the ready, schedulable nodes with what is free on each.
+
 Concurrency: the client is blocking, so every call runs in a thread
 (``asyncio.to_thread``); a watch runs in a daemon thread of its own that
 feeds an ``asyncio.Queue`` and is stopped (its socket shut down) when the
@@ -15,6 +19,7 @@ consuming generator is closed or cancelled.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import copy
 import datetime as dt
@@ -34,7 +39,7 @@ import kubernetes.config as _k8s_config
 import kubernetes.watch as k8s_watch
 import yaml
 from kubernetes.client import ApiException
-from pacer.contracts.executor import PodPhase, PodSpec, PodStatus
+from pacer.contracts.executor import MachineInfo, PodPhase, PodSpec, PodStatus
 from pacer.errors import Conflict, Unavailable
 from pacer.trainer.cluster import ClusterDesc
 
@@ -47,6 +52,10 @@ L_JOB, L_NODE, L_ROLE, L_INDEX, L_GEN = (
     "pacer.io/job", "pacer.io/node", "pacer.io/role", "pacer.io/index", "pacer.io/generation",
 )
 AGENT_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+HOSTNAME = "kubernetes.io/hostname"  # the well-known node label that placement's node affinity matches
+PLACEMENT_WEIGHT = 100  # the largest weight of a preferred scheduling term
+_LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"  # pods that still hold their requests
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 # A pending trainer waiting for one of these will never start: report it as
 # exited with that reason, which core.classify() maps to CONFIG_ERROR.
@@ -54,6 +63,7 @@ _DEAD_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "CreateContainerC
 DELETED_REASON = "Deleted"
 _SIGTERM = 15
 _Statuses = list[PodStatus]  # `list` is a method name of the backend
+_Json = list[dict[str, Any]]  # objects of an API list, as plain JSON
 _Item = tuple[str, Any] | str | BaseException  # a watch event, the last version (clean end) or the error
 _Watch: Any = k8s_watch.Watch  # untyped in the client
 k8s_config: Any = _k8s_config  # untyped too
@@ -101,6 +111,7 @@ class KubernetesBackend:
         *,
         watch_timeout_s: int = 300,
         retry_s: float = 1.0,
+        machines_every_s: float = 30.0,
     ) -> None:
         if owner is not None and not {"apiVersion", "kind", "name", "uid"} <= owner.keys():
             raise ValueError("owner needs apiVersion, kind, name and uid")
@@ -116,6 +127,9 @@ class KubernetesBackend:
         self._gone: dict[str, PodStatus] = {}  # pods deleted from the API, until forget()
         self._watches: set[Any] = set()  # open kubernetes.watch.Watch objects
         self._closed = False
+        self.machines_every_s = machines_every_s
+        self._machines: builtins.list[MachineInfo] | None = None  # the last node listing, reused for machines_every_s
+        self._machines_at = 0.0
 
     # -- the Backend protocol ------------------------------------------------
 
@@ -245,8 +259,37 @@ class KubernetesBackend:
         self._services.discard(job)
 
     def capacity(self) -> tuple[float, int]:
-        """Unknown here: summing node allocatable would need cluster-wide RBAC to list nodes."""
+        """Unknown here (a blocking call could not list nodes): :meth:`machines` tells, asynchronously."""
         return 0.0, 0
+
+    async def machines(self) -> builtins.list[MachineInfo]:
+        """Ready, schedulable nodes with allocatable minus the requests of every live pod on them.
+
+        Allocatable alone would be cheaper (one node list), but it makes a
+        full node look empty, and a placement onto it one the scheduler
+        cannot follow.  So this is the scheduler's own arithmetic:
+        allocatable minus the requests of the pods that are not Succeeded or
+        Failed, of every namespace.  That costs a cluster-wide pod list, so
+        the result is reused for ``machines_every_s`` and both lists are
+        read as raw JSON (the client's model objects are the expensive part).
+        A node counts if its Ready condition is True, it is not cordoned and
+        the pod templates tolerate its NoSchedule/NoExecute taints (a node
+        selector or affinity in the templates is not looked at).  Needs RBAC
+        to list nodes and pods cluster-wide (``deploy/base/pod-executor-rbac.yaml``);
+        on any error the machines are unknown (``[]``) until the next try.
+        """
+        now = time.monotonic()
+        if self._machines is not None and now - self._machines_at < self.machines_every_s:
+            return self._machines
+        try:
+            nodes, pods = await asyncio.to_thread(self._nodes_and_pods)
+            out = machines_of(nodes, pods, self.namespace, self._tolerations())
+        except Exception as e:  # unknown until the next try; never the executor's problem
+            if self._machines != []:
+                log.warning("kubernetes: listing nodes and pods failed, machines unknown: %r", e)
+            out = []
+        self._machines, self._machines_at = out, now
+        return out
 
     async def close(self) -> None:
         """Stop the watches (their generators end); the caller closes ``api_client``."""
@@ -301,6 +344,8 @@ class KubernetesBackend:
         )
         if self.service_account:
             spec["serviceAccountName"] = self.service_account
+        if pod.machine:
+            _prefer_machine(spec, pod.machine)
         return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
     def service_manifest(self, job: str) -> dict[str, Any]:
@@ -331,6 +376,23 @@ class KubernetesBackend:
         except Exception as e:
             raise _unavailable("create service " + job, e) from e
         self._services.add(job)
+
+    def _nodes_and_pods(self) -> tuple[_Json, _Json]:
+        """Every node and every live pod of the cluster, as plain JSON (blocking: run in a thread)."""
+        def items(resp: Any) -> _Json:
+            try:
+                return list(json.loads(resp.data).get("items") or [])
+            finally:
+                resp.release_conn()
+
+        nodes = items(self.api.list_node(_preload_content=False))
+        pods = items(self.api.list_pod_for_all_namespaces(field_selector=_LIVE_PODS, _preload_content=False))
+        return nodes, pods
+
+    def _tolerations(self) -> builtins.list[_Json]:
+        """The tolerations of each role's pod template (one list per template; none: one empty list)."""
+        templates = [self.template] if "spec" in self.template else list(self.template.values())
+        return [list((t.get("spec") or {}).get("tolerations") or []) for t in templates] or [[]]
 
     async def _list(self, job: str | None) -> tuple[_Statuses, str]:
         try:
@@ -440,6 +502,116 @@ def _labels(pod: PodSpec) -> dict[str, str]:
     }
 
 
+def _prefer_machine(spec: dict[str, Any], machine: str) -> None:
+    """Soft node affinity to ``machine`` (the placement's choice), added to the template's own affinity.
+
+    Preferred, not required: if the machine filled up between the placement
+    and the pod's creation (other tenants, a relaunch), the scheduler puts
+    the pod elsewhere instead of leaving it pending forever.  A name that is
+    no valid label value could not be matched and would make the API server
+    reject the pod, so it is dropped.
+    """
+    if len(machine) > 63 or not _LABEL_VALUE.match(machine):
+        log.warning("placement names %r, not a valid node hostname: no node affinity", machine)
+        return
+    affinity = spec.setdefault("affinity", {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    node_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append({
+        "weight": PLACEMENT_WEIGHT,
+        "preference": {"matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": [machine]}]},
+    })
+
+
+def _tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
+    """Kubernetes' toleration matching: effect (empty: any), key (empty with Exists: any), value."""
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        op = t.get("operator") or "Equal"
+        if not t.get("key"):
+            if op == "Exists":
+                return True
+            continue
+        if t.get("key") != taint.get("key"):
+            continue
+        if op == "Exists" or (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def _usable(node: dict[str, Any], tolerations: list[list[dict[str, Any]]]) -> bool:
+    """Ready, not cordoned, and every pod template tolerates its scheduling taints."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return False
+    conditions = (node.get("status") or {}).get("conditions") or []
+    if not any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions):
+        return False
+    for taint in spec.get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not all(
+                _tolerates(tols, taint) for tols in tolerations):
+            return False
+    return True
+
+
+def _requests(pod: dict[str, Any]) -> tuple[float, float]:
+    """A pod's (CPUs, bytes) as the scheduler counts them: its containers' requests summed, at least
+    any one init container's, plus the pod overhead.  A container without requests counts its limits
+    (the API server defaults requests to limits)."""
+    spec = pod.get("spec") or {}
+
+    def one(c: dict[str, Any]) -> tuple[float, float]:
+        res = c.get("resources") or {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        return (_quantity(req.get("cpu", lim.get("cpu"))), _quantity(req.get("memory", lim.get("memory"))))
+
+    main = [one(c) for c in spec.get("containers") or []]
+    cpu, mem = sum(c for c, _ in main), sum(m for _, m in main)
+    for c, m in (one(c) for c in spec.get("initContainers") or []):
+        cpu, mem = max(cpu, c), max(mem, m)
+    overhead = spec.get("overhead") or {}
+    return cpu + _quantity(overhead.get("cpu")), mem + _quantity(overhead.get("memory"))
+
+
+def machines_of(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], namespace: str,
+                tolerations: list[list[dict[str, Any]]]) -> list[MachineInfo]:
+    """Usable nodes (:func:`_usable`) with allocatable minus the requests of the live pods on them, and
+    what each Pacer job of ``namespace`` holds there (its pods' requests, sidecars included)."""
+    used: dict[str, list[float]] = {}
+    held: dict[str, dict[str, list[float]]] = {}
+    for p in pods:
+        node = (p.get("spec") or {}).get("nodeName")
+        if not node or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue  # not scheduled yet, or ended: it holds nothing
+        cpu, mem = _requests(p)
+        u = used.setdefault(node, [0.0, 0.0])
+        u[0] += cpu
+        u[1] += mem
+        md = p.get("metadata") or {}
+        labels = md.get("labels") or {}
+        if md.get("namespace") == namespace and labels.get(PART_OF) == "pacer" and labels.get(L_JOB):
+            h = held.setdefault(node, {}).setdefault(labels[L_JOB], [0.0, 0.0])
+            h[0] += cpu
+            h[1] += mem
+    out = []
+    for n in nodes:
+        md = n.get("metadata") or {}
+        name = md.get("name") or ""
+        if not name or not _usable(n, tolerations):
+            continue
+        alloc = (n.get("status") or {}).get("allocatable") or {}
+        cpu, mem = _quantity(alloc.get("cpu")), _quantity(alloc.get("memory"))
+        u_cpu, u_mem = used.get(name, [0.0, 0.0])
+        jobs = held.get(name, {})
+        out.append(MachineInfo(
+            name=(md.get("labels") or {}).get(HOSTNAME) or name,  # what the affinity matches
+            cpu=cpu, memory_mb=int(mem // 2**20),
+            free_cpu=round(max(0.0, cpu - u_cpu), 3), free_memory_mb=int(max(0.0, mem - u_mem) // 2**20),
+            held_cpu={j: round(v[0], 3) for j, v in sorted(jobs.items())},
+            held_memory_mb={j: int(v[1] // 2**20) for j, v in sorted(jobs.items())}))
+    return sorted(out, key=lambda m: m.name)
+
+
 def _selector(job: str | None) -> str:
     return f"{PART_OF}=pacer" + (f",{L_JOB}={job}" if job else "")
 
@@ -458,8 +630,9 @@ def _ts(value: Any) -> float:
 
 
 _QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
-_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "m": 1e-3}
+_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+           "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 
 def _quantity(text: Any) -> float:

@@ -4,6 +4,8 @@ Pure: a job record, the plan, the cluster addresses and a node in; a
 :class:`~pacer.contracts.executor.PodSpec` out.  Both backends run the same
 commands (``python -m pacer.trainer.ps|worker`` plus ``python -m
 pacer.agent.main``); ``{pod_dir}`` is the backend's per-pod directory.
+The machine the plan's placement names for the node travels in
+:attr:`~pacer.contracts.executor.PodSpec.machine`.
 """
 
 from __future__ import annotations
@@ -89,9 +91,11 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
         if cfg.agents:
             agent = ["python", "-m", "pacer.agent.main", "--job", rec.job, "--node", node, "--role", role,
                      "--ipc", IPC, "--nats", cfg.nats_url]
+    # The plan's placement (Dike, from the brain) is a preference, never a condition: a node it does
+    # not name goes anywhere, and one whose machine is full by now goes elsewhere (the backend's choice).
     return PodSpec(name=pod_name(rec.job, node, generation), job=rec.job, node=node, role=role, index=index,
                    generation=generation, cpu=cpu, memory_mb=memory_mb, command=command, agent=agent,
-                   env=env, port=port)
+                   env=env, port=port, machine=plan.placement.get(node, ""))
 
 
 def parse_result(log_tail: str) -> dict[str, object]:

@@ -37,7 +37,7 @@ from typing import Any
 
 import psutil
 from pacer.codec import from_dict, to_dict
-from pacer.contracts.executor import PodPhase, PodSpec, PodStatus
+from pacer.contracts.executor import MachineInfo, PodPhase, PodSpec, PodStatus
 from pacer.errors import Conflict, DecodeError, PacerError, Unavailable
 from pacer.trainer.cluster import ClusterDesc
 from pacer_services.pod_executor.pod import (
@@ -190,6 +190,26 @@ class LocalBackend:
     def capacity(self) -> tuple[float, int]:
         """This machine's CPUs and memory: every local pod shares them."""
         return float(os.cpu_count() or 1), int(psutil.virtual_memory().total // (1 << 20))
+
+    async def machines(self) -> builtins.list[MachineInfo]:
+        """This host, whole: local pods' limits reserve nothing, so everything counts as free.
+
+        ``held_*`` still says what each job's live pods are limited to here.  Placement is
+        ignored locally (:attr:`PodSpec.machine`): with one machine there is nothing to choose.
+        """
+        try:
+            pods = await self.list()
+        except Exception:  # a failed scan leaves the machine without its jobs, not unknown
+            log.exception("local backend: listing pods for the machine report failed")
+            pods = []
+        held_cpu: dict[str, float] = {}
+        held_mem: dict[str, int] = {}
+        for p in pods:
+            if p.phase is not PodPhase.EXITED:
+                held_cpu[p.job] = held_cpu.get(p.job, 0.0) + p.cpu
+                held_mem[p.job] = held_mem.get(p.job, 0) + p.memory_mb
+        cpu, mem = self.capacity()
+        return [MachineInfo(socket.gethostname(), cpu, mem, cpu, mem, held_cpu, held_mem)]
 
     async def close(self) -> None:
         """Forget the supervisor handles (pods keep running; Python reaps them later)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from pacer.contracts.executor import (
     CommandResult,
     ExecutorCommand,
     ExecutorEvent,
+    ExecutorJob,
     ExecutorStatus,
     JobQuery,
     LogsQuery,
@@ -269,3 +271,77 @@ async def test_a_pod_of_no_known_job_is_deleted_only_after_a_grace(env: tuple[Ha
     assert any(p.name == "ghost-worker-0-g0" and p.phase.value != "exited" for p in await backend.list("ghost"))
     await ev.wait(lambda: all(p.phase.value == "exited" for p in svc.pods.values() if p.job == "ghost"))
     assert "ghost-worker-0-g0" not in svc.orphans
+
+
+def down_at_once(ev: Events, generation: int) -> int:
+    """The most workers that were down together while they were replaced by pods of ``generation``."""
+    down = most = 0
+    for key, e in ev.items:
+        if key == "node.died" and e.role == "worker" and e.generation == generation - 1:
+            down += 1
+        elif key == "node.running" and e.role == "worker" and e.generation == generation:
+            down -= 1
+        most = max(most, down)
+    return most
+
+
+async def test_new_worker_memory_replaces_the_running_workers_a_batch_at_a_time(
+        env: tuple[Harness, Events, Bus]) -> None:
+    """A plan with more worker memory: every running worker is replaced by a pod with the new memory, two of
+    the four at a time (fraction 0.5), highest slot first; the PS stays; ``applied`` once the last one runs."""
+    h, ev, bus = env
+    h.cfg.policy = ExecutorPolicy(relaunch_budget=2, resize_fraction=0.5)
+    await publish_plan(bus, plan(workers=4))
+    await ev.wait(lambda: ev.of("executor.applied"))
+    t0 = time.time()
+    await publish_plan(bus, replace(plan(workers=4), worker_memory_mb=384))
+    applied = await ev.wait(lambda: ev.of("executor.applied")[1:])
+    workers = [f"worker-{i}" for i in range(4)]
+    for w in workers:
+        assert running(ev, w, 1)(), f"{w} was not replaced"
+    created = {e.node: e.memory_mb for e in ev.of("node.created") if e.generation == 1}
+    assert created == dict.fromkeys(workers, 384)
+    died = [e for e in ev.of("node.died") if e.role == "worker"]
+    assert [e.generation for e in died] == [0] * 4 and all(e.reason == "resized" and e.relaunch for e in died)
+    assert {e.node for e in died[:2]} == {"worker-3", "worker-2"} and "worker-0" in {e.node for e in died[2:]}
+    assert down_at_once(ev, 1) == 2  # two at a time: the other two kept training
+    assert not [e for e in ev.of("node.died") if e.node == "ps-0"]  # the PS stays
+    st = {n.node: n for n in (await status(bus)).nodes}
+    assert (st["ps-0"].generation, st["ps-0"].memory_mb, st["ps-0"].phase.value) == (0, 256, "running")
+    for w in workers:
+        assert (st[w].memory_mb, st[w].generation, st[w].requested_restarts, st[w].restarts) == (384, 1, 1, 0)
+    live = [p for p in await LocalBackend(h.root).list(JOB) if p.phase.value != "exited"]
+    assert sorted((p.node, p.memory_mb) for p in live) == [("ps-0", 256)] + [(w, 384) for w in workers]
+    # applied once the whole plan is in force: after every replacement runs, with the time that took
+    last_running = max(i for i, (k, e) in enumerate(ev.items) if k == "node.running" and e.generation == 1)
+    assert ev.items.index(("executor.applied", applied[0])) > last_running
+    assert 0 < applied[0].overhead_s <= time.time() - t0 + 1.0
+    assert applied[0].plan.worker_memory_mb == 384
+
+
+async def test_a_replacement_decided_before_a_crash_is_carried_out_after_restart(
+        env: tuple[Harness, Events, Bus]) -> None:
+    """The executor saved a replacement's intent (worker-1 resize, worker-0 queued) and died before it stopped
+    any pod: the next executor adopts the pods, stops worker-1, relaunches it with the new memory, then
+    worker-0, and only then says the plan is applied."""
+    h, ev, bus = env
+    await publish_plan(bus, plan(workers=2))
+    await ev.wait(lambda: ev.of("executor.applied"))
+    await h.stop()
+    kv = await bus.kv(subjects.EXECUTOR_BUCKET)
+    ej = decode(ExecutorJob, (await kv.get(JOB)).value or b"")
+    ej.plan, ej.applied = replace(ej.plan, worker_memory_mb=384), False
+    for n in ej.nodes:
+        if n.role == "worker":
+            n.resize_cpu, n.resize_memory_mb = 0.5, 384
+            n.intent = "resize" if n.node == "worker-1" else ""
+    await kv.put(JOB, encode(ej))
+    await h.start()
+    await ev.wait(lambda: ev.of("executor.applied")[1:])
+    died = [(e.node, e.generation, e.reason) for e in ev.of("node.died")]
+    assert died == [("worker-1", 0, "resized"), ("worker-0", 0, "resized")]  # one at a time (2 x 0.25 -> 1)
+    created = [(e.node, e.generation, e.memory_mb) for e in ev.of("node.created")][-2:]
+    assert created == [("worker-1", 1, 384), ("worker-0", 1, 384)]
+    st = {n.node: n for n in (await status(bus)).nodes}
+    assert st["ps-0"].generation == 0 and st["ps-0"].phase.value == "running"
+    assert st["worker-1"].memory_mb == st["worker-0"].memory_mb == 384

@@ -352,3 +352,21 @@ def test_cluster_is_stable_and_gives_ports(tmp_path: Path) -> None:
     assert b.pod_port(c, "ps", 1) == int(c.ps[1].split(":")[1])
     assert b.pod_port(c, "worker", 2) == int(c.workers[2].split(":")[1])
     assert len({b.pod_port(c, "ps", i) for i in range(2)} | {b.pod_port(c, "worker", i) for i in range(3)}) == 5
+
+
+async def test_the_one_machine_is_this_host_with_what_live_pods_hold(backend: LocalBackend) -> None:
+    """Nothing is reserved locally (the whole host is free), a live pod's limits count as its job's;
+    a placement is ignored: the pod runs here all the same."""
+    import socket
+    from dataclasses import replace
+
+    await backend.create(replace(spec("p-held", "import time; time.sleep(30)", cpu=0.5, memory_mb=256),
+                                 machine="elsewhere"))
+    (m,) = await backend.machines()
+    assert m.name == socket.gethostname() and m.cpu == float(os.cpu_count() or 1)
+    assert (m.free_cpu, m.free_memory_mb) == (m.cpu, m.memory_mb)
+    assert m.held_cpu == {JOB: 0.5} and m.held_memory_mb == {JOB: 256}
+    await backend.delete("p-held", grace_s=0.5)
+    await wait_exit(backend, "p-held")
+    (m,) = await backend.machines()
+    assert m.held_cpu == {}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
+from pacer.contracts.executor import MachineInfo
 from pacer.contracts.jobs import PlanSource, ResourcePlan
 from pacer_services.brain.core.placement import (
     Machine,
@@ -13,8 +15,11 @@ from pacer_services.brain.core.placement import (
     PlacementInfeasible,
     Task,
     TaskRole,
+    after_placement,
     cost_of,
+    machines_for,
     place,
+    place_plan,
     tasks_from_plan,
 )
 
@@ -119,3 +124,67 @@ def test_tasks_from_plan_and_a_larger_case_stays_exact() -> None:
     assert len(tasks_from_plan(plan, [1.0, 2.0, 3.0, 4.0])) == 16
     with pytest.raises(PlacementError):
         tasks_from_plan(plan, [1.0])
+
+
+# -- a plan and the executor's machines in, the plan with its placement out -------------------------
+
+
+def _plan(workers: int = 6, ps: int = 2, reason: str = "optimize") -> ResourcePlan:
+    return ResourcePlan(job="j", workers=workers, ps=ps, worker_cpu=2.0, worker_memory_mb=4096,
+                        ps_cpu=4.0, ps_memory_mb=8192, source=PlanSource.BRAIN, reason=reason)
+
+
+def _info(name: str, free_cpu: float, free_mb: int, **held: tuple[float, int]) -> MachineInfo:
+    return MachineInfo(name, 16.0, 65536, free_cpu, free_mb, {j: c for j, (c, _) in held.items()},
+                       {j: m for j, (_, m) in held.items()})
+
+
+def test_a_plan_is_placed_within_what_each_machine_can_give_the_job() -> None:
+    # m1 looks nearly full, but 8 of its CPUs are this job's own pods, which the re-plan replaces;
+    # another job's pods on m2 stay where they are.
+    infos = [_info("m0", 6.0, 16384), _info("m1", 2.0, 4096, j=(8.0, 16384)),
+             _info("m2", 4.0, 65536, other=(12.0, 1024))]
+    bins = machines_for("j", infos)
+    assert [(m.name, m.cpu, m.memory_mb) for m in bins] == [("m0", 6.0, 16384), ("m1", 10.0, 20480),
+                                                            ("m2", 4.0, 65536)]
+    plan = _plan()
+    placed = place_plan(plan, bins)
+    tasks = tasks_from_plan(plan)
+    _check_capacity(placed.placement, tasks, bins)  # every node, each machine within what it can give
+    # the resources are the plan's; only the placement and the reason are added
+    assert (placed.workers, placed.ps, placed.worker_cpu, placed.ps_cpu) == (6, 2, 2.0, 4.0)
+    assert placed.reason.startswith("optimize; placed on 3 of 3 machines (Dike")
+    # the plan needs all 20 CPUs: without the job's own share of m1 (12 CPUs free in all) it does not fit
+    assert place_plan(plan, machines_for("other-job", infos)).placement == {}
+    # and the placement is Dike's least-cost one (Eq. 1), not merely a feasible one
+    assert cost_of(placed.placement, tasks)[0] == pytest.approx(place(tasks, bins).cost)
+
+
+def test_an_infeasible_placement_leaves_the_plan_unplaced_with_the_reason() -> None:
+    bins = [Machine("m0", 3.0, 65536), Machine("m1", 3.0, 65536), Machine("m2", 3.0, 65536)]
+    plan = replace(_plan(workers=2, ps=1), placement={"ps-0": "gone"})  # stale: never carried over
+    out = place_plan(plan, bins)
+    assert out.placement == {}
+    assert out.reason.startswith("optimize; no placement: ") and "ps-0" in out.reason  # 4 CPUs fit nowhere
+    assert (out.workers, out.ps, out.ps_cpu) == (2, 1, 4.0)  # the plan itself goes out as it was
+
+
+def test_one_machine_or_none_means_no_placement() -> None:
+    plan = replace(_plan(), placement={"ps-0": "m0"})
+    for machines in ([], [Machine("only", 64.0, 1 << 20)]):
+        out = place_plan(plan, machines)
+        assert out.placement == {} and out.reason == "optimize"
+
+
+def test_what_a_placement_takes_is_not_offered_to_the_next_job() -> None:
+    infos = [_info("m0", 8.0, 32768), _info("m1", 1.0, 4096, j=(7.0, 20480))]
+    placed = place_plan(_plan(workers=2, ps=1), machines_for("j", infos))  # 8 CPUs: 4 (PS) + 2 x 2
+    after = {m.name: m for m in after_placement(infos, placed)}
+    for m in infos:  # free + the job's share is conserved; the job now holds what its placement puts there
+        on = [t for t in tasks_from_plan(placed) if placed.placement[t.name] == m.name]
+        assert after[m.name].held_cpu["j"] == pytest.approx(sum(t.cpu for t in on))
+        assert after[m.name].free_cpu + after[m.name].held_cpu["j"] == pytest.approx(m.free_cpu + m.held_cpu.get("j", 0.0))
+    # another job now sees only what is left
+    left = sum(b.cpu for b in machines_for("k", list(after.values())))
+    assert left == pytest.approx(16.0 - 8.0)
+    assert after_placement(infos, _plan()) == infos  # no placement: nothing taken

@@ -159,7 +159,7 @@ def test_everything_in_namespace_pacer(overlay: str) -> None:
     docs = render(overlay)
     one(docs, "Namespace", "pacer")
     for d in docs:
-        if d["kind"] not in {"Namespace"}:
+        if d["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:  # those are cluster-scoped
             assert d["metadata"].get("namespace") == "pacer", f"{d['kind']}/{d['metadata']['name']}"
 
 
@@ -418,11 +418,28 @@ def test_pod_executor(overlay: str) -> None:
     assert not any(m.get("readOnly") for m in trainer["volumeMounts"] if m["name"] != "data")
 
 
+# Cluster-scoped CoreV1Api calls: (resource, verb), granted by a ClusterRole.
+_CLUSTER_CALL = re.compile(r"(list)_(node)|(list)_([a-z]+)_for_all_namespaces")
+
+
+def k8s_cluster_calls() -> set[tuple[str, str]]:
+    """(resource, verb) of every cluster-scoped CoreV1Api call in the Kubernetes backend."""
+    calls: set[tuple[str, str]] = set()
+    for method in set(re.findall(r"self\.api\.(\w+)", EXECUTOR_K8S.read_text())):
+        m = _CLUSTER_CALL.fullmatch(method)
+        if m:
+            verb, kind = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            calls.add((kind + "s", verb))
+    return calls
+
+
 def k8s_calls() -> set[tuple[str, str]]:
-    """(resource, verb) of every CoreV1Api call in the Kubernetes backend, read from its source."""
+    """(resource, verb) of every namespaced CoreV1Api call in the Kubernetes backend, read from its source."""
     src = EXECUTOR_K8S.read_text()
     calls: set[tuple[str, str]] = set()
     for method in set(re.findall(r"self\.api\.(\w+)", src)):
+        if _CLUSTER_CALL.fullmatch(method):
+            continue
         m = re.fullmatch(r"(create|read|list|delete|patch|replace)_namespaced_([a-z]+)(?:_([a-z]+))?", method)
         assert m, f"unknown CoreV1Api call {method}: teach this test its RBAC resource and verb"
         verb = {"read": "get", "replace": "update"}.get(m.group(1), m.group(1))
@@ -440,6 +457,7 @@ def test_k8s_calls_are_read_from_the_backend() -> None:
         ("pods", "create"), ("pods", "list"), ("pods", "watch"), ("pods", "delete"),
         ("pods/log", "get"), ("services", "create"),
     }
+    assert k8s_cluster_calls() == {("nodes", "list"), ("pods", "list")}
 
 
 @needs_kubectl
@@ -462,10 +480,21 @@ def test_pod_executor_rbac(overlay: str) -> None:
     # ... and nothing outside the few resources it has a reason to touch (no secrets, no wildcards).
     assert set(grants) <= {"pods", "pods/log", "events", "services"}
     assert not any("*" in verbs for verbs in grants.values())
-    assert not any(d["kind"] in {"ClusterRole", "ClusterRoleBinding"} for d in docs)
     binding = one(docs, "RoleBinding", "pod-executor")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-executor"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pod-executor", "namespace": "pacer"}]
+    # Cluster-wide: exactly the read-only lists the machine report needs (nodes; every tenant's pods).
+    cluster_roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert [r["metadata"]["name"] for r in cluster_roles] == ["pacer-pod-executor-machines"]
+    cluster_grants: set[tuple[str, str]] = set()
+    for rule in cluster_roles[0]["rules"]:
+        assert rule["apiGroups"] == [""]
+        cluster_grants |= {(res, verb) for res in rule["resources"] for verb in rule["verbs"]}
+    assert cluster_grants == k8s_cluster_calls()
+    cbinding = one(docs, "ClusterRoleBinding", "pacer-pod-executor-machines")
+    assert cbinding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                   "name": "pacer-pod-executor-machines"}
+    assert cbinding["subjects"] == binding["subjects"]
 
 
 # --------------------------------------------------------------- pod templates

@@ -1,4 +1,4 @@
-"""The pod-executor's pure decisions: exit classification, relaunch budget, OOM, scaling."""
+"""The pod-executor's pure decisions: exit classification, relaunch budget, OOM, scaling, worker resizing."""
 
 from __future__ import annotations
 
@@ -11,9 +11,15 @@ from pacer_services.pod_executor.core import (
     Node,
     NodeSpec,
     Plan,
+    ResizeView,
+    WorkerPhase,
     classify,
     on_exit,
     reconcile,
+    relaunch_resized,
+    resize_batch,
+    resize_batch_size,
+    resize_targets,
 )
 
 W0 = Node(NodeSpec("worker", 0, cpu=1.0, memory_mb=1024), state="running")
@@ -95,3 +101,105 @@ def test_reconcile_scales_up_into_free_slots_and_down_from_the_top() -> None:
     assert down.start == () and down.stop == ("worker-2",)
     assert reconcile(Plan(workers=1, ps=1), {"worker-0": W0, "ps-0": nodes["ps-0"]}) == reconcile(
         Plan(workers=1, ps=1), {"ps-0": nodes["ps-0"], "worker-0": W0})
+
+
+# ------------------------------------------------------------ rolling worker replacement
+
+def worker(i: int, cpu: float = 1.0, memory_mb: int = 1024, state: str = "running", oom_memory_mb: int = 0) -> Node:
+    return Node(NodeSpec("worker", i, cpu, memory_mb), state=state, oom_memory_mb=oom_memory_mb)
+
+
+def test_a_plan_with_more_worker_memory_replaces_the_workers_of_another_size_only() -> None:
+    nodes = [worker(0), worker(1), worker(2, memory_mb=2048), worker(3), worker(4, state="exited"),
+             Node(NodeSpec("ps", 0, 1.0, 1024), state="running")]
+    due = resize_targets(NodeSpec("worker", 0, 1.0, 2048), nodes)
+    assert [(s.role, s.index, s.cpu, s.memory_mb) for s in due] == [
+        ("worker", 0, 1.0, 2048), ("worker", 1, 1.0, 2048), ("worker", 3, 1.0, 2048)]
+    # PS are never replaced here (a PS moves by a migration), even when its size differs too
+    assert resize_targets(NodeSpec("worker", 0, 1.0, 1024), [Node(NodeSpec("ps", 0, 4.0, 8192))]) == ()
+
+
+def test_nothing_to_replace_when_the_sizes_match() -> None:
+    nodes = [worker(i) for i in range(4)]
+    assert resize_targets(NodeSpec("worker", 0, 1.0, 1024), nodes) == ()
+    assert resize_batch([ResizeView(i, WorkerPhase.RUNNING, queued=False) for i in range(4)]) == ()
+
+
+def test_a_cpu_change_alone_replaces_every_worker_with_its_memory_unchanged() -> None:
+    due = resize_targets(NodeSpec("worker", 0, 2.0, 1024), [worker(0), worker(1)])
+    assert [(s.index, s.cpu, s.memory_mb) for s in due] == [(0, 2.0, 1024), (1, 2.0, 1024)]
+
+
+def test_a_worker_raised_after_an_oom_never_gets_less_memory_from_a_plan() -> None:
+    raised = worker(1, memory_mb=4096, oom_memory_mb=4096)  # OOM at 2048: relaunched with x2
+    nodes = [worker(0, memory_mb=2048), raised]
+    assert resize_targets(NodeSpec("worker", 0, 1.0, 2048), nodes) == ()  # the same plan: it keeps 4096
+    more_cpu = resize_targets(NodeSpec("worker", 0, 2.0, 3072), nodes)
+    assert [(s.index, s.cpu, s.memory_mb) for s in more_cpu] == [(0, 2.0, 3072), (1, 2.0, 4096)]
+    more_mem = resize_targets(NodeSpec("worker", 0, 1.0, 8192), nodes)
+    assert [(s.index, s.memory_mb) for s in more_mem] == [(0, 8192), (1, 8192)]
+
+
+@pytest.mark.parametrize(("workers", "fraction", "size"), [
+    (1, 0.25, 1), (3, 0.25, 1), (4, 0.25, 1), (8, 0.25, 2), (10, 0.25, 2), (100, 0.25, 25),
+    (4, 0.5, 2), (5, 1.0, 5), (3, 0.0, 1),
+])
+def test_a_batch_is_a_bounded_fraction_of_the_workers_and_at_least_one(workers: int, fraction: float,
+                                                                       size: int) -> None:
+    assert resize_batch_size(workers, ExecutorPolicy(resize_fraction=fraction)) == size
+
+
+def test_batches_go_highest_slot_first_and_the_next_waits_until_the_replacements_run() -> None:
+    def views(phase: dict[int, WorkerPhase], queued: set[int]) -> list[ResizeView]:
+        return [ResizeView(i, phase.get(i, WorkerPhase.RUNNING), i in queued) for i in range(8)]
+
+    assert resize_batch(views({}, set(range(8)))) == (7, 6)  # 8 workers x 0.25: two at a time, chief last
+    left = set(range(6))
+    for phase in (WorkerPhase.STOPPING, WorkerPhase.GONE, WorkerPhase.PENDING):  # the replacements start
+        assert resize_batch(views({7: phase, 6: phase}, left)) == ()
+    assert resize_batch(views({7: WorkerPhase.RUNNING}, left)) == (5, 4)  # both run again: the next batch
+    assert resize_batch(views({}, {0})) == (0,)
+
+
+def test_a_worker_down_for_another_reason_takes_the_room_and_a_pending_one_is_replaced_free() -> None:
+    queued = {0, 1, 2}
+    down = [ResizeView(0, WorkerPhase.RUNNING, True), ResizeView(1, WorkerPhase.RUNNING, True),
+            ResizeView(2, WorkerPhase.RUNNING, True), ResizeView(3, WorkerPhase.GONE, False)]
+    assert resize_batch(down) == ()  # 4 workers: one may be down, and worker-3 is (relaunching)
+    pending = [ResizeView(i, WorkerPhase.PENDING if i == 2 else WorkerPhase.RUNNING, i in queued) for i in range(4)]
+    assert resize_batch(pending) == (2,)  # it trains nothing yet: no running worker is taken with it
+
+
+def test_a_rolling_replacement_keeps_the_job_training_and_ends_with_every_worker_resized() -> None:
+    """Drive the pure decisions the way the executor does: replacements take one round to run again."""
+    wanted = NodeSpec("worker", 0, 1.0, 4096)
+    policy = ExecutorPolicy(resize_fraction=0.25)
+    nodes = {i: worker(i) for i in range(10)}
+    due = {s.index: s for s in resize_targets(wanted, nodes.values())}
+    assert sorted(due) == list(range(10))
+    phase = {i: WorkerPhase.RUNNING for i in nodes}
+    order: list[tuple[int, ...]] = []
+    for _ in range(20):
+        for i, ph in phase.items():  # last round's replacements run now, with their new size
+            if ph is WorkerPhase.STOPPING:
+                nodes[i] = Node(relaunch_resized(nodes[i].spec, due.pop(i), oom=False), state="running")
+                phase[i] = WorkerPhase.RUNNING
+        batch = resize_batch([ResizeView(i, phase[i], i in due) for i in nodes], policy)
+        if not batch:
+            break
+        order.append(batch)
+        for i in batch:
+            phase[i] = WorkerPhase.STOPPING
+        assert sum(ph is not WorkerPhase.RUNNING for ph in phase.values()) <= resize_batch_size(10, policy)
+    assert order == [(9, 8), (7, 6), (5, 4), (3, 2), (1, 0)]
+    assert all(n.spec.memory_mb == 4096 and n.spec.cpu == 1.0 for n in nodes.values())
+    assert resize_targets(wanted, nodes.values()) == ()
+
+
+def test_a_relaunch_while_a_replacement_is_due_takes_the_new_size() -> None:
+    old = NodeSpec("worker", 3, 1.0, 1024)
+    target = NodeSpec("worker", 3, 2.0, 1536)
+    assert relaunch_resized(old, target, oom=False) == NodeSpec("worker", 3, 2.0, 1536)
+    doubled = on_exit(Node(old), ExitInfo(None, oom=True)).relaunch
+    assert doubled is not None and doubled.memory_mb == 2048
+    assert relaunch_resized(doubled, target, oom=True) == NodeSpec("worker", 3, 2.0, 2048)  # the larger one

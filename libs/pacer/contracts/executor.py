@@ -57,6 +57,9 @@ class PodSpec:
     agent: list[str] = field(default_factory=list, metadata=doc("agent sidecar argv; empty = no sidecar"))
     env: dict[str, str] = field(default_factory=dict)
     port: int = field(default=0, metadata=doc("the TF server port of the trainer (0: none)"))
+    machine: str = field(default="", metadata=doc(
+        "the machine the plan's placement prefers for this node (\"\": anywhere); "
+        "Kubernetes: soft node affinity on kubernetes.io/hostname, local: ignored"))
 
 
 @message("executor.PodStatus")
@@ -195,6 +198,27 @@ class ExecutorEvent:
     stopped: list[str] = field(default_factory=list, metadata=doc("nodes stopped by this plan"))
 
 
+@message("executor.MachineInfo")
+@dataclass(frozen=True, slots=True)
+class MachineInfo:
+    """One machine pods can run on (a ready, schedulable Kubernetes node; locally, this host).
+
+    ``free_*`` is what the scheduler can still give: allocatable minus the
+    requests of every live pod on it, Pacer's or not (locally nothing is
+    reserved: the whole machine).  ``held_*`` is the part of the used
+    capacity that each Pacer job's own live pods hold there, so that a
+    planner can add a job's own pods back when it re-places that job.
+    """
+
+    name: str = field(metadata=doc("the machine's name as node affinity matches it (the node's kubernetes.io/hostname label)"))
+    cpu: float = field(metadata=doc("allocatable CPUs"))
+    memory_mb: int = field(metadata=doc("allocatable memory (MiB)"))
+    free_cpu: float
+    free_memory_mb: int
+    held_cpu: dict[str, float] = field(default_factory=dict, metadata=doc("job -> CPUs its live pods request here"))
+    held_memory_mb: dict[str, int] = field(default_factory=dict, metadata=doc("job -> MiB its live pods request here"))
+
+
 @message("executor.ClusterStatus")
 @dataclass(frozen=True, slots=True)
 class ClusterStatus:
@@ -208,6 +232,11 @@ class ClusterStatus:
     free_cpu: float = field(default=0.0, metadata=doc("total_cpu minus the CPU limits of live pods (where limits reserve capacity)"))
     total_memory_mb: int = 0
     free_memory_mb: int = 0
+    reserves_capacity: bool = field(default=False, metadata=doc(
+        "pods' requests reserve capacity (a scheduler admits pods against it, as on Kubernetes); "
+        "false: machines are shared and free_* is the whole machine"))
+    machines: list[MachineInfo] = field(default_factory=list, metadata=doc(
+        "the machines pods can run on, with what is free on each (empty: unknown)"))
 
 
 # ------------------------------------------------- the executor's own record (KV)
@@ -234,7 +263,15 @@ class NodeRecord:
     last_reason: str = ""
     deleting: list[str] = field(default_factory=list, metadata=doc("pods the executor itself is stopping"))
     restore: bool = field(default=False, metadata=doc("the next pod restores from the newest checkpoint"))
-    intent: str = field(default="", metadata=doc("restart: the executor stops the pod to start it again"))
+    intent: str = field(default="", metadata=doc(
+        "restart: the executor stops the pod to start it again; resize: to start it with "
+        "resize_cpu / resize_memory_mb; migrate: to move it to the next cluster"))
+    resize_cpu: float = field(default=0.0, metadata=doc(
+        "rolling replacement: the CPU limit the node's next pod gets (0: no replacement due)"))
+    resize_memory_mb: int = field(default=0, metadata=doc(
+        "rolling replacement: the memory limit (MiB) the node's next pod gets (0: no replacement due)"))
+    oom_memory_mb: int = field(default=0, metadata=doc(
+        "the memory an OOM relaunch gave the node (0: none): a plan's replacement never gives it less"))
 
 
 @message("executor.ExecutorJob")

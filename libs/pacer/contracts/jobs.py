@@ -165,6 +165,9 @@ class ResourcePlan:
     ps_memory_mb: int
     source: PlanSource
     reason: str = field(default="", metadata=doc("why this plan: defaults used, values clamped by limits"))
+    placement: dict[str, str] = field(default_factory=dict, metadata=doc(
+        "node (ps-<i>, worker-<i>) -> the machine it should run on (Dike); a preference, not a guarantee; "
+        "empty: anywhere"))
 
 
 @message("job.JobEvent")

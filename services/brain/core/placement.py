@@ -31,15 +31,19 @@ its cost model:
   §4.2 reports at least 95% of the optimum at 20 instances).
 
 Output: node name -> machine name; the pod executor turns it into node
-affinity.  Pure: no IO.
+affinity.  :func:`place_plan` is what the brain service calls: a plan and
+the machines the executor reports (:func:`machines_for` adds back what the
+job's own pods hold) in, the plan with its placement (or, when none fits,
+without one and a reason that says why) out.  Pure: no IO.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from pacer.contracts.executor import MachineInfo
 from pacer.contracts.jobs import ResourcePlan
 
 __all__ = [
@@ -49,8 +53,11 @@ __all__ = [
     "PlacementInfeasible",
     "Task",
     "TaskRole",
+    "after_placement",
     "cost_of",
+    "machines_for",
     "place",
+    "place_plan",
     "tasks_from_plan",
 ]
 
@@ -291,3 +298,63 @@ def place(
     return Placement(
         assignment=assignment, cost=cost, cross_traffic=cross, exact=not exhausted, explored=explored,
     )
+
+
+def machines_for(job: str, machines: Sequence[MachineInfo]) -> list[Machine]:
+    """The bins B_i of Dike Eq. 2 for (re-)placing ``job``: what each machine has free, plus what the
+    job's own live pods hold there (a re-plan replaces them, so their share is the job's to use)."""
+    return [Machine(m.name, m.free_cpu + m.held_cpu.get(job, 0.0),
+                    float(m.free_memory_mb + m.held_memory_mb.get(job, 0))) for m in machines]
+
+
+def place_plan(plan: ResourcePlan, machines: Sequence[Machine], *, ps_traffic: Sequence[float] | None = None,
+               cost_in: float = 0.0, cost_out: float = 1.0, max_nodes: int = 20_000) -> ResourcePlan:
+    """``plan`` with its Dike placement over ``machines`` (Eq. 1-6 by :func:`place`), replacing any it had.
+
+    With fewer than two machines there is nothing to choose: no placement.
+    When the nodes cannot be packed (Dike Eq. 2 fails), the plan goes out
+    without a placement and its reason says why: a placement is a
+    preference, so a plan is never held back for the lack of one (the
+    scheduler may still find room as other pods end).
+    """
+    bare = replace(plan, placement={}) if plan.placement else plan
+    if len(machines) < 2 or plan.workers + plan.ps == 0:
+        return bare
+    tasks = tasks_from_plan(plan, ps_traffic)
+    try:
+        p = place(tasks, machines, cost_in=cost_in, cost_out=cost_out, max_nodes=max_nodes)
+    except PlacementError as exc:
+        return _with_reason(bare, f"no placement: {exc}", {})
+    used = len(set(p.assignment.values()))
+    total = plan.workers * sum(t.traffic for t in tasks if t.role == TaskRole.PS)
+    share = f", {p.cross_traffic / total:.0%} of PS traffic across machines" if total > 0 else ""
+    return _with_reason(bare, f"placed on {used} of {len(machines)} machines (Dike{share})", p.assignment)
+
+
+def _with_reason(plan: ResourcePlan, note: str, placement: dict[str, str]) -> ResourcePlan:
+    return replace(plan, reason=f"{plan.reason}; {note}" if plan.reason else note, placement=dict(placement))
+
+
+def after_placement(machines: Sequence[MachineInfo], plan: ResourcePlan) -> list[MachineInfo]:
+    """The machines once ``plan``'s placement is in force: its job holds what the placement puts on each.
+
+    So that the next job placed before the executor's next report does not
+    count on the same free capacity.  A plan without placement changes nothing.
+    """
+    if not plan.placement:
+        return list(machines)
+    cpu: dict[str, float] = {}
+    mem: dict[str, int] = {}
+    for t in tasks_from_plan(plan):
+        host = plan.placement.get(t.name)
+        if host is not None:
+            cpu[host] = cpu.get(host, 0.0) + t.cpu
+            mem[host] = mem.get(host, 0) + int(t.memory_mb)
+    out = []
+    for m in machines:
+        had_cpu, had_mem = m.held_cpu.get(plan.job, 0.0), m.held_memory_mb.get(plan.job, 0)
+        now_cpu, now_mem = cpu.get(m.name, 0.0), mem.get(m.name, 0)
+        out.append(replace(
+            m, free_cpu=max(0.0, m.free_cpu + had_cpu - now_cpu), free_memory_mb=max(0, m.free_memory_mb + had_mem - now_mem),
+            held_cpu={**m.held_cpu, plan.job: now_cpu}, held_memory_mb={**m.held_memory_mb, plan.job: now_mem}))
+    return out
