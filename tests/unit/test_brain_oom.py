@@ -1,13 +1,17 @@
-"""Brain core, DLRover-RM §5.3: predict a PS's memory growth and raise its memory before the OOM."""
+"""Brain core, DLRover-RM §5.3: predict a node's memory growth (PS and workers) and raise its memory before the OOM."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from pacer.contracts.jobs import PlanSource, ResourcePlan
+from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats
 from pacer_services.brain.core.oom import (
+    ALL_ROLES,
     MemorySample,
+    MemoryWatch,
     OomConfig,
     fit_memory_trend,
     forecast_oom,
@@ -53,11 +57,20 @@ def test_flat_noisy_memory_gets_nothing() -> None:
 
 
 def test_noisy_growth_is_still_caught_and_covers_the_true_peak() -> None:
-    """True RSS = 1000 + 0.5 * step with +-80 MiB noise; at step 20000 it would be 11000 MiB."""
-    f = forecast_oom("ps-1", line(1000.0, 0.5, n=40, noise=80.0), 4096, 20_000)
-    assert f.act and f.new_memory_mb is not None
-    assert f.new_memory_mb >= 11000
-    assert f.trend is not None and f.trend.slope_mb == pytest.approx(0.5, abs=0.05)
+    """True RSS = 1000 + 0.5 * step with +-80 MiB noise; at step 20000 it would be 11000 MiB.
+
+    The limit (4096 MiB) is crossed near step 6200.  Sampled to step 3900 that is far beyond the
+    lead (900): wait; sampled to step 5800 it is within it: raise, for the job's end."""
+    early = line(1000.0, 0.5, n=40, noise=80.0)
+    now = forecast_oom("ps-1", early, 4096, 20_000, OomConfig(lead=None))  # acting on the far forecast
+    assert now.act and now.new_memory_mb is not None and now.new_memory_mb >= 11000
+    assert now.trend is not None and now.trend.slope_mb == pytest.approx(0.5, abs=0.05)
+    waits = forecast_oom("ps-1", early, 4096, 20_000)
+    assert not waits.act and "wait" in waits.reason
+    late = line(1000.0, 0.5, n=59, noise=80.0)
+    f = forecast_oom("ps-1", late, 4096, 20_000)
+    assert f.act and f.new_memory_mb is not None and f.new_memory_mb >= 11000
+    assert f.oom_at is not None and f.oom_at > late[-1].at  # before the limit is reached
 
 
 def test_too_few_samples_predict_nothing() -> None:
@@ -94,3 +107,64 @@ def test_prevent_oom_raises_the_role_memory_to_what_its_nodes_need() -> None:
     assert out.worker_memory_mb == 2048
     assert "ps-0" in out.reason and "ps-1" not in out.reason
     assert prevent_oom(plan, [flat]) is None
+
+
+# ------------------------------------------------------------ workers, over the monitor's statistics
+
+def window(t: float, rss_mb: dict[str, float], restarts: dict[str, int] | None = None) -> JobStatistics:
+    """One statistics window: each node RUNNING with the given RSS (roles from the names; worker-0 is the chief)."""
+    def role(node: str) -> str:
+        return "ps" if node.startswith("ps") else "chief" if node == "worker-0" else "worker"
+
+    nodes = [NodeStats(node=name, role=role(name), bpt_short_s=0.1, bpt_long_s=0.1, speed_samples_per_s=100.0,
+                       samples_total=0, cpu_percent=90.0, rss_bytes=int(mb * (1 << 20)), last_seen=t,
+                       state=NodeState.RUNNING, pending_s=0.0, restarts=(restarts or {}).get(name, 0),
+                       slowdown_short=1.0, slowdown_long=1.0)
+             for name, mb in sorted(rss_mb.items())]
+    return JobStatistics(job="j", ts=t, window_short_s=300.0, window_long_s=600.0, throughput_samples_per_s=200.0,
+                         nodes=nodes)
+
+
+PLAN = ResourcePlan("j", 2, 1, 1.0, 2048, 2.0, 4096, PlanSource.BRAIN)
+
+
+def test_a_worker_whose_memory_grows_gets_more_worker_memory_and_the_ps_keep_theirs() -> None:
+    """worker-1 grows 2 MiB/s from 1000 MiB (1180 MiB at t=90, under its 2048 MiB limit): by the job's end at
+    t=1000 the line says 3000 MiB; x1.2 = 3600 -> 3648 MiB.  The PS and the chief are flat."""
+    watch = MemoryWatch()
+    for i in range(10):
+        watch.feed(window(10.0 * i, {"ps-0": 3000.0, "worker-0": 900.0, "worker-1": 1000.0 + 20.0 * i}))
+    assert watch.plan_for(PLAN, 1000.0) is None  # the default: PS only
+    out = watch.plan_for(PLAN, 1000.0, roles=ALL_ROLES)
+    assert out is not None
+    assert out.worker_memory_mb == 3648 and out.ps_memory_mb == 4096
+    assert "worker-1" in out.reason and "worker-0" not in out.reason and "ps-0" not in out.reason
+    assert (out.workers, out.ps, out.worker_cpu, out.ps_cpu) == (2, 1, 1.0, 2.0)
+
+
+def test_the_chief_counts_as_a_worker_and_a_flat_worker_gets_nothing() -> None:
+    watch = MemoryWatch()
+    for i in range(10):
+        watch.feed(window(10.0 * i, {"worker-0": 1000.0 + 20.0 * i, "worker-1": 1000.0}))
+    out = watch.plan_for(PLAN, 1000.0, roles=ALL_ROLES)
+    assert out is not None and out.worker_memory_mb > 2048 and "worker-0" in out.reason
+    flat = MemoryWatch()
+    for i in range(10):
+        flat.feed(window(10.0 * i, {"worker-0": 1500.0, "worker-1": 1500.0 + (5.0 if i % 2 else -5.0)}))
+    assert flat.plan_for(PLAN, 10_000.0, roles=ALL_ROLES) is None
+
+
+def test_a_replaced_worker_starts_afresh_without_the_old_process_samples() -> None:
+    """worker-1 grew to 1980 MiB, then was replaced (restarts 0 -> 1): the monitor still shows the old
+    process's 1980 MiB for a window, then the new process's flat 700 MiB.  The new process alone is judged:
+    with the old samples (or the stale report) a line would slope through the drop."""
+    watch = MemoryWatch()
+    for i in range(10):
+        watch.feed(window(10.0 * i, {"worker-1": 1800.0 + 20.0 * i}))
+    assert watch.plan_for(PLAN, 1000.0, roles=ALL_ROLES) is not None  # growing: would be raised
+    watch.feed(window(100.0, {"worker-1": 1980.0}, {"worker-1": 1}))  # the old report, the new count
+    assert "worker-1" not in watch.nodes
+    for i in range(1, 7):
+        watch.feed(window(100.0 + 10.0 * i, {"worker-1": 700.0}, {"worker-1": 1}))
+    assert [s.rss_mb for s in watch.nodes["worker-1"]] == [700.0] * 6
+    assert watch.plan_for(replace(PLAN, worker_memory_mb=3648), 1000.0, roles=ALL_ROLES) is None

@@ -17,10 +17,31 @@ current growth rate: embedding tables grow fast while new ids arrive and
 level off later (DLRover-RM Fig. 1(b)); a line over-predicts a levelling
 curve, which errs on the safe side.
 
+When to act: a slope fitted over a few minutes of noisy readings is itself
+noisy, and extrapolated over hours it cries wolf (every raise of a PS's
+memory is a migration, a pause; and among forty workers with flat memory
+one always shows a steep slope by chance).  So the decision looks only
+``lead`` ahead - the time a raise needs to be in force (a decision interval
+and a restart): act when ``rss(now + lead) + z sigma`` would cross the
+limit *and* the growth is real: the slope is significantly above zero
+(one-sided t-test of ``slope / (sigma / sqrt(Sxx))`` with n - 2 degrees of
+freedom at level ``alpha``, Bonferroni-corrected for the nodes of the role
+tested together, since a plan raises them as one), or the node already
+holds ``high_water`` of its limit and still grows.  The new memory is sized for
+the job's end as above, so one raise lasts.  ``lead=None`` acts on the
+forecast to the end directly.
+
 If ``peak`` exceeds the node's limit, the node gets ``peak * (1 + headroom)``
 rounded up, at most ``max_memory_mb`` (the machine).  Fewer than
 ``min_samples`` samples, or samples that do not span any progress, predict
 nothing.  Pure: samples, limits and the horizon come in as arguments.
+
+The paper names PS; workers run out of memory too (large batches, wide
+feature crosses, input pipelines), so the same forecast covers them.  A
+raised PS memory moves the PS by a seamless migration (DLRover-RM §5.2); a
+raised worker memory makes the pod-executor replace the running workers a
+batch at a time (workers hold no state in PS training).  A plan gives all
+nodes of a role one size, so a role gets the most any of its nodes needs.
 """
 
 from __future__ import annotations
@@ -32,6 +53,11 @@ from dataclasses import dataclass, replace
 
 from pacer.contracts.jobs import ResourcePlan
 from pacer.contracts.monitor import JobStatistics, NodeState
+from scipy.stats import t as student_t  # type: ignore[import-untyped]
+
+from .stages import WORKER_ROLES
+
+ALL_ROLES = ("ps", *WORKER_ROLES)  # every role whose memory OOM prevention may raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +79,9 @@ class OomConfig:
     memory_step_mb: int = 64  # new memory is rounded up to this
     max_memory_mb: int = 64 * 1024  # the most memory one node can get
     min_growth_mb: float = 1.0  # growth over the remaining horizon below this counts as flat
+    lead: float | None = 900.0  # act when the limit would be crossed within this much progress (None: by the end)
+    alpha: float = 0.01  # ... and the slope is above zero at this level (over all nodes of the role) ...
+    high_water: float = 0.9  # ... or the node holds this share of its limit and grows (slope t >= 2, 2x min_samples)
 
 
 DEFAULT_OOM = OomConfig()
@@ -67,9 +96,19 @@ class MemoryTrend:
     sigma_mb: float  # residual standard deviation
     samples: int
     last_at: float
+    mean_at: float = 0.0  # mean progress of the samples
+    sxx: float = 0.0  # sum of squared deviations of their progress
 
     def at(self, x: float) -> float:
         return self.intercept_mb + self.slope_mb * x
+
+    def slope_t(self) -> float:
+        """The slope in standard errors (``slope / (sigma / sqrt(Sxx))``; inf for a noiseless rise)."""
+        if self.sxx <= 0.0:
+            return 0.0
+        if self.sigma_mb <= 0.0:
+            return math.inf if self.slope_mb > 0 else 0.0
+        return self.slope_mb / (self.sigma_mb / math.sqrt(self.sxx))
 
 
 def fit_memory_trend(samples: Sequence[MemorySample], config: OomConfig = DEFAULT_OOM) -> MemoryTrend | None:
@@ -88,7 +127,8 @@ def fit_memory_trend(samples: Sequence[MemorySample], config: OomConfig = DEFAUL
     # n - 2 degrees of freedom: two parameters were fitted.
     sse = sum((p.rss_mb - (intercept + slope * p.at)) ** 2 for p in pts)
     sigma = math.sqrt(sse / (n - 2)) if n > 2 else 0.0
-    return MemoryTrend(intercept_mb=intercept, slope_mb=slope, sigma_mb=sigma, samples=n, last_at=pts[-1].at)
+    return MemoryTrend(intercept_mb=intercept, slope_mb=slope, sigma_mb=sigma, samples=n, last_at=pts[-1].at,
+                       mean_at=mx, sxx=sxx)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +150,7 @@ class OomForecast:
 
 
 def forecast_oom(node: str, samples: Sequence[MemorySample], limit_mb: int, end_at: float,
-                 config: OomConfig = DEFAULT_OOM, *, role: str = "ps") -> OomForecast:
+                 config: OomConfig = DEFAULT_OOM, *, role: str = "ps", tested: int = 1) -> OomForecast:
     """Will ``node`` exceed ``limit_mb`` before the job's progress reaches ``end_at``? (DLRover-RM §5.3)"""
     trend = fit_memory_trend(samples, config)
     if trend is None:
@@ -123,6 +163,19 @@ def forecast_oom(node: str, samples: Sequence[MemorySample], limit_mb: int, end_
     if peak <= limit_mb or (not grows and trend.at(trend.last_at) + margin <= limit_mb):
         return OomForecast(node, role, limit_mb, trend, peak, None, None,
                            f"predicted peak {peak:.0f} MiB within the limit {limit_mb} MiB")
+    if config.lead is not None:  # act only on what the line can tell: the near future (module docstring)
+        soon = min(end, trend.last_at + config.lead)
+        near = trend.at(soon) + margin
+        level = trend.at(trend.last_at)
+        critical = float(student_t.ppf(1.0 - config.alpha / max(1, tested), max(1, trend.samples - 2)))
+        close = (level >= config.high_water * limit_mb and trend.slope_t() >= 2.0
+                 and trend.samples >= 2 * config.min_samples)
+        real = trend.slope_t() >= critical or close
+        if near <= limit_mb or not real:
+            why = "not within" if near <= limit_mb else "its growth is not yet distinguishable from noise by"
+            return OomForecast(node, role, limit_mb, trend, peak, None, None,
+                               f"{peak:.0f} MiB by the end would cross the limit {limit_mb} MiB, but {why} "
+                               f"{config.lead:g} ({near:.0f} MiB by {soon:g}): wait for a surer slope")
     # Where the line (plus margin) crosses the limit; at or before now when it is there already.
     crossing = (limit_mb - margin - trend.intercept_mb) / trend.slope_mb if trend.slope_mb > 0 else trend.last_at
     oom_at = max(crossing, trend.last_at)
@@ -169,17 +222,33 @@ class MemoryWatch:
     every running node (time in seconds is the progress); ``plan_for``
     forecasts each node to the job's end and returns ``plan`` with more
     memory where a node would exceed its limit (:func:`prevent_oom`), or
-    ``None``.  ``roles`` limits which roles may be raised (the brain service
-    raises PS memory only: a PS moves seamlessly, DLRover-RM §5.2).
+    ``None``.  ``roles`` limits which roles may be raised (default: PS only;
+    :data:`ALL_ROLES` adds the workers, whose new memory the executor gives
+    them by replacing them).
+
+    A node that came back (the monitor's ``restarts`` grew: relaunched,
+    replaced with a new size, moved by a migration) is a new process whose
+    RSS starts afresh: its old samples are dropped, and so is the old
+    process's last report, which the monitor shows until the new one reports.
     """
 
     def __init__(self, config: OomConfig = DEFAULT_OOM) -> None:
         self.config = config
         self.nodes: dict[str, deque[MemorySample]] = {}
         self.roles: dict[str, str] = {}
+        self._seen: dict[str, tuple[int, int]] = {}  # node -> (restarts, rss_bytes) last seen
+        self._stale: dict[str, int] = {}  # node -> rss_bytes of its previous process, not yet replaced
 
     def feed(self, stats: JobStatistics) -> None:
         for n in stats.nodes:
+            restarts, rss = self._seen.get(n.node, (n.restarts, 0))
+            if n.restarts != restarts:
+                self.forget(n.node)
+                self._stale[n.node] = rss
+            self._seen[n.node] = (n.restarts, n.rss_bytes)
+            if n.rss_bytes == self._stale.get(n.node):
+                continue  # the previous process's last report
+            self._stale.pop(n.node, None)
             if n.state is NodeState.RUNNING and n.rss_bytes > 0:
                 q = self.nodes.setdefault(n.node, deque(maxlen=self.config.window))
                 if not q or stats.ts > q[-1].at:
@@ -192,10 +261,14 @@ class MemoryWatch:
 
     def plan_for(self, plan: ResourcePlan, end_at: float, roles: Iterable[str] = ("ps",)) -> ResourcePlan | None:
         wanted = set(roles)
+        nodes = [(node, q) for node, q in self.nodes.items() if self.roles.get(node) in wanted]
+        per_role: dict[str, int] = {}
+        for node, _ in nodes:
+            per_role[self.roles[node]] = per_role.get(self.roles[node], 0) + 1
         forecasts = [
             forecast_oom(node, list(q), plan.ps_memory_mb if self.roles[node] == "ps" else plan.worker_memory_mb,
-                         end_at, self.config, role=self.roles[node])
-            for node, q in self.nodes.items() if self.roles.get(node) in wanted
+                         end_at, self.config, role=self.roles[node], tested=per_role[self.roles[node]])
+            for node, q in nodes
         ]
         return prevent_oom(plan, forecasts)
 
