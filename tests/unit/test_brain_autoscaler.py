@@ -133,7 +133,8 @@ def test_no_decision_before_the_plan_is_measured() -> None:
     # fewer workers running than the plan has
     assert auto.step(300.0, stats_of(truth, replace(plan, ps=plan.ps + 1), 300.0)) is None
     assert auto.step(310.0, stats_of(truth, plan, 310.0)) is None  # running_since restarted at 310
-    # the sample is measured for a whole adjust interval from when it first ran (210)
+    # the sample is measured for sample_windows (2) valid windows, not for a whole adjust interval
+    assert CFG.sample_windows == 2
     assert auto.step(350.0, stats_of(truth, plan, 350.0)) is None
     d = auto.step(400.0, stats_of(truth, plan, 400.0))
     assert d is not None and d.rule == "optimize"
@@ -144,7 +145,8 @@ def test_optimize_follows_eq_10_11_from_the_measured_sample() -> None:
     auto = JobAutoscaler(spec(), truth.m, CFG)
     auto.applied(auto.first_plan(), 0.0)
     stats = stats_of(truth, auto.first_plan(), 400.0)
-    auto.step(200.0, stats_of(truth, auto.first_plan(), 200.0))
+    auto.step(200.0, stats_of(truth, auto.first_plan(), 200.0))  # first seen running: settles
+    assert auto.step(300.0, stats_of(truth, auto.first_plan(), 300.0)) is None  # one valid window
     d = auto.step(400.0, stats)
     assert d is not None and d.rule == "optimize" and auto.stage is Stage.ADJUST
     profile = profile_from_statistics(stats)
@@ -159,6 +161,7 @@ def test_saturated_sample_ps_get_more_cpu_before_optimizing() -> None:
     first = auto.first_plan()
     auto.applied(first, 0.0)
     auto.step(100.0, stats_of(truth, first, 100.0))
+    assert auto.step(200.0, stats_of(truth, first, 200.0)) is None
     d = auto.step(300.0, stats_of(truth, first, 300.0))
     assert d is not None and d.rule == "sample-saturated" and auto.stage is Stage.SAMPLE
     assert d.plan.ps * d.plan.ps_cpu > first.ps * first.ps_cpu

@@ -17,30 +17,36 @@ Stages (DLRover 2023 §4.2, the cores in :mod:`.stages`):
   w-hat and s-hat (DLRover 2023 Eq. 10-11, :func:`.stages.optimize`).
 * **adjust** - every ``adjust_interval_s`` (DLRover-RM §6: 3 min), in order:
   1. OOM prevention (DLRover-RM §5.3, :class:`.oom.MemoryWatch`);
-  2. hot PS get the CPU their share needs (DLRover 2023 §4.2 "Hot parameter
-     server"; one plan gives all PS one size, so the PS CPU becomes the
-     largest replacement's);
-  3. the model: DLRover-RM Eq. 1-6 fitted online by NNLS on every
-     configuration measured so far (:func:`.fitting.fit`), Pareto candidates
-     of (cost, throughput) by NSGA-II (:func:`.pareto.pareto_candidates`),
-     and the weighted greedy choice (Eq. 8, 11-14, :func:`.cluster.select`)
-     within the job's quota - or, across jobs, within the cluster's
-     (:func:`plan_cluster`);
-  4. while the model has too few configurations to fit, idle PS CPU buys
-     workers (DLRover 2023 §4.2 "Idle CPU resource in PS").
+  2. the model, from the first adjust round on (a cold job has then
+     measured the sample and the optimize plan, a warm one its warm plan;
+     ``min_configs``): DLRover-RM Eq. 1-6 calibrated
+     by the job's own CPU readings (:mod:`.calibration`: parallel cores,
+     hot PS, PS capacity, the worker cost as alpha_grad) and fitted online
+     by NNLS on every configuration measured so far (:func:`.fitting.fit`);
+     candidates are the Pareto front of (cost, throughput) by NSGA-II
+     (:func:`.pareto.pareto_candidates`) plus the fastest plans of the
+     lattice (:func:`.pareto.lattice_best`); a job alone takes the one with
+     the largest gain net of the pause it costs (Eq. 8), jobs sharing a
+     quota the weighted greedy choice (Eq. 11-14, :func:`plan_cluster`);
+  3. where the model cannot be fitted: hot PS get the CPU their share
+     needs and idle PS CPU buys workers (DLRover 2023 §4.2 "Hot parameter
+     server", "Idle CPU resource in PS").
 
 Choices of ours where the papers are silent (all in :class:`AutoscaleConfig`):
 
 * A measurement counts only when every node of the plan in force is running
   and has been for ``settle_s``; nothing new is decided while the last
-  decision is not in force (for at most three intervals); throughput per configuration is the mean of
-  its valid measurements (noise averages out, a configuration revisited adds
-  evidence).
-* A model fitted on few configurations extrapolates badly, so candidates lie
-  in a trust region around the current plan (counts at most x ``trust`` and
-  +``trust_add``), and where a candidate was measured its measured
-  throughput replaces the prediction; the measured configurations are
-  candidates too, so a step that disappointed is undone.
+  decision is not in force (for at most three intervals); throughput and
+  CPU per configuration are the means of its valid windows (noise averages
+  out, a configuration revisited adds evidence).
+* The sample ends after ``sample_windows`` valid windows rather than a whole
+  adjust interval: the job crawls on one worker meanwhile.
+* Where a candidate was measured, its measured throughput replaces the
+  prediction; the measured configurations are candidates too, so a step
+  that disappointed is undone.  A prediction is discounted by the model's
+  error so far (``model_error`` until moves have measured it: the RMS of
+  log(measured / predicted) of the plans it moved to), and the plan in
+  force is measured for ``min_windows`` windows before it is judged.
 * A change must promise at least ``min_gain`` (2 %) more throughput than
   the current plan measures, and more than twice the noise of that
   measurement (the relative spread of windows of one plan, pooled); below
@@ -50,6 +56,11 @@ Choices of ours where the papers are silent (all in :class:`AutoscaleConfig`):
 * After ``patience`` (3) exploring moves in a row that did not raise the
   best measured throughput by ``min_gain``, the job goes back to its best
   measured plan and stops exploring (each move pauses training).
+* Memory is planned for the job's end: the PS for the model's size when the
+  last record is trained (its growth over the records trained so far,
+  DLRover-RM §5.3), the largest partition's share of it; workers for what
+  they were seen using.  A plan keeps its memory while that is enough and
+  not more than twice what is needed, so noise in RSS never moves pods.
 
 Pure: no IO and no clock; ``now`` is whatever clock the caller uses.
 """
@@ -64,7 +75,9 @@ from dataclasses import dataclass, field, replace
 
 from pacer.contracts.jobs import JobSpec, ResourceLimits, ResourcePlan
 from pacer.contracts.monitor import JobStatistics, NodeState
+from pacer.jobs.spec import JobSpecError
 
+from .calibration import Calibration, CalibrationConfig, Observation, calibrate
 from .cluster import (
     DEFAULT_RHO,
     JobChoice,
@@ -72,16 +85,18 @@ from .cluster import (
     OverheadModel,
     Resources,
     ScalingRecord,
+    best_for_job,
     plan_resources,
     select,
 )
-from .fitting import Config, FitError, Model, Sample, fit
-from .oom import DEFAULT_OOM, MemorySample, MemoryWatch, OomConfig, fit_memory_trend
+from .fitting import Config, FitError, JobConstants, Model, Sample, fit
+from .oom import ALL_ROLES, DEFAULT_OOM, MemorySample, MemoryWatch, OomConfig, fit_memory_trend
 from .pareto import (
     Candidate,
     NoFeasiblePlan,
     Prices,
     SearchSpace,
+    lattice_best,
     non_dominated,
     pareto_candidates,
     plan_cost,
@@ -93,7 +108,6 @@ from .stages import (
     SampleProfile,
     StageConfig,
     adjust,
-    cpu_up,
     fit_to_spec,
     job_cpu_quota,
     memory_for,
@@ -125,16 +139,20 @@ class AutoscaleConfig:
     """Knobs of the autoscaler; the defaults are the documented ones."""
 
     stages: StageConfig = DEFAULT_STAGES
+    calibration: CalibrationConfig | None = None  # None: its priors, with C_max and CPU steps of ``stages``
     adjust_interval_s: float = 180.0  # DLRover-RM §6: "adjusts ... every 3 minutes"
     settle_s: float = 30.0  # a plan counts as measured after all its nodes ran this long
+    sample_windows: int = 2  # valid windows of the sample plan before optimize
+    min_windows: int = 2  # valid windows of the plan in force before the model moves it (one is too noisy)
     min_gain: float = 0.02  # a model-based change must promise this much more throughput
-    trust: float = 1.5  # candidates: counts at most x trust ...
-    trust_add: int = 4  # ... + trust_add of the current plan's (CPUs per node: x trust only)
+    trust: float | None = None  # candidates: counts at most x trust + trust_add of the current plan's;
+    trust_add: int = 4  # None: the whole quota (the calibrated model extrapolates)
     busy: float = 0.9  # a node using this share of its CPUs may need more
-    min_configs: int = 2  # distinct measured configurations before the model is fitted
+    min_configs: int = 1  # distinct measured configurations before the model is fitted
     patience: int = 3  # exploring moves in a row that do not raise the best measured throughput -> converged
     default_noise: float = 0.05  # relative noise of one window until it can be estimated
-    memory_horizon_s: float = 3600.0  # new PS are sized for the model this far ahead
+    lattice: int = 8  # fastest lattice plans added to NSGA-II's front (0: the front alone)
+    model_error: float = 0.05  # prior relative error of a prediction, until moves have measured it
     hot_ps_growth: float = 1.5  # a hot PS gets CPU for this much more throughput than now
     max_memory_mb: int | None = None  # the job's memory quota when limits.max_memory_mb is absent
     prices: Prices = field(default_factory=Prices)
@@ -186,8 +204,12 @@ class _Measured:
     m2: float = 0.0  # sum of squared log deviations (Welford), for the measurement noise
     log_mean: float = 0.0
     plan: ResourcePlan | None = None
+    worker_used: float = 0.0  # running mean of the cores one worker used
+    ps_used: list[float] = field(default_factory=list)  # running means, hottest PS first
+    ps_rss_mb: list[float] = field(default_factory=list)  # running means, largest PS first
+    worker_rss_mb: float = 0.0  # the most a worker was seen holding
 
-    def add(self, value: float, plan: ResourcePlan) -> None:
+    def add(self, value: float, plan: ResourcePlan, profile: SampleProfile) -> None:
         self.n += 1
         self.throughput += (value - self.throughput) / self.n
         x = math.log(max(value, 1e-12))
@@ -195,6 +217,24 @@ class _Measured:
         self.log_mean += delta / self.n
         self.m2 += delta * (x - self.log_mean)
         self.plan = plan
+        self.worker_used += (profile.worker_cpu - self.worker_used) / self.n
+        self.ps_used = _running(self.ps_used, sorted(profile.ps_cpu, reverse=True), self.n)
+        self.ps_rss_mb = _running(self.ps_rss_mb, sorted(profile.ps_rss_mb, reverse=True), self.n)
+        self.worker_rss_mb = max(self.worker_rss_mb, profile.worker_rss_mb)
+
+    def observation(self) -> Observation:
+        assert self.plan is not None
+        p = self.plan
+        return Observation(workers=p.workers, ps=p.ps, worker_cpu=p.worker_cpu, ps_cpu=p.ps_cpu,
+                           throughput=self.throughput, worker_used=self.worker_used,
+                           ps_used=tuple(self.ps_used), ps_rss_mb=tuple(self.ps_rss_mb), windows=self.n)
+
+
+def _running(mean: list[float], new: list[float], n: int) -> list[float]:
+    """Running means by rank; a reading with another length (a node missing) restarts them."""
+    if len(mean) != len(new) or n <= 1:
+        return list(new)
+    return [m + (x - m) / n for m, x in zip(mean, new, strict=True)]
 
 
 class JobAutoscaler:
@@ -224,7 +264,11 @@ class JobAutoscaler:
         self.pauses: list[ScalingRecord] = []
         self.memory = MemoryWatch(self.config.oom) if self.config.oom is not None else None
         self.model: Model | None = None
+        self.calibration: Calibration | None = None  # what the CPU readings say (.calibration)
         self._model_keys: frozenset[_Key] = frozenset()
+        self._raw: dict[_Key, float] = {}  # the model's prediction of each candidate
+        self._predicted: dict[_Key, float] = {}  # plans moved to on a prediction, not yet measured twice
+        self.prediction_errors: list[float] = []  # log(measured / predicted) of those plans
         self._candidates: list[Candidate] = []
         self._candidates_for: _Key | None = None  # the plan the trust region was around
         self._running_since: float | None = None
@@ -253,10 +297,6 @@ class JobAutoscaler:
 
     def applied(self, plan: ResourcePlan, now: float) -> None:
         """``plan`` is now in force (the executor applied it); measurements restart."""
-        if self.memory is not None and self.plan is not None and (
-                plan.ps_memory_mb != self.plan.ps_memory_mb or plan.ps != self.plan.ps):
-            for node in [n for n, r in self.memory.roles.items() if r == "ps"]:
-                self.memory.forget(node)
         self.plan = plan
         self._running_since = None
         if same_resources(plan, self._pending):
@@ -303,7 +343,10 @@ class JobAutoscaler:
         profile = profile_from_statistics(stats)
         if profile is None:
             return None
-        self.measured.setdefault(_key(plan), _Measured()).add(stats.throughput_samples_per_s, plan)
+        m = self.measured.setdefault(_key(plan), _Measured())
+        m.add(stats.throughput_samples_per_s, plan, profile)
+        if m.n >= 2 and _key(plan) in self._predicted:  # how good was the prediction that moved us here
+            self.prediction_errors.append(math.log(m.throughput / self._predicted.pop(_key(plan))))
         return profile
 
     # ------------------------------------------------------------ decisions
@@ -315,8 +358,9 @@ class JobAutoscaler:
         if prop.decision is not None:
             return prop.decision
         assert prop.request is not None
-        choice = select([prop.request], self.quota, prices=self.config.prices,
-                        overhead=self.overhead_model(), rho=self.config.rho).choices[0]
+        # Alone in its quota a job wants its shortest JCT: the largest Eq. 8 gain (Eq. 11-14's
+        # efficiency weighting is for sharing resources between jobs, plan_cluster).
+        choice = best_for_job(prop.request, self.quota, prices=self.config.prices, overhead=self.overhead_model())
         return self.accept(choice, now)
 
     def overhead_model(self) -> OverheadModel:
@@ -335,15 +379,24 @@ class JobAutoscaler:
         # sampling, OOMs double the role instead (DLRover 2023 §4.2) and the horizon means nothing.
         if (self.memory is not None and self.stage is Stage.ADJUST and stats.throughput_samples_per_s > 0
                 and remaining > 0):
-            raised = self.memory.plan_for(plan, now + remaining / stats.throughput_samples_per_s)
+            raised = self.memory.plan_for(plan, now + remaining / stats.throughput_samples_per_s, roles=ALL_ROLES)
             if raised is not None:
                 return Proposal(self._decide(now, Decision(replace(raised, job=plan.job), self.stage, "oom")))
-        if profile is None or now - self._last_decision < self.config.adjust_interval_s:
+        if profile is None:
+            return None
+        if self.stage is Stage.SAMPLE and self._pending is None:
+            # The job crawls on the sample plan: optimize as soon as it is measured well enough.
+            if self.measured[_key(plan)].n >= self.config.sample_windows:
+                return Proposal(self._sample_done(now, plan, profile, remaining))
+            return None
+        if now - self._last_decision < self.config.adjust_interval_s:
             return None
         if self._pending is not None and now - self._last_decision < 3 * self.config.adjust_interval_s:
             return None  # the last decision is not in force yet (after 3 intervals: given up on)
+        if self.measured[_key(plan)].n < self.config.min_windows:
+            return None
         if self.stage is Stage.SAMPLE:
-            return Proposal(self._sample_done(now, plan, profile))
+            return Proposal(self._sample_done(now, plan, profile, remaining))
         return self._adjust(now, plan, profile, remaining)
 
     def _decide(self, now: float, d: Decision) -> Decision:
@@ -358,7 +411,37 @@ class JobAutoscaler:
         self.decisions.append(d)
         return d
 
-    def _sample_done(self, now: float, plan: ResourcePlan, profile: SampleProfile) -> Decision:
+    def fit_decision(self, d: Decision, room: Resources) -> Decision | None:
+        """``d`` (just proposed) shrunk to ``room``, what the job may hold; None (and ``d`` withdrawn,
+        to be decided again next time) when nothing of it fits."""
+        lim = self.spec.limits or ResourceLimits()
+        cpu = min(self.quota.cpu, room.cpu)
+        mem = min(self.quota.memory_mb, room.memory_mb)
+        capped = replace(self.spec, limits=replace(
+            lim, max_cpu=cpu, max_memory_mb=None if math.isinf(mem) else int(mem)))
+        try:
+            plan = fit_to_spec(d.plan, capped)
+        except JobSpecError:
+            plan = None
+        if plan is None or not plan_resources(plan).fits_in(room) or same_resources(plan, self.plan):
+            self.withdraw(d)
+            return None
+        out = replace(d, plan=plan)
+        if self.decisions and self.decisions[-1] is d:
+            self.decisions[-1] = out
+        self._pending = plan
+        return out
+
+    def withdraw(self, d: Decision) -> None:
+        """``d`` (just decided) will not be carried out: forget it, so the job decides again next time."""
+        if self.decisions and self.decisions[-1] is d:
+            self.decisions.pop()
+        self._pending = None
+        self._predicted.pop(_key(d.plan), None)
+        if d.rule == "optimize":  # the sample is over only once its successor runs
+            self.stage = Stage.SAMPLE
+
+    def _sample_done(self, now: float, plan: ResourcePlan, profile: SampleProfile, remaining: float) -> Decision:
         cfg = self.config.stages
         more = on_sample_saturated(plan, profile, self.spec, cfg)
         if more is not None:  # s-hat measured at 100 % is only a lower bound: sample on
@@ -367,29 +450,44 @@ class JobAutoscaler:
         self.stage = Stage.ADJUST
         opt = optimize(profile, self.spec, cfg)
         plan = opt.plan
-        grown = self._model_mb_ahead(opt.predicted_throughput)
+        grown = self._model_mb_ahead()
         if grown is not None:  # Eq. 10-11 size the PS from the sample's RSS; embeddings keep growing
-            need = memory_for(cfg.process_base_mb + grown * (1.0 + cfg.memory_headroom) / plan.ps, cfg)
+            share = float(self._memory_skew(profile) / plan.ps) if plan.ps > 1 else 1.0
+            need = memory_for(cfg.process_base_mb + grown * min(1.0, share), cfg)
             if need > plan.ps_memory_mb:
                 plan = replace(plan, ps_memory_mb=need)
         return self._decide(now, Decision(plan, Stage.ADJUST, "optimize", opt.predicted_throughput))
 
-    def _model_mb_ahead(self, throughput: float) -> float | None:
-        """The model's MiB on all PS ``memory_horizon_s`` ahead at ``throughput`` (or at the job's end, if
-        sooner), from its growth over the records trained (DLRover-RM §5.3); beyond the horizon the
-        per-node OOM prediction raises memory in time, so an early, noisy slope is not extrapolated
-        over the whole job (nor beyond ten times the progress it was measured over)."""
+    def _memory_skew(self, profile: SampleProfile) -> float:
+        if self.calibration is not None:
+            return self.calibration.memory_skew
+        base = float(self.config.stages.process_base_mb)
+        held = [max(0.0, r - base) for r in profile.ps_rss_mb]
+        return max(1.0, max(held) / sum(held) * len(held)) if sum(held) > 0 else 1.0
+
+    def _model_mb_ahead(self) -> float | None:
+        """The model's MiB on all PS when the job's last record is trained, from its growth over the
+        records trained so far (DLRover-RM §5.3), with the trend's margin; a PS change costs a pause,
+        so plans are sized for the whole job and the per-node OOM prediction is the safety net.
+        The line is not extrapolated beyond 20 times the progress it was measured over: an early,
+        noisy slope would size the PS at random."""
         if self.config.oom is None or self._records_total <= 0 or not self._model_mem:
             return None
         trend = fit_memory_trend(list(self._model_mem), self.config.oom)
         if trend is None:
             return None
-        span = self._model_mem[-1].at - self._model_mem[0].at
-        ahead = min(throughput * self.config.memory_horizon_s, 10.0 * span)  # no wild extrapolation
-        at = min(float(self._records_total), self._model_mem[-1].at + ahead)
-        return trend.at(at) + self.config.oom.z * trend.sigma_mb
+        first, last = self._model_mem[0].at, self._model_mem[-1].at
+        at = min(float(self._records_total), last + 20.0 * (last - first))
+        return max(trend.at(at), trend.at(last)) + self.config.oom.z * trend.sigma_mb
 
     def _adjust(self, now: float, plan: ResourcePlan, profile: SampleProfile, remaining: float) -> Proposal | None:
+        candidates = self._model_candidates(plan, profile, remaining)
+        if candidates is not None:
+            current = self.measured[_key(plan)].throughput
+            self._last_decision = now  # one model round per interval, whatever the cluster stage picks
+            return Proposal(request=JobRequest(job=plan.job, candidates=candidates, remaining_samples=remaining,
+                                               current=plan, current_throughput=current))
+        # Too few configurations for the model: DLRover 2023's rules.
         cfg = self.config.stages
         s_hat = profile.s_hat
         sp = self.sample_profile
@@ -409,16 +507,10 @@ class JobAutoscaler:
                     and not same_resources(hot, plan)
                     and (tried is None or tried.throughput > self.measured[_key(plan)].throughput)):
                 return Proposal(self._decide(now, Decision(hot, Stage.ADJUST, "hot-ps")))
-        candidates = self._model_candidates(plan, profile)
-        if candidates is None:
-            if adj.added_workers > 0:
-                return Proposal(self._decide(now, Decision(adj.plan, Stage.ADJUST, "idle-ps")))
-            self._last_decision = now
-            return None
-        current = self.measured[_key(plan)].throughput
-        self._last_decision = now  # one model round per interval, whatever the cluster stage picks
-        return Proposal(request=JobRequest(job=plan.job, candidates=candidates, remaining_samples=remaining,
-                                           current=plan, current_throughput=current))
+        if adj.added_workers > 0:
+            return Proposal(self._decide(now, Decision(adj.plan, Stage.ADJUST, "idle-ps")))
+        self._last_decision = now
+        return None
 
     def accept(self, choice: JobChoice, now: float) -> Decision | None:
         """The cluster stage's choice for this job, if it is worth a change (``min_gain``)."""
@@ -446,7 +538,17 @@ class JobAutoscaler:
                 self.converged = True
                 return self._back_to_best(now)
         new = fit_to_spec(replace(choice.plan, job=plan.job), self.spec)
+        if (tried is None or not tried.n) and _key(choice.plan) in self._raw and len(self._model_keys) >= 2:
+            # how good the model is, judged where it has seen more than one configuration (a model of
+            # one configuration, e.g. the sample's, knows nothing of scaling: its miss says little)
+            self._predicted[_key(new)] = self._raw[_key(choice.plan)]
         return self._decide(now, Decision(new, Stage.ADJUST, "model", predicted))
+
+    def model_error(self) -> float:
+        """Relative error of the model's predictions: the prior, then the RMS of the measured misses
+        (the prior counting as one of them)."""
+        errs = self.prediction_errors
+        return math.sqrt((self.config.model_error ** 2 + sum(e * e for e in errs)) / (1 + len(errs)))
 
     def noise(self) -> float:
         """Relative noise of one window's throughput, pooled over the configurations measured twice or more."""
@@ -471,73 +573,89 @@ class JobAutoscaler:
         if len(keys) < self.config.min_configs:
             return None
         if keys != self._model_keys or self.model is None:
+            self._model_keys = keys
+            self._candidates = []
+            obs = [self.measured[k].observation() for k in sorted(keys)]
+            st = self.config.stages
+            cal_cfg = self.config.calibration or CalibrationConfig(
+                cpu_step=st.cpu_step, c_max=st.c_max, process_base_mb=float(st.process_base_mb))
             samples = [Sample(Config(k[0], k[1], k[2], k[3], self.batch_size), self.measured[k].throughput)
                        for k in sorted(keys)]
             try:
-                self.model = fit(samples)
-            except FitError:
+                self.calibration = calibrate(obs, cal_cfg)
+                cal = self.calibration
+                self.model = fit(samples, JobConstants(calibration=cal),
+                                 fixed={"alpha_grad": cal.worker_cost, "alpha_upd": cal.ps_cost, "alpha_emb": 0.0})
+            except (FitError, ValueError):
                 self.model = None
-            self._model_keys = keys
-            self._candidates = []
         return self.model
 
     def _space(self, plan: ResourcePlan, profile: SampleProfile) -> SearchSpace:
         cfg, quota, c = self.config.stages, self.quota, self.config
         lim = self.spec.limits or ResourceLimits()
         by_cpu = max(1, int(quota.cpu // cfg.cpu_step))
-        max_w = min(by_cpu, max(1, int(plan.workers * c.trust) + c.trust_add))
-        max_p = min(by_cpu, max(1, int(plan.ps * c.trust) + c.trust_add))
+        max_w, max_p = by_cpu, by_cpu
+        if c.trust is not None:  # a trust region around the current plan
+            max_w = min(max_w, max(1, int(plan.workers * c.trust) + c.trust_add))
+            max_p = min(max_p, max(1, int(plan.ps * c.trust) + c.trust_add))
         if lim.max_workers is not None:
             max_w = min(max_w, lim.max_workers)
         if lim.max_ps is not None:
             max_p = min(max_p, lim.max_ps)
-        min_w = max(1, self.spec.backup_workers + 1, min(max_w, plan.workers // 2))
-        min_p = max(1, min(max_p, plan.ps // 2))
-        # CPUs per node: at most x trust per step, and no more than a node was seen to use
-        # (+ the headroom) unless it used all it had: CPUs a node leaves idle buy nothing.
-        def cpu_range(have: float, used: float) -> tuple[float, float]:
-            hi = min(cfg.c_max, have * c.trust)
-            if used < self.config.busy * have:
-                hi = min(hi, max(cfg.cpu_step, cpu_up(used * (1.0 + cfg.memory_headroom), cfg)))
-            return min(hi, max(cfg.cpu_step, have / c.trust)), hi
-        lo_wc, hi_wc = cpu_range(plan.worker_cpu, profile.worker_cpu)
-        lo_pc, hi_pc = cpu_range(plan.ps_cpu, max(profile.ps_cpu, default=plan.ps_cpu))
-        # Memory: the PS share the model they hold; the TF runtime of each PS is not shared (as
-        # optimize does), and every node keeps the stages' headroom over what it was seen using.
+        min_w = max(1, self.spec.backup_workers + 1)
+        # Memory: workers what they were seen holding; the PS the model at the job's end, the largest
+        # partition's share of it each, besides a TF runtime each.  A plan's memory is kept while
+        # enough and not wasteful (at most twice the need), so RSS noise never moves pods.
         base = float(cfg.process_base_mb)
+        measured = [m for m in self.measured.values() if m.n]
+        worker_rss = max((m.worker_rss_mb for m in measured), default=profile.worker_rss_mb)
+        worker_mem = _keep(plan.worker_memory_mb, memory_for(max(worker_rss, profile.worker_rss_mb), cfg))
         model_mb = max(0.0, sum(profile.ps_rss_mb) - base * len(profile.ps_rss_mb))
-        # Embeddings grow with the data seen (DLRover-RM §5.3, Fig. 1(b)): size the PS for the
-        # model at the job's end, from the model's size over the records trained (any PS count).
-        current = self.measured.get(_key(plan))
-        model_mb = max(model_mb, self._model_mb_ahead(current.throughput if current else profile.throughput) or 0.0)
+        model_mb = max(model_mb, self._model_mb_ahead() or 0.0)
         return SearchSpace(
-            batch_size=self.batch_size, max_workers=max_w, max_ps=max_p,
-            max_worker_cpu=hi_wc, max_ps_cpu=hi_pc, min_worker_cpu=lo_wc, min_ps_cpu=lo_pc,
-            worker_memory_mb=plan.worker_memory_mb, ps_memory_mb=cfg.min_memory_mb,
+            batch_size=self.batch_size, max_workers=max(max_w, min_w), max_ps=max(max_p, 1),
+            max_worker_cpu=cfg.c_max, max_ps_cpu=cfg.c_max, min_worker_cpu=cfg.cpu_step, min_ps_cpu=cfg.cpu_step,
+            worker_memory_mb=worker_mem, ps_memory_mb=cfg.min_memory_mb,
             model_memory_mb=int(model_mb * (1.0 + cfg.memory_headroom)), ps_base_mb=memory_for(base, cfg),
-            min_workers=min_w, min_ps=min_p, cpu_step=cfg.cpu_step,
+            memory_skew=self._memory_skew(profile), min_workers=min_w, min_ps=1, cpu_step=cfg.cpu_step,
             max_cpu=quota.cpu, max_memory_mb=None if math.isinf(quota.memory_mb) else int(quota.memory_mb),
         )
 
-    def _model_candidates(self, plan: ResourcePlan, profile: SampleProfile) -> list[Candidate] | None:
+    def _model_candidates(self, plan: ResourcePlan, profile: SampleProfile,
+                          remaining: float) -> list[Candidate] | None:
         model = self._fit()
         if model is None:
             return None
         if not self._candidates or self._candidates_for != _key(plan):
             self._candidates_for = _key(plan)
+            space = self._space(plan, profile)
             try:
-                found = pareto_candidates(plan.job, model, self._space(plan, profile), seed=self.config.seed,
+                found = pareto_candidates(plan.job, model, space, seed=self.config.seed,
                                           prices=self.config.prices, pop_size=self.config.pop_size,
                                           generations=self.config.generations)
+                if self.config.lattice > 0:
+                    found += lattice_best(plan.job, model, space, prices=self.config.prices,
+                                          count=self.config.lattice)
             except NoFeasiblePlan:
                 found = []
-            self._candidates = found
+            # PS as many as now keep their memory while it is enough and not wasteful (_keep).
+            kept = []
+            for c in found:
+                if c.plan.ps == plan.ps:
+                    p = replace(c.plan, ps_memory_mb=_keep(plan.ps_memory_mb, c.plan.ps_memory_mb))
+                    c = Candidate(p, plan_cost(p, self.config.prices), c.throughput)
+                kept.append(c)
+            self._candidates = non_dominated(kept)
         prices = self.config.prices
         out: list[Candidate] = []
         seen: set[_Key] = set()
+        # A prediction is judged pessimistically, by the model's error so far: a move on a prediction
+        # pauses training, and a model fitted on a few configurations is optimistic where it has not been.
+        doubt = math.exp(-self.model_error())
         for c in self._candidates:
             m = self.measured.get(_key(c.plan))
-            out.append(Candidate(c.plan, c.cost, m.throughput) if m is not None and m.n else c)
+            self._raw[_key(c.plan)] = c.throughput
+            out.append(Candidate(c.plan, c.cost, m.throughput if m is not None and m.n else c.throughput * doubt))
             seen.add(_key(c.plan))
         quota = self.quota
         for k, m in self.measured.items():  # measured plans: a step that disappointed can be undone
@@ -545,6 +663,11 @@ class JobAutoscaler:
                 out.append(Candidate(replace(m.plan, reason=f"measured: {m.throughput:.1f} samples/s"),
                                      plan_cost(m.plan, prices), m.throughput))
         return non_dominated(out)
+
+
+def _keep(have: int, need: int) -> int:
+    """Memory of a node: what it has while that is enough and at most twice the need, else the need."""
+    return have if need <= have <= 2 * need else need
 
 
 def plan_cluster(rounds: Sequence[tuple[JobAutoscaler, float, JobStatistics]], total: Resources,
@@ -567,10 +690,11 @@ def plan_cluster(rounds: Sequence[tuple[JobAutoscaler, float, JobStatistics]], t
         if prop is None or a.plan is None:
             continue
         if prop.decision is not None:
-            extra = plan_resources(prop.decision.plan) - plan_resources(a.plan)
-            if (left - extra).cpu >= -1e-9 and (left - extra).memory_mb >= -1e-9:
-                out[a.plan.job] = prop.decision
-                left = left - extra
+            # A rule's plan shrinks to what the job may hold now (its plan plus what is left).
+            d = a.fit_decision(prop.decision, left + plan_resources(a.plan))
+            if d is not None:
+                out[a.plan.job] = d
+                left = left - (plan_resources(d.plan) - plan_resources(a.plan))
             continue
         if prop.request is not None:
             requests.append((a, now, prop.request))
@@ -581,9 +705,21 @@ def plan_cluster(rounds: Sequence[tuple[JobAutoscaler, float, JobStatistics]], t
         pool = pool + plan_resources(r.current)
     decision = select([r for _, _, r in requests], pool, prices=prices, rho=rho,
                       overhead=OverheadModel.from_history([p for a, _, _ in requests for p in a.pauses]))
+    accepted: list[tuple[JobAutoscaler, Decision]] = []
     for (a, now, _), choice in zip(requests, decision.choices, strict=True):
         d = a.accept(choice, now)
         if d is not None:
-            out[choice.job] = d
+            accepted.append((a, d))
+    # select() shares the room assuming every choice is taken; a job that declines its (smaller)
+    # choice keeps what it holds, so the growth of the others is taken only while it still fits,
+    # shrinking jobs first.
+    accepted.sort(key=lambda ad: (plan_resources(ad[1].plan) - plan_resources(ad[0].plan)).cpu)
+    for a, d in accepted:
+        extra = plan_resources(d.plan) - plan_resources(a.plan)
+        if (left - extra).cpu >= -1e-9 and (left - extra).memory_mb >= -1e-9:
+            out[d.plan.job] = d
+            left = left - extra
+        else:
+            a.withdraw(d)
     return out
 

@@ -64,6 +64,7 @@ __all__ = [
     "ScalingKind",
     "ScalingRecord",
     "Scored",
+    "best_for_job",
     "effective_overhead",
     "plan_resources",
     "resource_cost",
@@ -317,3 +318,33 @@ def select(
     ]
     objective = sum(s.score for s in chosen.values())
     return ClusterDecision(choices=choices, left=left, objective=objective, considered=scored)
+
+
+def best_for_job(
+    request: JobRequest,
+    quota: Resources,
+    *,
+    prices: Prices | None = None,
+    overhead: OverheadModel | None = None,
+) -> JobChoice:
+    """The plan of one job alone within its own ``quota``: the candidate with the largest TG (Eq. 8).
+
+    A job that shares nothing wants the shortest JCT, so the gain net of the
+    pause it costs decides; on equal gains the cheaper plan (Eq. 7) wins.
+    Eq. 11-14's efficiency and remaining-time weights decide *between* jobs
+    (:func:`select`); within one job they would prefer a small free step to
+    a large paid one.  Candidates that do not fit the quota, or gain
+    nothing, are not taken: the job keeps its plan.
+    """
+    prices = prices or Prices()
+    overhead = overhead or OverheadModel()
+    best: Scored | None = None
+    for c in request.candidates:
+        if not plan_resources(c.plan).fits_in(quota):
+            continue
+        s = score(request, c, prices=prices, overhead=overhead)
+        if s is not None and (best is None or (s.gain, -s.cost) > (best.gain, -best.cost)):
+            best = s
+    if best is None:
+        return JobChoice(job=request.job, plan=request.current)
+    return JobChoice(job=request.job, plan=best.candidate.plan, scored=best)

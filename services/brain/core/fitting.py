@@ -31,6 +31,30 @@ which is the first-order expansion of the log error; later steps converge
 to the RMSLE minimum.  A step is kept only if it lowers the RMSLE, so the
 result is never worse than the relative-error NNLS solution.
 
+Calibrated model.  With a :class:`~.calibration.Calibration` in the job's
+constants (what the job's CPU readings say, :mod:`.calibration`):
+
+* lambda_w and lambda_p are the *parallel* cores of the paper's definition
+  (§4.1: "the number of parallel computing CPU cores"), ``min(C, P) - o``,
+  rather than the CPUs given;
+* Eq. 2's alpha_grad is the worker cost the CPU readings measured (core-
+  seconds per sample: workload ``m`` at rate lambda_w takes ``a m /
+  lambda_w``), fixed rather than fitted;
+* Eq. 3 and Eq. 5 are the PS's work on a batch, the gradient update and
+  the embedding lookups, and both are PS CPU, which the readings measure as
+  ``b`` core-seconds per sample over all PS.  A batch waits for the hottest
+  PS, which serves ``h(p)`` of that work at lambda_p cores: the PS term is
+  ``b m h(p) / lambda_p`` (alpha_upd := b, feature ``m h(p) / lambda_p``;
+  alpha_emb := 0, its work is in that term).  Fitted from throughput alone
+  the two PS terms and Eq. 4's sync are nearly collinear over the few
+  configurations a job can afford, and NNLS puts the weight on whichever
+  fits the noise best; measured, they are not guessed;
+* what is left to fit is Eq. 4's sync (the network, ``w / p``) and beta;
+* the prediction is capped by what the hottest PS can serve,
+  ``lambda_p / (h(p) b)``; configurations that ran at that cap say nothing
+  about the iteration time and are left out of the fit (unless nothing
+  else is left).
+
 RMSLE here is on ``log Psi`` rather than ``log(1 + Psi)``: throughputs are
 hundreds to thousands of samples per second, where the two differ by less
 than ``1 / Psi``, and the plain log makes the fit independent of the unit
@@ -48,6 +72,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 from scipy.optimize import nnls  # type: ignore[import-untyped]
+
+from .calibration import Calibration
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -94,6 +120,7 @@ class JobConstants:
     model_size: float = 1.0  # M
     bandwidth: float = 1.0  # B
     embedding_dim: float = 1.0  # D
+    calibration: Calibration | None = None  # parallel cores, hot PS, PS capacity (module docstring)
 
 
 UNIT_CONSTANTS = JobConstants()
@@ -164,10 +191,17 @@ def features(
     cp = np.asarray(ps_cpu, dtype=np.float64)
     m = np.asarray(batch_size, dtype=np.float64)
     w, p, cw, cp, m = np.broadcast_arrays(w, p, cw, cp, m)
-    grad = m / cw  # Eq. 2: workload m over rate lambda_w
-    upd = w / (p * cp)  # Eq. 3: w gradient copies shared by p PS with lambda_p cores each
+    cal = constants.calibration
     sync = (constants.model_size / p) / (constants.bandwidth / w)  # Eq. 4: (M/p) / (B/w)
-    emb = m * constants.embedding_dim / p  # Eq. 5: m * D / p
+    if cal is None:
+        grad = m / cw  # Eq. 2: workload m over rate lambda_w
+        upd = w / (p * cp)  # Eq. 3: w gradient copies shared by p PS with lambda_p cores each
+        emb = m * constants.embedding_dim / p  # Eq. 5: m * D / p
+    else:  # parallel cores; the PS work of a batch at the hottest PS (module docstring)
+        lp = cal.lambda_p(cp)
+        grad = m / cal.lambda_w(cw)
+        upd = m * cal.hot_share(p) / lp
+        emb = np.zeros_like(w)
     return np.stack([grad, upd, sync, emb, np.ones_like(w)], axis=-1)
 
 
@@ -196,10 +230,10 @@ class Model:
         return float(x @ self.coefficients.as_vector())
 
     def predict(self, config: Config) -> float:
-        """Throughput Psi = w * m / T_iter (DLRover-RM Eq. 1); ``inf`` if every parameter is 0."""
+        """Throughput Psi = w * m / T_iter (DLRover-RM Eq. 1), within the PS capacity; ``inf`` if all is 0."""
         _check_config(config)
-        t = self.iteration_time(config)
-        return math.inf if t <= 0.0 else config.workers * config.batch_size / t
+        return float(self.predict_many(config.workers, config.ps, config.worker_cpu, config.ps_cpu,
+                                       config.batch_size))
 
     def predict_many(
         self,
@@ -215,7 +249,15 @@ class Model:
         w = np.broadcast_to(np.asarray(workers, dtype=np.float64), t.shape)
         m = np.broadcast_to(np.asarray(batch_size, dtype=np.float64), t.shape)
         with np.errstate(divide="ignore"):
-            return np.where(t > 0.0, w * m / np.where(t > 0.0, t, 1.0), np.inf)
+            psi: FloatArray = np.where(t > 0.0, w * m / np.where(t > 0.0, t, 1.0), np.inf)
+        cal = self.constants.calibration
+        if cal is not None:
+            psi = np.minimum(psi, cal.ps_capacity(np.asarray(ps, dtype=np.float64),
+                                                  np.asarray(ps_cpu, dtype=np.float64)))
+        return psi
+
+
+_NAMES = ("alpha_grad", "alpha_upd", "alpha_sync", "alpha_emb", "beta")  # the columns of features()
 
 
 def _check_config(config: Config) -> None:
@@ -231,6 +273,7 @@ def fit(
     *,
     max_steps: int = 20,
     tol: float = 1e-10,
+    fixed: dict[str, float] | None = None,
 ) -> Model:
     """Fit the non-negative alphas and beta of DLRover-RM Eq. 1-6 to ``samples`` minimising RMSLE.
 
@@ -238,7 +281,10 @@ def fit(
     up to ``max_steps`` projected Gauss-Newton steps on the exact log error
     (module docstring).  Columns are scaled to unit maximum before NNLS so
     that features of very different magnitudes (m / C_w in the hundreds,
-    the constant 1) do not upset its active-set tolerance.
+    the constant 1) do not upset its active-set tolerance.  ``fixed``
+    names coefficients (``alpha_grad``, ``alpha_upd``, ``alpha_sync``,
+    ``alpha_emb``, ``beta``) that keep the given value; the others are
+    fitted around them (a fixed offset in every iteration time).
     """
     if not samples:
         raise FitError("no samples to fit")
@@ -246,6 +292,17 @@ def fit(
         _check_config(s.config)
         if not (s.throughput > 0.0 and math.isfinite(s.throughput)):
             raise FitError(f"throughput must be finite and > 0: {s}")
+    fixed = dict(fixed or {})
+    for name, value in fixed.items():
+        if name not in _NAMES:
+            raise FitError(f"fixed: unknown coefficient {name!r}; known: {', '.join(_NAMES)}")
+        if not (value >= 0.0 and math.isfinite(value)):
+            raise FitError(f"fixed: {name} must be finite and >= 0, got {value}")
+    cal = constants.calibration
+    if cal is not None:  # at the PS capacity the throughput says nothing about the iteration time
+        free = [s for s in samples
+                if s.throughput < 0.95 * float(cal.ps_capacity(s.config.ps, s.config.ps_cpu))]
+        samples = free or list(samples)
     cfg = [s.config for s in samples]
     x = features(
         [c.workers for c in cfg], [c.ps for c in cfg], [c.worker_cpu for c in cfg],
@@ -253,12 +310,18 @@ def fit(
     )
     psi = np.array([s.throughput for s in samples], dtype=np.float64)
     t_obs = np.array([c.workers * c.batch_size for c in cfg], dtype=np.float64) / psi  # Eq. 1
+    offset = np.zeros_like(t_obs)
+    x = x.copy()
+    for name, value in fixed.items():
+        i = _NAMES.index(name)
+        offset = offset + value * x[:, i]
+        x[:, i] = 0.0
     scale = np.max(np.abs(x), axis=0)
     scale[scale == 0.0] = 1.0
     xs = x / scale
 
     def error(theta_scaled: FloatArray) -> float:
-        t = xs @ theta_scaled
+        t = offset + xs @ theta_scaled
         if np.any(t <= 0.0):
             return math.inf
         return float(np.sqrt(np.mean((np.log(t) - np.log(t_obs)) ** 2)))  # = RMSLE of Psi
@@ -268,14 +331,17 @@ def fit(
     best_err = math.inf
     for _ in range(max_steps + 1):
         a = xs / t_k[:, None]
-        b = 1.0 + np.log(t_obs / t_k)
+        b = 1.0 + np.log(t_obs / t_k) - offset / t_k  # linearised around T_k, the fixed part moved right
         theta, _ = nnls(a, b)
         err = error(theta)
         if err >= best_err - tol:
             break
         best, best_err = theta, err
-        t_k = xs @ theta
+        t_k = offset + xs @ theta
     if best is None:  # every parameter 0 or no positive time: nothing fits
         raise FitError("NNLS found no model with a positive iteration time for these samples")
-    coefficients = Coefficients.from_vector(best / scale)
+    theta = best / scale
+    for name, value in fixed.items():
+        theta[_NAMES.index(name)] = value
+    coefficients = Coefficients.from_vector(theta)
     return Model(coefficients=coefficients, constants=constants, rmsle=best_err, samples=len(samples))

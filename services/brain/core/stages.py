@@ -71,7 +71,8 @@ class StageConfig:
     ps_cpu_target: float = 16.0  # s: CPUs per PS after optimize ("we set s = 16", §4.2)
     cpu_step: float = 1.0  # CPUs are whole cores (Eq. 6: w_i, s_j in Z+)
     sample_ps: int = 2  # "a few parameter servers" while sampling
-    sample_memory_mb: int = DEFAULT_PLAN.worker_memory_mb  # "default memory" while sampling
+    sample_memory_mb: int = DEFAULT_PLAN.worker_memory_mb  # "default memory" while sampling ...
+    sample_memory_per_cpu_mb: int = 512  # ... or this per CPU of the C_max node, if more (a node's shape)
     memory_headroom: float = 0.3  # memory = observed RSS x (1 + headroom)
     memory_step_mb: int = 64  # memory is rounded up to this
     min_memory_mb: int = 512  # no node gets less
@@ -204,19 +205,33 @@ def memory_for(rss_mb: float, config: StageConfig = DEFAULT_STAGES) -> int:
 # -------------------------------------------------------------------- sample
 
 
+def sample_memory(config: StageConfig = DEFAULT_STAGES) -> int:
+    """Memory of a sample-stage node: the default, or more on a big C_max node.
+
+    DLRover 2023 §4.2 samples with "default memory" and doubles it on an OOM;
+    each OOM costs a relaunch while the job trains at the sample's crawl.  A
+    node of C_max CPUs comes with memory in proportion on any machine
+    (``sample_memory_per_cpu_mb`` per CPU), so the sample asks for that: a
+    few minutes of generous memory instead of OOM relaunches.
+    """
+    mb = max(config.sample_memory_mb, int(config.c_max * config.sample_memory_per_cpu_mb))
+    return min(mb, config.max_node_memory_mb)
+
+
 def sample_plan(spec: JobSpec, config: StageConfig = DEFAULT_STAGES) -> ResourcePlan:
     """The plan that profiles a new job: one worker and a few PS with C_max CPUs (DLRover 2023 §4.2).
 
     BSP jobs with backup workers get the fewest workers they can run with.
     """
+    mem = sample_memory(config)
     plan = ResourcePlan(
         job=spec.name,
         workers=max(1, spec.backup_workers + 1),
         ps=config.sample_ps,
         worker_cpu=config.c_max,
-        worker_memory_mb=config.sample_memory_mb,
+        worker_memory_mb=mem,
         ps_cpu=config.c_max,
-        ps_memory_mb=config.sample_memory_mb,
+        ps_memory_mb=mem,
         source=PlanSource.BRAIN,
         reason=f"sample stage: profile 1 worker and {config.sample_ps} PS with C_max={config.c_max:g} CPUs",
     )
@@ -303,11 +318,16 @@ def optimize(profile: SampleProfile, spec: JobSpec, config: StageConfig = DEFAUL
     n_ps = max(1, math.floor(s_total / config.ps_cpu_target + _EPS))  # §4.2: N_ps = s_total / s
     ps_cpu = min(config.ps_cpu_target, config.c_max, cpu_down(s_total / n_ps, config))
     worker_cpu = cpu_up(w_hat, config)  # Table 1: w-hat 2.5 -> w 3, 19.4 -> 20
-    # The model's embeddings are partitioned over the PS; the TF runtime of each is not.
+    # The model's embeddings are partitioned over the PS; the TF runtime of each is not.  The
+    # partitions are not equal (a hot embedding): the largest PS's share of what the sampled PS
+    # held, kappa_mem = max share x p, gives the largest share over n_ps PS, min(1, kappa_mem / n_ps).
     shared = min([float(config.process_base_mb), *profile.ps_rss_mb])
-    partitioned = max(0.0, sum(profile.ps_rss_mb) - shared * len(profile.ps_rss_mb))
-    ps_mem = memory_for(shared + partitioned / n_ps, config) if profile.ps_rss_mb else config.sample_memory_mb
-    worker_mem = memory_for(profile.worker_rss_mb, config) if profile.worker_rss_mb > 0 else config.sample_memory_mb
+    held = [max(0.0, r - shared) for r in profile.ps_rss_mb]
+    partitioned = sum(held)
+    kappa_mem = max(held) / partitioned * len(held) if partitioned > 0 else 1.0
+    share = min(1.0, max(1.0, kappa_mem) / n_ps)
+    ps_mem = memory_for(shared + partitioned * share, config) if profile.ps_rss_mb else sample_memory(config)
+    worker_mem = memory_for(profile.worker_rss_mb, config) if profile.worker_rss_mb > 0 else sample_memory(config)
     plan = ResourcePlan(
         job=spec.name,
         workers=n_workers,
