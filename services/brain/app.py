@@ -35,10 +35,39 @@
   (``PACER_BRAIN_CPU_QUOTA``, ``PACER_BRAIN_NODE_CPU``): a job's
   ``limits.max_cpu`` lowers the quota.
 
-Not yet here: cluster-level selection across running jobs (the simulator
-runs it, :func:`.core.autoscaler.plan_cluster`; the service plans each job
-within its own quota) and placement (:mod:`.core.placement`) as node
-affinity; worker memory is forecast but only PS memory is raised.
+* Placement (Dike, :mod:`.core.placement`): the brain keeps the executor's
+  latest ``ClusterStatus`` (``pacer.events.cluster._cluster.status``, a
+  plain subscription with no acks: the next status, a few seconds later,
+  supersedes a lost one; a malformed one is counted and ignored).  When it
+  lists two machines or more, every plan the brain returns or publishes
+  (first plans, re-plans, OOM-prevention plans) carries a placement, node ->
+  machine, computed over each machine's free capacity plus what the job's
+  own pods hold there; the executor turns it into soft node affinity.  No
+  placement fits: the plan goes out without one and its reason says why.
+
+* Across jobs (DLRover-RM §4.3, Eq. 11-14): when the capacity the
+  autoscaled jobs share is known (``PACER_BRAIN_CLUSTER_CPU`` /
+  ``PACER_BRAIN_CLUSTER_MEMORY_MB``, else a ClusterStatus where requests
+  reserve capacity: its free capacity plus what these jobs hold,
+  :mod:`.core.capacity`), statistics are not stepped job by job: each job's
+  latest window is kept and, shortly after a burst of windows (the monitor
+  publishes every job's at once), one round of
+  :func:`.core.autoscaler.plan_cluster` runs over every autoscaled job with
+  a new window: rule decisions first, then the model requests share what is
+  left by the weighted greedy choice.  The core paces each job to
+  ``adjust_interval_s`` itself, as in the simulator's ``PacerCluster``,
+  which drives it the same way.  Decisions are published as in the per-job
+  path; one that would take the jobs past the capacity is held back and
+  counted (``over_capacity``).  Rounds run in a worker thread (NSGA-II takes
+  a while), under the lock that also guards the executor's ``applied``
+  events to the same autoscalers.
+
+OOM prevention raises worker memory too: the executor then replaces the
+running workers with the new memory, a batch at a time.
+
+Not yet here: nodes already running are not pinned where they run (the
+placement of a re-plan treats all the job's pods as movable; only the pods
+created after it follow it).
 """
 
 from __future__ import annotations
@@ -48,6 +77,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field, replace
 
 import nats.errors
@@ -66,22 +96,36 @@ from pacer.contracts.brain import (
     HistoryQuery,
     PlanRequest,
 )
-from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind, ExecutorJob
+from pacer.contracts.executor import (
+    ClusterStatus,
+    ExecutorEvent,
+    ExecutorEventKind,
+    ExecutorJob,
+    MachineInfo,
+)
 from pacer.contracts.jobs import JobEvent, JobRecord, JobSpec, JobState, PlanSource, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.errors import PacerError, ValidationError
-from pacer.runtime import RuntimeConfig, dispatch_rpc
+from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.subjects import BrainOp
 from pacer.telemetry import Counters
 from pacer_services.brain.core.autoscaler import (
     AutoscaleConfig,
     Decision,
     JobAutoscaler,
+    plan_cluster,
     same_resources,
 )
-from pacer_services.brain.core.cluster import ScalingKind, ScalingRecord
+from pacer_services.brain.core.capacity import (
+    cluster_capacity,
+    round_total,
+    status_problem,
+    within_total,
+)
+from pacer_services.brain.core.cluster import Resources, ScalingKind, ScalingRecord, plan_resources
 from pacer_services.brain.core.history import JobFeatures, JobHistory
-from pacer_services.brain.core.oom import DEFAULT_OOM, MemoryWatch, OomConfig
+from pacer_services.brain.core.oom import ALL_ROLES, DEFAULT_OOM, MemoryWatch, OomConfig
+from pacer_services.brain.core.placement import after_placement, machines_for, place_plan
 from pacer_services.brain.core.warmstart import warm_start
 
 log = logging.getLogger("pacer.brain")
@@ -97,6 +141,11 @@ class BrainConfig:
     adjust_interval_s: float = 180.0  # DLRover-RM §6: every 3 min
     settle_s: float = 30.0  # a plan counts as measured after its nodes ran this long
     autoscale_config: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+    # What the autoscaled jobs share (DLRover-RM Eq. 13's S); None: from the executor's ClusterStatus.
+    cluster_cpu: float | None = None
+    cluster_memory_mb: float | None = None
+    cluster_status_ttl_s: float = 60.0  # an older ClusterStatus (the executor is gone?) is not used
+    round_delay_s: float = 0.5  # a cluster round waits this long for the rest of the monitor's burst
 
     @classmethod
     def from_env(cls) -> BrainConfig:
@@ -105,7 +154,9 @@ class BrainConfig:
                    cpu_quota=float(env.get("PACER_BRAIN_CPU_QUOTA", "64")),
                    node_cpu=float(env.get("PACER_BRAIN_NODE_CPU", "16")),
                    adjust_interval_s=float(env.get("PACER_BRAIN_ADJUST_S", "180")),
-                   settle_s=float(env.get("PACER_BRAIN_SETTLE_S", "30")))
+                   settle_s=float(env.get("PACER_BRAIN_SETTLE_S", "30")),
+                   cluster_cpu=_amount(env.get("PACER_BRAIN_CLUSTER_CPU")),
+                   cluster_memory_mb=_amount(env.get("PACER_BRAIN_CLUSTER_MEMORY_MB")))
 
     def autoscaler(self, spec: JobSpec, first: ResourcePlan, warm: bool) -> JobAutoscaler:
         stages = replace(self.autoscale_config.stages, c_total=self.cpu_quota, c_max=self.node_cpu,
@@ -115,6 +166,11 @@ class BrainConfig:
         # m of DLRover-RM Eq. 1 is per worker; the spec's batch is global (launch divides it).
         m = max(1, spec.batch_size // max(1, first.workers))
         return JobAutoscaler(spec, m, cfg, first=first, warm=warm)
+
+
+def _amount(text: str | None) -> float | None:
+    """An optional amount from the environment: unset or empty is None."""
+    return float(text) if text not in (None, "") else None
 
 
 class BrainService:
@@ -132,6 +188,11 @@ class BrainService:
         self.not_autoscaled: set[str] = set()  # jobs looked up and found not to be ours to re-plan
         self.plans: dict[str, ResourcePlan] = {}  # job -> the plan the brain last published
         self.oom_at: dict[str, float] = {}  # job -> when its last OOM-prevention plan went out
+        self.cluster: ClusterStatus | None = None  # the executor's latest (valid) ClusterStatus
+        self.machines: list[MachineInfo] = []  # its machines, minus what plans placed since
+        self.latest: dict[str, JobStatistics] = {}  # cluster mode: each job's newest window not yet fed
+        self.lock = asyncio.Lock()  # autoscalers are stepped in a worker thread: one writer at a time
+        self._round_due = asyncio.Event()
         self.rpc = {BrainOp.PLAN: self._plan, BrainOp.HISTORY: self._history}
         self.consumer = DurableConsumer(
             bus, self.name, durable,
@@ -143,6 +204,7 @@ class BrainService:
         self._sub: Subscription | None = None
         self._stats_sub: Subscription | None = None
         self._applied_sub: Subscription | None = None
+        self._cluster_sub: Subscription | None = None
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
         await self.bus.ensure_streams()
@@ -160,12 +222,15 @@ class BrainService:
         self._applied_sub = await self.bus.nc.subscribe(
             subjects.events_of(subjects.EXECUTOR_SERVICE, kind=ExecutorEventKind.APPLIED.value),
             queue=self.name, cb=self._on_applied)
+        self._cluster_sub = await self.bus.nc.subscribe(subjects.cluster_status(), queue=self.name,
+                                                        cb=self._on_cluster_status)
         await self.bus.nc.flush()
         tg.create_task(self.consumer.run(), name="pacer:brain:jobs")
+        tg.create_task(guard("cluster-rounds", self._round_loop), name="pacer:brain:rounds")
         log.info("brain ready", extra={"fields": {"history": len(self.history)}})
 
     async def drain(self) -> None:
-        for sub in (self._sub, self._stats_sub, self._applied_sub):
+        for sub in (self._sub, self._stats_sub, self._applied_sub, self._cluster_sub):
             if sub is not None:
                 with contextlib.suppress(nats.errors.Error):
                     await sub.unsubscribe()
@@ -185,7 +250,7 @@ class BrainService:
         if self.config.autoscale and req.spec.resources is None:
             self.autoscalers[job] = self.config.autoscaler(req.spec, plan, warm=not ws.cold)
             self.not_autoscaled.discard(job)
-        await self.bus.respond(msg, plan)
+        await self.bus.respond(msg, await self.placed(plan))
 
     async def _history(self, job: str, msg: Msg) -> None:
         q = decode(HistoryQuery, msg.data)
@@ -207,10 +272,16 @@ class BrainService:
         try:
             stats = decode(JobStatistics, msg.data)
             auto = await self._autoscaler_of(stats.job)
-            if auto is not None:
+            if auto is not None and self.capacity() is not None:
+                self.latest[stats.job] = stats  # planned with the others in the next cluster round
+                self._round_due.set()
+                self.counters.inc("statistics", path="round")
+            elif auto is not None:
                 await self.autoscale(auto, stats)
+                self.counters.inc("statistics", path="job")
             else:
                 await self.prevent_oom(stats)
+                self.counters.inc("statistics", path="oom")
         except PacerError as exc:
             self.counters.inc("bad_events", code=exc.code)
         except Exception:  # the subscription's boundary: the next window tries again
@@ -230,10 +301,12 @@ class BrainService:
         if plan is None:
             return None
         end_at = stats.ts + (sh.records_total - sh.records_done) / stats.throughput_samples_per_s
-        raised = watch.plan_for(plan, end_at)  # PS only: they move seamlessly (§5.2)
+        # PS and workers (oom.ALL_ROLES): a PS moves seamlessly (DLRover-RM §5.2), the executor replaces
+        # workers a batch at a time; either way the new memory is in place before the OOM.
+        raised = watch.plan_for(plan, end_at, roles=ALL_ROLES)
         if raised is None:
             return None
-        new_plan: ResourcePlan = replace(raised, source=PlanSource.BRAIN)
+        new_plan = await self.placed(replace(raised, source=PlanSource.BRAIN))
         self.plans[stats.job], self.oom_at[stats.job] = new_plan, stats.ts
         await self.bus.publish_durable(subjects.job_event(stats.job, subjects.JobEventKind.PLAN), new_plan)
         self.counters.inc("oom_plans")
@@ -262,20 +335,133 @@ class BrainService:
         return auto
 
     async def autoscale(self, auto: JobAutoscaler, stats: JobStatistics) -> Decision | None:
-        """Feed one statistics window to a job's autoscaler; publish its re-plan, if any."""
-        before = auto.plan
-        d = auto.step(stats.ts, stats)
+        """Feed one statistics window to a job's autoscaler, within its own quota; publish its re-plan, if any."""
+        async with self.lock:
+            before = auto.plan
+            d = await asyncio.to_thread(auto.step, stats.ts, stats)  # NSGA-II: not on the event loop
         if d is None or before is None or same_resources(d.plan, before):
             return None
+        await self._publish_decision(auto, stats, before, d)
+        return d
+
+    async def _publish_decision(self, auto: JobAutoscaler, stats: JobStatistics, before: ResourcePlan,
+                                d: Decision) -> ResourcePlan:
+        """The re-plan as a plan event (placed, if machines are known) and a BrainDecision saying why."""
         measured = auto.measured.get((before.workers, before.ps, before.worker_cpu, before.ps_cpu))
-        plan = replace(d.plan, job=stats.job, source=PlanSource.BRAIN)
+        plan = await self.placed(replace(d.plan, job=stats.job, source=PlanSource.BRAIN))
         await self.bus.publish_durable(subjects.job_event(stats.job, subjects.JobEventKind.PLAN), plan)
         await self.bus.publish_durable(subjects.brain_decision(stats.job), BrainDecision(
             stats.job, stats.ts, d.stage.value, d.rule, plan, before,
             measured.throughput if measured is not None else 0.0, d.predicted_throughput))
         self.counters.inc("replans", rule=d.rule)
         log.info("re-plan", extra={"fields": {"job": stats.job, "rule": d.rule, "reason": plan.reason}})
-        return d
+        return plan
+
+    # ---------------------------------------------------------------- the cluster: rounds and placement
+    async def _on_cluster_status(self, msg: Msg) -> None:
+        try:
+            status = decode(ClusterStatus, msg.data)
+            problem = status_problem(status)
+            if problem:
+                raise ValidationError(f"ClusterStatus from {status.backend!r}: {problem}")
+        except PacerError as exc:
+            self.counters.inc("bad_events", code=exc.code)
+            log.warning("cluster status ignored: %s", exc)
+            return
+        if self.cluster is not None and status.ts < self.cluster.ts:
+            return  # an older one, late
+        self.cluster, self.machines = status, list(status.machines)
+
+    def _fresh_cluster(self) -> ClusterStatus | None:
+        """The latest ClusterStatus unless it is too old to describe the cluster (the executor is gone?)."""
+        cs = self.cluster
+        if cs is None or time.time() - cs.ts > self.config.cluster_status_ttl_s:
+            return None
+        return cs
+
+    def _held(self, jobs: list[str] | None = None) -> Resources:
+        """What the autoscaled jobs' plans in force hold (all of them, or ``jobs``)."""
+        total = Resources()
+        for job, auto in self.autoscalers.items():
+            if jobs is None or job in jobs:
+                total = total + plan_resources(auto.plan)
+        return total
+
+    def capacity(self) -> Resources | None:
+        """S of DLRover-RM Eq. 13 for the autoscaled jobs together; None: unknown (plan each job alone)."""
+        return cluster_capacity(self._fresh_cluster(), self._held(), cpu=self.config.cluster_cpu,
+                                memory_mb=self.config.cluster_memory_mb)
+
+    async def placed(self, plan: ResourcePlan) -> ResourcePlan:
+        """``plan`` with a Dike placement over the known machines (none with fewer than two, or stale ones)."""
+        machines = self.machines if self._fresh_cluster() is not None else []
+        out: ResourcePlan
+        if len(machines) < 2:
+            out = place_plan(plan, [])  # drops any placement it carried from an earlier plan
+            return out
+        out = await asyncio.to_thread(place_plan, plan, machines_for(plan.job, machines))
+        self.counters.inc("placements", placed=str(bool(out.placement)).lower())
+        # The next plan placed before the executor's next report must not count on the same room.
+        self.machines = after_placement(self.machines, out)
+        return out
+
+    async def _round_loop(self) -> None:
+        while True:
+            await self._round_due.wait()
+            await asyncio.sleep(self.config.round_delay_s)  # the rest of the monitor's burst
+            self._round_due.clear()
+            try:
+                await self.cluster_round()
+            except PacerError as exc:  # a publish that failed: the next round decides afresh
+                self.counters.inc("round_errors", code=exc.code)
+                log.warning("cluster round failed: %s", exc)
+            except Exception:  # the loop's boundary: the next burst of windows starts a new round
+                self.counters.inc("internal_errors", op="round")
+                log.exception("cluster round failed")
+
+    async def cluster_round(self) -> dict[str, ResourcePlan]:
+        """One DLRover-RM §4.3 round over the autoscaled jobs with a new window; returns what was published.
+
+        Every job's window goes to :func:`plan_cluster` with the round's
+        share of the capacity (:func:`.core.capacity.round_total`); its
+        decisions are checked against that share
+        (:func:`.core.capacity.within_total`) and published like the per-job
+        path's.  Should the capacity have become unknown meanwhile, the
+        windows go through the per-job path instead.
+        """
+        batch, self.latest = self.latest, {}
+        ready = {job: (self.autoscalers[job], stats) for job, stats in sorted(batch.items())
+                 if job in self.autoscalers and self.autoscalers[job].plan is not None}
+        if not ready:
+            return {}
+        capacity = self.capacity()
+        if capacity is None:
+            for auto, stats in ready.values():
+                await self.autoscale(auto, stats)
+            return {}
+        jobs = list(ready)
+        in_round = self._held(jobs)
+        total = round_total(capacity, in_round, self._held() - in_round)
+        cfg = self.config.autoscale_config
+        async with self.lock:
+            before = {job: auto.plan for job, (auto, _) in ready.items() if auto.plan is not None}
+            decided = await asyncio.to_thread(
+                plan_cluster, [(auto, stats.ts, stats) for auto, stats in ready.values()], total,
+                prices=cfg.prices, rho=cfg.rho)
+        changed = {job: d.plan for job, d in decided.items()
+                   if job in before and not same_resources(d.plan, before[job])}
+        kept, held_back = within_total(changed, before, total)
+        for job in held_back:
+            self.counters.inc("over_capacity")
+            log.warning("cluster round: plan held back, it would exceed the capacity",
+                        extra={"fields": {"job": job, "total_cpu": total.cpu}})
+        out: dict[str, ResourcePlan] = {}
+        for job in kept:
+            auto, stats = ready[job]
+            out[job] = await self._publish_decision(auto, stats, before[job], decided[job])
+        self.counters.inc("cluster_rounds")
+        self.counters.inc("cluster_round_jobs", len(ready))
+        return out
 
     async def _on_applied(self, msg: Msg) -> None:
         try:
@@ -283,10 +469,11 @@ class BrainService:
             auto = self.autoscalers.get(ev.job)
             if auto is None or ev.plan is None:
                 return
-            kind = ScalingKind.between(auto.plan, ev.plan)
-            if auto.plan is not None and kind is not ScalingKind.NONE:
-                auto.paused(ScalingRecord(kind, max(0.0, ev.overhead_s)))  # DLRover-RM Eq. 8: from history
-            auto.applied(ev.plan, ev.ts)
+            async with self.lock:
+                kind = ScalingKind.between(auto.plan, ev.plan)
+                if auto.plan is not None and kind is not ScalingKind.NONE:
+                    auto.paused(ScalingRecord(kind, max(0.0, ev.overhead_s)))  # DLRover-RM Eq. 8: from history
+                auto.applied(ev.plan, ev.ts)
         except PacerError as exc:
             self.counters.inc("bad_events", code=exc.code)
 

@@ -23,6 +23,7 @@ from pacer.bus import NO_RETRY
 from pacer.contracts.brain import BrainDecision, HistoryList, HistoryQuery
 from pacer.contracts.executor import ExecutorEvent
 from pacer.contracts.jobs import JobState
+from pacer.contracts.nodes import NodeEvent
 from pacer.data.criteo import generate, heldout_path
 from pacer.errors import PacerError
 from pacer.jobs.client import JobClient
@@ -98,5 +99,12 @@ async def test_the_brain_re_plans_a_running_zero_config_job_and_it_trains_every_
     assert d.plan.workers <= 3  # limits.max_workers
     assert d.plan.workers * d.plan.worker_cpu + d.plan.ps * d.plan.ps_cpu <= 4 + 1e-9  # the quota
     applied = await read_events(stack.url, subjects.executor_event("auto-1", "applied"), ExecutorEvent)
-    assert any(e.plan is not None and (e.plan.workers, e.plan.ps, e.plan.worker_cpu, e.plan.ps_cpu)
-               == (d.plan.workers, d.plan.ps, d.plan.worker_cpu, d.plan.ps_cpu) for e in applied), applied
+    in_force = [e for e in applied if e.plan is not None and (e.plan.workers, e.plan.ps, e.plan.worker_cpu,
+                e.plan.ps_cpu) == (d.plan.workers, d.plan.ps, d.plan.worker_cpu, d.plan.ps_cpu)]
+    assert in_force, applied
+    # Applied means every worker runs with the plan's size, the ones that ran before the re-plan included
+    # (replaced, or restarted by the PS migration, with the new CPU and memory).
+    running = await read_events(stack.url, subjects.node_event("auto-1", "running"), NodeEvent)
+    for w in (n for n in in_force[0].started if n.startswith("worker-")):
+        last = [e for e in running if e.node == w and e.ts <= in_force[0].ts][-1]
+        assert (last.cpu, last.memory_mb) == (d.plan.worker_cpu, d.plan.worker_memory_mb), (w, last, d.plan)

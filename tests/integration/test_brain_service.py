@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from conftest import InProcess
+from conftest import InProcess, eventually
 from pacer import subjects
 from pacer.bus import NO_RETRY, Bus
 from pacer.codec import encode
@@ -253,3 +253,271 @@ async def test_a_zero_config_job_is_re_planned_while_it_runs(nats_server: Embedd
         assert user.workers == 2
     finally:
         await b.stop()
+
+
+async def test_a_worker_whose_memory_grows_gets_more_worker_memory_before_it_would_oom(
+        brain: InProcess[BrainService], bus: Bus) -> None:
+    """DLRover-RM §5.3 for workers: worker-1 of one job grows 20 MiB per 10 s window from 1,500 MiB (at most
+    1,640 MiB here, under its 2,048 MiB limit, which it would cross within the lead of 15 min); the job has
+    ~80 min left.  The brain publishes a plan with more worker memory (the executor then replaces the
+    workers), leaving the PS memory alone; a job whose workers stay flat gets no plan."""
+    from dataclasses import replace
+
+    from pacer.codec import decode
+    from pacer.contracts.monitor import JobStatistics
+
+    def with_rss(stats: JobStatistics, node: str, rss_mb: float) -> JobStatistics:
+        return replace(stats, nodes=[replace(n, rss_bytes=int(rss_mb * (1 << 20))) if n.node == node else n
+                                     for n in stats.nodes])
+
+    got: list[ResourcePlan] = []
+
+    async def on_plan(msg: Any) -> None:
+        got.append(decode(ResourcePlan, msg.data))
+
+    await bus.nc.subscribe(subjects.events_of("job", kind=subjects.JobEventKind.PLAN), cb=on_plan)
+    await running_job(bus, "wgrow")  # 2 workers x 2,048 MiB, 2 PS x 1,024 MiB
+    await running_job(bus, "wflat")
+    t0 = time.time()
+    published: list[float] = []
+    for i in range(8):
+        done = 200_000 + 20_000 * i
+        rss = 1500.0 + 20.0 * i
+        published.append(rss)
+        await bus.publish(subjects.monitor_statistics("wgrow"),
+                          with_rss(stats_window("wgrow", t0 + 10 * i, 600.0, done), "worker-1", rss))
+        await bus.publish(subjects.monitor_statistics("wflat"),
+                          with_rss(stats_window("wflat", t0 + 10 * i, 600.0, done), "worker-1", 1500.0))
+    for _ in range(100):
+        if got:
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)  # a plan for the flat job would have come by now too
+    assert [p.job for p in got] == ["wgrow"]
+    plan = got[0]
+    assert max(published) < 2048  # raised before the limit, not after an OOM
+    assert plan.source is PlanSource.BRAIN and "OOM prevention" in plan.reason and "worker-1" in plan.reason
+    assert "worker-0" not in plan.reason and "ps-" not in plan.reason
+    # sized for the job's end: 2 MiB/s for the (10M - 340k) / 2,000 records/s left, x 1.2 headroom
+    end_mb = published[-1] + 2.0 * (10_000_000 - 340_000) / 2000.0
+    assert 1.2 * end_mb <= plan.worker_memory_mb <= 1.25 * end_mb and plan.worker_memory_mb % 64 == 0
+    assert (plan.ps_memory_mb, plan.workers, plan.ps, plan.worker_cpu) == (1024, 2, 2, 1.0)
+
+
+# ------------------------------------------------------------------ the cluster: placement (Dike)
+
+
+def cluster_status(machines: list[Any], *, backend: str = "kubernetes", reserves: bool = True,
+                   total_cpu: float = 0.0, free_cpu: float = 0.0) -> Any:
+    from pacer.contracts.executor import ClusterStatus
+
+    return ClusterStatus(time.time(), backend, 0, 0, total_cpu, free_cpu, 1 << 20, 1 << 20,
+                         reserves_capacity=reserves, machines=machines)
+
+
+def machine(name: str, free_cpu: float, free_mb: int, **held: tuple[float, int]) -> Any:
+    from pacer.contracts.executor import MachineInfo
+
+    return MachineInfo(name, 16.0, 65536, free_cpu, free_mb, {j: c for j, (c, _) in held.items()},
+                       {j: m for j, (_, m) in held.items()})
+
+
+def check_placement(plan: ResourcePlan, machines: list[Any]) -> None:
+    """Every node of the plan placed on a known machine, each within its free capacity plus the job's own."""
+    nodes = {f"ps-{i}": (plan.ps_cpu, plan.ps_memory_mb) for i in range(plan.ps)}
+    nodes |= {f"worker-{i}": (plan.worker_cpu, plan.worker_memory_mb) for i in range(plan.workers)}
+    assert set(plan.placement) == set(nodes), plan.placement
+    for m in machines:
+        on = [nodes[n] for n, host in plan.placement.items() if host == m.name]
+        assert sum(c for c, _ in on) <= m.free_cpu + m.held_cpu.get(plan.job, 0.0) + 1e-9, (m.name, plan.placement)
+        assert sum(b for _, b in on) <= m.free_memory_mb + m.held_memory_mb.get(plan.job, 0), (m.name, plan.placement)
+    assert {h for h in plan.placement.values()} <= {m.name for m in machines}
+
+
+async def test_plans_carry_a_dike_placement_over_the_executors_machines(
+        brain: InProcess[BrainService], bus: Bus) -> None:
+    """Dike over the bus: with three machines known, the first plan (RPC) and an OOM-prevention plan
+    (event) each place every node within what the machines can give the job, counting the job's own pods
+    as its to move; a malformed ClusterStatus is counted and the last good one stays in use; with machines
+    too small for the plan, the plan still goes out, unplaced, saying why."""
+    from pacer.codec import decode
+
+    svc = brain.svc
+    assert svc is not None
+    got: list[ResourcePlan] = []
+
+    async def on_plan(msg: Any) -> None:
+        got.append(decode(ResourcePlan, msg.data))
+
+    async def report(machines: list[Any]) -> None:
+        """The executor's ClusterStatus, and wait until the brain has it."""
+        await bus.publish(subjects.cluster_status(), cluster_status(machines))
+        for _ in range(100):
+            if svc.cluster is not None and svc.machines == machines:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError("the brain did not take the ClusterStatus")
+
+    await bus.nc.subscribe(subjects.job_event("growing", subjects.JobEventKind.PLAN), cb=on_plan)
+    assert not (await plan_for(bus, "before")).placement  # no machines known yet: anywhere
+    # "growing" runs 2 PS + 2 workers already, 3 CPUs and 6 GiB of them on m1.
+    machines = [machine("m0", 2.0, 19456), machine("m1", 0.5, 1024, growing=(3.0, 6144)),
+                machine("m2", 2.0, 19456)]
+    await report(machines)
+    await bus.nc.publish(subjects.cluster_status(), b"\x01 not msgpack")
+    await bus.publish(subjects.cluster_status(), cluster_status([machine("x", float("nan"), 1024),
+                                                                 machine("y", 1.0, 1024)]))
+    for _ in range(100):
+        if sum(v for k, v in svc.counters.snapshot().items() if k.startswith("bad_events")) >= 2:
+            break
+        await asyncio.sleep(0.02)
+    assert sum(v for k, v in svc.counters.snapshot().items() if k.startswith("bad_events")) == 2
+    assert svc.machines == machines  # the last good one is still in use
+
+    first = await plan_for(bus, "fresh")  # the default plan: 4 nodes of 1 CPU and 2,048 MiB
+    check_placement(first, machines)
+    assert "placed on" in first.reason and set(first.placement.values()) == {"m0", "m2"}
+
+    await report(machines)  # the executor's next report (before "fresh" holds anything)
+    await running_job(bus, "growing")  # 2 workers x (1 CPU, 2,048 MiB), 2 PS x (1 CPU, 1,024 MiB)
+    t0 = time.time()
+    for i in range(8):
+        await bus.publish(subjects.monitor_statistics("growing"),
+                          stats_window("growing", t0 + 10 * i, 600 + 30 * i, 200_000 + 20_000 * i))
+    for _ in range(100):
+        if got:
+            break
+        await asyncio.sleep(0.05)
+    assert len(got) == 1 and "OOM prevention" in got[0].reason
+    oom = got[0]
+    assert oom.ps_memory_mb > 2048  # so a PS and a worker no longer share m0 or m2
+    check_placement(oom, machines)
+    # The workers fit only on m1, in the room the job's own pods hold there (0.5 CPUs are free).
+    assert oom.placement["worker-0"] == oom.placement["worker-1"] == "m1"
+
+    # Machines that cannot take the plan: it goes out anyway, without a placement, saying why.
+    await report([machine("s0", 0.5, 512), machine("s1", 0.5, 512)])
+    small = await plan_for(bus, "too-big")
+    assert small.placement == {} and "no placement" in small.reason
+    assert (small.workers, small.ps) == (DEFAULT_PLAN.workers, DEFAULT_PLAN.ps)
+
+
+# ------------------------------------------------------------------ the cluster: one round across jobs
+
+
+def truth_window(job: str, plan: ResourcePlan, ts: float, beta: float) -> Any:
+    """A window of a job whose true throughput has DLRover-RM Eq. 1-5's form (the unit tests' Truth): 512
+    samples per worker step, 0.02 core-s per sample on a worker (4 cores at most), 0.0133 core-s on the PS
+    (which caps it), ``beta`` s of fixed cost per step."""
+    from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
+
+    cw = min(plan.worker_cpu, 4.0)
+    psi = min(plan.workers * 512 / (0.02 * 512 / cw + 0.002 * plan.workers / plan.ps + beta),
+              plan.ps * plan.ps_cpu / 0.0133)
+    w_use, p_use = min(cw, 0.02 * psi / plan.workers), min(plan.ps_cpu, 0.0133 * psi / plan.ps)
+
+    def node(name: str, role: str, cpu: float, rss_mb: float) -> NodeStats:
+        return NodeStats(node=name, role=role, bpt_short_s=0.1, bpt_long_s=0.1, speed_samples_per_s=0.0,
+                         samples_total=0, cpu_percent=cpu * 100, rss_bytes=int(rss_mb * (1 << 20)), last_seen=ts,
+                         state=NodeState.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0, slowdown_long=1.0)
+
+    nodes = [node(f"worker-{i}", "worker", w_use, 1500.0) for i in range(plan.workers)]
+    nodes += [node(f"ps-{j}", "ps", p_use, 600.0 + 500.0 / plan.ps) for j in range(plan.ps)]
+    return JobStatistics(job=job, ts=ts, window_short_s=60.0, window_long_s=300.0, throughput_samples_per_s=psi,
+                         nodes=nodes, shards=ShardSummary(todo=1, doing=1, done=0, failed=0, records_done=0,
+                                                          records_total=10**10))
+
+
+def count(svc: BrainService, name: str) -> int:
+    return svc.counters.snapshot().get(name, 0)
+
+
+async def run_two_jobs(nats_server: EmbeddedNats, bus: Bus, names: tuple[str, str], *, reserves: bool,
+                       ticks: int = 10) -> tuple[list[float], list[Any]]:
+    """Two running zero-config jobs (2 workers x 1 CPU + 1 PS x 4 CPUs each, as after a brain restart) of
+    quota 20 CPUs each, on a cluster of 32 CPUs of which other tenants use 8; a window each per minute, the
+    executor's ClusterStatus before each, and the executor's part played by the test: each plan published
+    is applied at once.  Returns the CPUs the two hold after each tick, and every BrainDecision."""
+    from pacer.codec import decode
+    from pacer.contracts.brain import BrainDecision
+    from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind, ExecutorJob
+    from pacer_services.brain.app import BrainConfig
+    from pacer_services.brain.core.autoscaler import same_resources
+
+    cfg = BrainConfig(cpu_quota=20.0, node_cpu=4.0, adjust_interval_s=120.0, settle_s=30.0, round_delay_s=0.3)
+    b = InProcess(nats_server.url, lambda bb: BrainService(bb, config=cfg))
+    svc = await b.start()
+    plans: dict[str, ResourcePlan] = {}
+    decisions: list[BrainDecision] = []
+    published: list[ResourcePlan] = []
+
+    async def on_plan(msg: Any) -> None:
+        published.append(decode(ResourcePlan, msg.data))
+
+    async def on_decision(msg: Any) -> None:
+        decisions.append(decode(BrainDecision, msg.data))
+
+    try:
+        for name in names:
+            await bus.nc.subscribe(subjects.job_event(name, subjects.JobEventKind.PLAN), cb=on_plan)
+            await bus.nc.subscribe(subjects.brain_decision(name), cb=on_decision)
+            plans[name] = ResourcePlan(name, 2, 1, 1.0, 2048, 4.0, 4096, PlanSource.BRAIN)
+            job_spec = spec(name, extra="batch_size: 1024\n")
+            rec = JobRecord(name, job_spec, JobState.RUNNING, time.time(), plan=plans[name], records=10**10)
+            await (await bus.kv(subjects.JOB_BUCKET)).put(name, encode(rec))
+            await (await bus.kv(subjects.EXECUTOR_BUCKET)).put(
+                name, encode(ExecutorJob(name, "running", plans[name], "{}")))
+        held: list[float] = []
+        t0 = time.time()
+        for tick in range(1, ticks + 1):
+            used = sum(p.workers * p.worker_cpu + p.ps * p.ps_cpu for p in plans.values())
+            await bus.publish(subjects.cluster_status(), cluster_status(
+                [], backend="kubernetes" if reserves else "local", reserves=reserves, total_cpu=32.0,
+                free_cpu=32.0 - 8.0 - used if reserves else 32.0))
+            for _ in range(100):
+                if svc.cluster is not None and svc.cluster.free_cpu == (32.0 - 8.0 - used if reserves else 32.0):
+                    break
+                await asyncio.sleep(0.01)
+            seen, fed, windows = len(published), count(svc, "cluster_round_jobs"), count(svc, "statistics")
+            for name, beta in zip(names, (0.05, 2.0), strict=True):
+                await bus.publish(subjects.monitor_statistics(name), truth_window(name, plans[name], t0 + 60 * tick,
+                                                                                   beta))
+            # Both windows handled: stepped one by one, or (cluster mode) fed to a round that has ended.
+            def handled(windows: int = windows, fed: int = fed) -> bool:
+                return count(svc, "statistics") == windows + 2 and (
+                    not reserves or count(svc, "cluster_round_jobs") == fed + 2)
+
+            await eventually(handled, 10.0)
+            await eventually(lambda: len(published) == count(svc, "replans"), 10.0)
+            for p in published[seen:]:
+                plans[p.job] = p
+                await bus.publish(subjects.executor_event(p.job, "applied"),
+                                  ExecutorEvent(p.job, ExecutorEventKind.APPLIED, time.time(), plan=p, overhead_s=30.0))
+            for _ in range(100):
+                if all(same_resources(svc.autoscalers[n].plan, plans[n]) for n in names if n in svc.autoscalers):
+                    break
+                await asyncio.sleep(0.01)
+            held.append(sum(p.workers * p.worker_cpu + p.ps * p.ps_cpu for p in plans.values()))
+        return held, decisions
+    finally:
+        await b.stop()
+
+
+async def test_a_cluster_round_shares_the_capacity_between_running_jobs(nats_server: EmbeddedNats,
+                                                                        bus: Bus) -> None:
+    """DLRover-RM §4.3 in the service: two zero-config jobs that could each grow to their 20-CPU quota share
+    the 24 CPUs the cluster has for them (32 minus other tenants' 8, from the executor's ClusterStatus).
+    Planned alone (the local backend reserves nothing, so the capacity is unknown) they take 40 between
+    them; planned together, the round's model requests share what is left by the Eq. 11-14 greedy, in one
+    round, and the two never hold more than 24."""
+    alone, _ = await run_two_jobs(nats_server, bus, ("solo-a", "solo-b"), reserves=False)
+    assert max(alone) > 24.0  # the control: without a known capacity nothing stops them
+    together, decisions = await run_two_jobs(nats_server, bus, ("fast", "slow"), reserves=True)
+    assert max(together) <= 24.0 + 1e-9, together
+    by_ts: dict[float, set[str]] = {}
+    for d in decisions:
+        if d.rule == "model":
+            by_ts.setdefault(d.ts, set()).add(d.job)
+    both = [ts for ts, jobs in by_ts.items() if jobs == {"fast", "slow"}]
+    assert both, [(d.job, d.ts, d.rule) for d in decisions]  # one round chose for both
+    assert 21.0 < together[-1] <= 24.0  # what was left after the rules went to them, up to the capacity
