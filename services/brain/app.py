@@ -123,6 +123,7 @@ from pacer_services.brain.core.capacity import (
     within_total,
 )
 from pacer_services.brain.core.cluster import Resources, ScalingKind, ScalingRecord, plan_resources
+from pacer_services.brain.core.fitting import Coefficients
 from pacer_services.brain.core.history import JobFeatures, JobHistory
 from pacer_services.brain.core.oom import ALL_ROLES, DEFAULT_OOM, MemoryWatch, OomConfig
 from pacer_services.brain.core.placement import after_placement, machines_for, place_plan
@@ -158,14 +159,15 @@ class BrainConfig:
                    cluster_cpu=_amount(env.get("PACER_BRAIN_CLUSTER_CPU")),
                    cluster_memory_mb=_amount(env.get("PACER_BRAIN_CLUSTER_MEMORY_MB")))
 
-    def autoscaler(self, spec: JobSpec, first: ResourcePlan, warm: bool) -> JobAutoscaler:
+    def autoscaler(self, spec: JobSpec, first: ResourcePlan, warm: bool,
+                   prior: Coefficients | None = None) -> JobAutoscaler:
         stages = replace(self.autoscale_config.stages, c_total=self.cpu_quota, c_max=self.node_cpu,
                          ps_cpu_target=min(self.autoscale_config.stages.ps_cpu_target, self.node_cpu))
         cfg = replace(self.autoscale_config, stages=stages, adjust_interval_s=self.adjust_interval_s,
                       settle_s=self.settle_s)
         # m of DLRover-RM Eq. 1 is per worker; the spec's batch is global (launch divides it).
         m = max(1, spec.batch_size // max(1, first.workers))
-        return JobAutoscaler(spec, m, cfg, first=first, warm=warm)
+        return JobAutoscaler(spec, m, cfg, first=first, warm=warm, prior=prior)
 
 
 def _amount(text: str | None) -> float | None:
@@ -248,7 +250,7 @@ class BrainService:
         self.counters.inc("plans", start="cold" if ws.cold else "warm")
         plan = replace(ws.plan, job=job)
         if self.config.autoscale and req.spec.resources is None:
-            self.autoscalers[job] = self.config.autoscaler(req.spec, plan, warm=not ws.cold)
+            self.autoscalers[job] = self.config.autoscaler(req.spec, plan, warm=not ws.cold, prior=ws.coefficients)
             self.not_autoscaled.discard(job)
         await self.bus.respond(msg, await self.placed(plan))
 
@@ -496,9 +498,11 @@ class BrainService:
         throughput = rec.progress.records_done / span if span > 0 else 0.0
         final = await self._as_run(rec.plan)
         plans = (rec.plan,) if final == rec.plan else (rec.plan, final)
+        auto = self.autoscalers.get(rec.job)
         h = JobHistory(job=rec.job, features=JobFeatures.from_spec(rec.spec, rec.records or None),
                        plans=plans, throughput=throughput, finished_at=ev.ts,
-                       succeeded=ev.state is JobState.COMPLETED)
+                       succeeded=ev.state is JobState.COMPLETED,
+                       coefficients=auto.learnt() if auto is not None else None)
         await self._kv.put(rec.job, json.dumps(h.to_dict()).encode())
         self.history[rec.job] = h
         self.autoscalers.pop(rec.job, None)

@@ -31,6 +31,7 @@ from pacer_services.brain.core.autoscaler import (
     same_resources,
 )
 from pacer_services.brain.core.cluster import Resources, ScalingRecord, plan_resources
+from pacer_services.brain.core.fitting import Coefficients
 from pacer_services.brain.core.oom import DEFAULT_OOM
 from pacer_services.brain.core.stages import StageConfig
 
@@ -70,14 +71,17 @@ class PacerScaler:
     name = "pacer"
     every_window = True
 
-    def __init__(self, config: AutoscaleConfig, *, warm: ResourcePlan | None = None) -> None:
+    def __init__(self, config: AutoscaleConfig, *, warm: ResourcePlan | None = None,
+                 prior: Coefficients | None = None) -> None:
         self.config = config
         self.warm = warm
+        self.prior = prior
         self.job: _Job | None = None
 
     def start(self, job: SimJob, now: float) -> ResourcePlan:
         warm = None if self.warm is None else replace(self.warm, job=job.name)
-        auto = JobAutoscaler(job.spec, job.batch_size, self.config, first=warm, warm=warm is not None)
+        auto = JobAutoscaler(job.spec, job.batch_size, self.config, first=warm, warm=warm is not None,
+                             prior=self.prior)
         first: ResourcePlan = auto.first_plan()
         self.job = _Job(auto, first)
         return first

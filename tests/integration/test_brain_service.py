@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from conftest import InProcess, eventually
+from conftest import InProcess, eventually, wait_ready
 from pacer import subjects
 from pacer.bus import NO_RETRY, Bus
 from pacer.codec import encode
@@ -100,6 +100,7 @@ async def test_config_db_survives_a_restart_and_bad_requests_are_refused(
     await brain.stop()
     again = InProcess(nats_server.url, BrainService)
     await again.start()
+    await wait_ready(bus, "brain")  # its subscriptions are visible to other connections
     try:
         assert [e.job for e in (await history(bus)).jobs] == ["kept"]
         assert "warm start" in (await plan_for(bus, "after")).reason

@@ -141,6 +141,24 @@ def test_fixed_coefficients_stay_and_the_rest_is_fitted() -> None:
         assert model.predict(Config(w, p, cw, cp, 512)) == pytest.approx(truth_throughput(w, p, cw, cp), rel=0.03)
 
 
+def test_on_one_configuration_the_prior_splits_what_the_data_cannot() -> None:
+    """One plan cannot tell Eq. 4's sync (w/p) from beta; the similar jobs' coefficients can.  With more
+    configurations the data outweigh a wrong prior."""
+    cal = Calibration(0.8, 0.004, 4.5, 0.5, 0.0012, 1.6, 8.0, 1.6)
+    fixed = {"alpha_grad": 0.004, "alpha_upd": 0.0012, "alpha_emb": 0.0}
+    one = [Sample(Config(38, 6, 4.0, 16.0, 512), truth_throughput(38, 6, 4.0, 16.0))]  # below the PS capacity
+    right = fit(one, JobConstants(calibration=cal), fixed=fixed, prior=Coefficients(0.004, 0.0012, 0.04, 0.0, 0.1))
+    assert right.coefficients.alpha_sync == pytest.approx(0.04, rel=0.05)
+    assert right.coefficients.beta == pytest.approx(0.1, rel=0.1)
+    assert right.predict(Config(36, 28, 4.0, 2.0, 512)) == pytest.approx(truth_throughput(36, 28, 4.0, 2.0), rel=0.03)
+    wrong = Coefficients(0.004, 0.0012, 0.01, 0.0, 0.5)
+    many = [Sample(Config(w, p, cw, cp, 512), truth_throughput(w, p, cw, cp))
+            for w, p, cw, cp in [(1, 2, 32.0, 32.0), (38, 3, 4.0, 16.0), (32, 9, 4.0, 8.0), (20, 6, 3.0, 4.0)]]
+    model = fit(many, JobConstants(calibration=cal), fixed=fixed, prior=wrong)
+    assert model.coefficients.alpha_sync == pytest.approx(0.04, rel=0.1)
+    assert model.coefficients.beta == pytest.approx(0.1, rel=0.2)
+
+
 def test_unknown_or_negative_fixed_coefficients_are_refused() -> None:
     s = [Sample(Config(1, 1, 1.0, 1.0, 8), 10.0)]
     with pytest.raises(FitError, match="unknown coefficient"):

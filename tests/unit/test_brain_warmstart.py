@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from pacer.contracts.jobs import (
@@ -17,6 +18,7 @@ from pacer.contracts.jobs import (
     ResourceRequest,
 )
 from pacer.jobs.spec import default_plan
+from pacer_services.brain.core.fitting import Coefficients
 from pacer_services.brain.core.history import (
     JobFeatures,
     JobHistory,
@@ -151,6 +153,23 @@ def test_history_round_trips_through_plain_dicts_and_json() -> None:
     back = JobHistory.from_dict(json.loads(json.dumps(SAME.to_dict())))
     assert back == SAME
     assert back.final_plan is not None and back.final_plan.workers == 10
+    learnt = replace(SAME, coefficients=Coefficients(0.004, 0.0012, 0.04, 0.0, 0.1))
+    assert JobHistory.from_dict(json.loads(json.dumps(learnt.to_dict()))) == learnt
+    assert "coefficients" not in SAME.to_dict()  # records of jobs that learnt nothing stay as they were
+
+
+def test_a_warm_start_brings_the_similar_jobs_coefficients_smoothed() -> None:
+    """A^0 = near (alpha_sync 0.02, beta 0.3), A^1 = same (0.04, 0.1); mu = 0.6:
+    alpha_sync .6*0.04 + .4*0.02 = 0.032, beta .6*0.1 + .4*0.3 = 0.18.  A job without any: left out."""
+    same = replace(SAME, coefficients=Coefficients(0.004, 0.0012, 0.04, 0.0, 0.1))
+    near = replace(NEAR, coefficients=Coefficients(0.006, 0.0010, 0.02, 0.0, 0.3))
+    out = warm_start(spec(), [near, same], WarmStartConfig(k=2, mu=0.6))
+    assert out.coefficients is not None
+    assert out.coefficients.alpha_sync == pytest.approx(0.032)
+    assert out.coefficients.beta == pytest.approx(0.18)
+    only = warm_start(spec(), [NEAR, same], WarmStartConfig(k=2, mu=0.6))
+    assert only.coefficients == same.coefficients
+    assert warm_start(spec(), [NEAR, SAME], WarmStartConfig(k=2, mu=0.6)).coefficients is None
 
 
 def test_similarity_per_feature_type() -> None:

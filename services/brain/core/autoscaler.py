@@ -89,7 +89,7 @@ from .cluster import (
     plan_resources,
     select,
 )
-from .fitting import Config, FitError, JobConstants, Model, Sample, fit
+from .fitting import Coefficients, Config, FitError, JobConstants, Model, Sample, fit
 from .oom import ALL_ROLES, DEFAULT_OOM, MemorySample, MemoryWatch, OomConfig, fit_memory_trend
 from .pareto import (
     Candidate,
@@ -244,7 +244,8 @@ class JobAutoscaler:
     iteration.  ``first`` is the plan to start with (default: the sample
     stage's, :func:`.stages.sample_plan`); with ``warm`` it is a warm-start
     plan (DLRover-RM Alg. 1) and the sample stage is skipped, else it is
-    measured as the sample.
+    measured as the sample; ``prior`` is the similar jobs' fitted
+    coefficients, which come with a warm start (:func:`.warmstart.warm_start`).
     Drive it with :meth:`first_plan`, then :meth:`step` (or, across jobs,
     :meth:`propose` and :func:`plan_cluster`) on every statistics window,
     :meth:`applied` when the plan in force changed and :meth:`on_oom`
@@ -252,7 +253,8 @@ class JobAutoscaler:
     """
 
     def __init__(self, spec: JobSpec, batch_size: int, config: AutoscaleConfig | None = None,
-                 *, first: ResourcePlan | None = None, warm: bool = False) -> None:
+                 *, first: ResourcePlan | None = None, warm: bool = False,
+                 prior: Coefficients | None = None) -> None:
         self.spec = spec
         self.batch_size = max(1, batch_size)
         self.config = config or AutoscaleConfig()
@@ -265,6 +267,7 @@ class JobAutoscaler:
         self.memory = MemoryWatch(self.config.oom) if self.config.oom is not None else None
         self.model: Model | None = None
         self.calibration: Calibration | None = None  # what the CPU readings say (.calibration)
+        self.prior = prior  # similar jobs' fitted coefficients (a warm start): the prior of the fit
         self._model_keys: frozenset[_Key] = frozenset()
         self._raw: dict[_Key, float] = {}  # the model's prediction of each candidate
         self._predicted: dict[_Key, float] = {}  # plans moved to on a prediction, not yet measured twice
@@ -544,6 +547,10 @@ class JobAutoscaler:
             self._predicted[_key(new)] = self._raw[_key(choice.plan)]
         return self._decide(now, Decision(new, Stage.ADJUST, "model", predicted))
 
+    def learnt(self) -> Coefficients | None:
+        """The coefficients this job's model ended with, for the config DB (a similar job's warm start)."""
+        return self.model.coefficients if self.model is not None and self.calibration is not None else None
+
     def model_error(self) -> float:
         """Relative error of the model's predictions: the prior, then the RMS of the measured misses
         (the prior counting as one of them)."""
@@ -585,7 +592,8 @@ class JobAutoscaler:
                 self.calibration = calibrate(obs, cal_cfg)
                 cal = self.calibration
                 self.model = fit(samples, JobConstants(calibration=cal),
-                                 fixed={"alpha_grad": cal.worker_cost, "alpha_upd": cal.ps_cost, "alpha_emb": 0.0})
+                                 fixed={"alpha_grad": cal.worker_cost, "alpha_upd": cal.ps_cost, "alpha_emb": 0.0},
+                                 prior=self.prior)
             except (FitError, ValueError):
                 self.model = None
         return self.model

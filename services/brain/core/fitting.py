@@ -66,8 +66,9 @@ Pure: no IO, no clock; numpy arrays in, dataclasses out.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -126,6 +127,9 @@ class JobConstants:
 UNIT_CONSTANTS = JobConstants()
 
 
+_NAMES = ("alpha_grad", "alpha_upd", "alpha_sync", "alpha_emb", "beta")  # the columns of features()
+
+
 @dataclass(frozen=True, slots=True)
 class Coefficients:
     """The learnable, non-negative parameters of DLRover-RM Eq. 6 (betas as their identifiable sum)."""
@@ -148,6 +152,14 @@ class Coefficients:
             [self.alpha_grad, self.alpha_upd, self.alpha_sync, self.alpha_emb, self.beta],
             dtype=np.float64,
         )
+
+    def to_dict(self) -> dict[str, float]:
+        return {name: float(v) for name, v in zip(_NAMES, self.as_vector(), strict=True)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Coefficients:
+        """From :meth:`to_dict`'s form; ``ValueError`` (from ``__post_init__``) on a bad value."""
+        return cls(**{name: float(d[name]) for name in _NAMES})
 
     @classmethod
     def from_vector(cls, theta: FloatArray) -> Coefficients:
@@ -257,9 +269,6 @@ class Model:
         return psi
 
 
-_NAMES = ("alpha_grad", "alpha_upd", "alpha_sync", "alpha_emb", "beta")  # the columns of features()
-
-
 def _check_config(config: Config) -> None:
     if config.workers < 1 or config.ps < 1 or config.batch_size < 1:
         raise FitError(f"workers, ps and batch_size must be >= 1: {config}")
@@ -274,6 +283,8 @@ def fit(
     max_steps: int = 20,
     tol: float = 1e-10,
     fixed: dict[str, float] | None = None,
+    prior: Coefficients | None = None,
+    prior_weight: float = 0.01,
 ) -> Model:
     """Fit the non-negative alphas and beta of DLRover-RM Eq. 1-6 to ``samples`` minimising RMSLE.
 
@@ -285,6 +296,13 @@ def fit(
     names coefficients (``alpha_grad``, ``alpha_upd``, ``alpha_sync``,
     ``alpha_emb``, ``beta``) that keep the given value; the others are
     fitted around them (a fixed offset in every iteration time).
+
+    ``prior`` (e.g. the similar jobs' coefficients of a warm start) adds one
+    row per free, positive coefficient, ``prior_weight * (theta / prior -
+    1)``: a relative deviation from the prior costs as much as a log error
+    of ``prior_weight`` in one sample.  A few configurations cannot tell
+    every term apart (one cannot tell the sync term from beta at all); the
+    prior decides there and the data everywhere else.
     """
     if not samples:
         raise FitError("no samples to fit")
@@ -320,23 +338,39 @@ def fit(
     scale[scale == 0.0] = 1.0
     xs = x / scale
 
-    def error(theta_scaled: FloatArray) -> float:
+    # prior rows in the scaled unknowns: theta_j = theta_scaled_j / scale_j
+    p_rows = np.zeros((0, x.shape[1]))
+    p_target = np.zeros(0)
+    if prior is not None and prior_weight > 0.0:
+        pv = prior.as_vector()
+        kept = [j for j, name in enumerate(_NAMES) if name not in fixed and pv[j] > 0.0]
+        p_rows = np.zeros((len(kept), x.shape[1]))
+        for r, j in enumerate(kept):
+            p_rows[r, j] = prior_weight / (pv[j] * scale[j])
+        p_target = np.full(len(kept), prior_weight)
+
+    def rmsle_of(theta_scaled: FloatArray) -> float:
         t = offset + xs @ theta_scaled
         if np.any(t <= 0.0):
             return math.inf
         return float(np.sqrt(np.mean((np.log(t) - np.log(t_obs)) ** 2)))  # = RMSLE of Psi
 
+    def objective(theta_scaled: FloatArray) -> float:
+        err = rmsle_of(theta_scaled)
+        return err * err * len(t_obs) + float(np.sum((p_rows @ theta_scaled - p_target) ** 2))
+
     t_k = t_obs
     best: FloatArray | None = None
-    best_err = math.inf
+    best_obj = math.inf
     for _ in range(max_steps + 1):
-        a = xs / t_k[:, None]
-        b = 1.0 + np.log(t_obs / t_k) - offset / t_k  # linearised around T_k, the fixed part moved right
+        a = np.vstack([xs / t_k[:, None], p_rows])
+        b = np.concatenate([1.0 + np.log(t_obs / t_k) - offset / t_k,  # linearised around T_k,
+                            p_target])                                # the fixed part moved right
         theta, _ = nnls(a, b)
-        err = error(theta)
-        if err >= best_err - tol:
+        obj = objective(theta)
+        if obj >= best_obj - tol:
             break
-        best, best_err = theta, err
+        best, best_obj = theta, obj
         t_k = offset + xs @ theta
     if best is None:  # every parameter 0 or no positive time: nothing fits
         raise FitError("NNLS found no model with a positive iteration time for these samples")
@@ -344,4 +378,4 @@ def fit(
     for name, value in fixed.items():
         theta[_NAMES.index(name)] = value
     coefficients = Coefficients.from_vector(theta)
-    return Model(coefficients=coefficients, constants=constants, rmsle=best_err, samples=len(samples))
+    return Model(coefficients=coefficients, constants=constants, rmsle=rmsle_of(best), samples=len(samples))

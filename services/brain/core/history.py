@@ -2,8 +2,9 @@
 
 A :class:`JobHistory` holds a finished job's metadata features (model family
 and sizes, the dataset it trained on, batch size, mode), the plans it ran with
-in order (the last one is the configuration it ended with) and the profiles
-observed under them.  DLRover-RM Alg. 1 ("identify top-k similar jobs of J
+in order (the last one is the configuration it ended with), the profiles
+observed under them and the coefficients its model ended with (the
+calibrated DLRover-RM Eq. 1-6, :mod:`.fitting`).  DLRover-RM Alg. 1 ("identify top-k similar jobs of J
 with metadata") ranks these records by similarity to a new job
 (:func:`top_k_similar`); DLRover 2023 §4.3 names the most telling feature,
 "completed jobs that are using the same table in their training".
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pacer.contracts.jobs import JobSpec, ModelName, PlanSource, ResourcePlan
+
+from .fitting import Coefficients
 
 # Weights of the features in the combined similarity.  The model family and
 # the dataset decide most of a job's resource shape (DLRover 2023 §4.3);
@@ -169,6 +172,7 @@ class JobHistory:
     throughput: float = 0.0  # samples/s observed under the final plan
     finished_at: float = 0.0  # unix seconds
     succeeded: bool = True
+    coefficients: Coefficients | None = None  # its fitted calibrated DLRover-RM model, for a warm start
 
     @property
     def final_plan(self) -> ResourcePlan | None:
@@ -184,6 +188,7 @@ class JobHistory:
             "throughput": self.throughput,
             "finished_at": self.finished_at,
             "succeeded": self.succeeded,
+            **({"coefficients": self.coefficients.to_dict()} if self.coefficients is not None else {}),
         }
 
     @classmethod
@@ -196,6 +201,7 @@ class JobHistory:
             throughput=float(d.get("throughput", 0.0)),
             finished_at=float(d.get("finished_at", 0.0)),
             succeeded=bool(d.get("succeeded", True)),
+            coefficients=Coefficients.from_dict(d["coefficients"]) if d.get("coefficients") else None,
         )
 
 
