@@ -20,6 +20,11 @@
   seamless PS migration, before the OOM.  One such plan per job per
   ``oom_cooldown_s``.
 
+* An OOM while a zero-config job samples (``pacer.events.node.<job>.died``
+  with reason ``oom``) gets DLRover 2023 §4.2's answer as the job's next
+  plan: a worker's memory doubled, or twice the PS (the executor has
+  relaunched the node with twice its memory already).
+
 * Zero-config jobs (no ``resources`` in the spec) are re-planned while they
   run by a :class:`~.core.autoscaler.JobAutoscaler` each: the first plan
   (warm start, or on a cold start the default plan, measured as the sample)
@@ -105,6 +110,7 @@ from pacer.contracts.executor import (
 )
 from pacer.contracts.jobs import JobEvent, JobRecord, JobSpec, JobState, PlanSource, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
+from pacer.contracts.nodes import NodeEvent
 from pacer.errors import PacerError, ValidationError
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.subjects import BrainOp
@@ -113,6 +119,7 @@ from pacer_services.brain.core.autoscaler import (
     AutoscaleConfig,
     Decision,
     JobAutoscaler,
+    Stage,
     plan_cluster,
     same_resources,
 )
@@ -207,6 +214,7 @@ class BrainService:
         self._stats_sub: Subscription | None = None
         self._applied_sub: Subscription | None = None
         self._cluster_sub: Subscription | None = None
+        self._died_sub: Subscription | None = None
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
         await self.bus.ensure_streams()
@@ -226,13 +234,15 @@ class BrainService:
             queue=self.name, cb=self._on_applied)
         self._cluster_sub = await self.bus.nc.subscribe(subjects.cluster_status(), queue=self.name,
                                                         cb=self._on_cluster_status)
+        self._died_sub = await self.bus.nc.subscribe(subjects.events_of("node", kind="died"), queue=self.name,
+                                                     cb=self._on_node_died)
         await self.bus.nc.flush()
         tg.create_task(self.consumer.run(), name="pacer:brain:jobs")
         tg.create_task(guard("cluster-rounds", self._round_loop), name="pacer:brain:rounds")
         log.info("brain ready", extra={"fields": {"history": len(self.history)}})
 
     async def drain(self) -> None:
-        for sub in (self._sub, self._stats_sub, self._applied_sub, self._cluster_sub):
+        for sub in (self._sub, self._stats_sub, self._applied_sub, self._cluster_sub, self._died_sub):
             if sub is not None:
                 with contextlib.suppress(nats.errors.Error):
                     await sub.unsubscribe()
@@ -343,20 +353,20 @@ class BrainService:
             d = await asyncio.to_thread(auto.step, stats.ts, stats)  # NSGA-II: not on the event loop
         if d is None or before is None or same_resources(d.plan, before):
             return None
-        await self._publish_decision(auto, stats, before, d)
+        await self._publish_decision(auto, stats.job, stats.ts, before, d)
         return d
 
-    async def _publish_decision(self, auto: JobAutoscaler, stats: JobStatistics, before: ResourcePlan,
+    async def _publish_decision(self, auto: JobAutoscaler, job: str, ts: float, before: ResourcePlan,
                                 d: Decision) -> ResourcePlan:
         """The re-plan as a plan event (placed, if machines are known) and a BrainDecision saying why."""
         measured = auto.measured.get((before.workers, before.ps, before.worker_cpu, before.ps_cpu))
-        plan = await self.placed(replace(d.plan, job=stats.job, source=PlanSource.BRAIN))
-        await self.bus.publish_durable(subjects.job_event(stats.job, subjects.JobEventKind.PLAN), plan)
-        await self.bus.publish_durable(subjects.brain_decision(stats.job), BrainDecision(
-            stats.job, stats.ts, d.stage.value, d.rule, plan, before,
+        plan = await self.placed(replace(d.plan, job=job, source=PlanSource.BRAIN))
+        await self.bus.publish_durable(subjects.job_event(job, subjects.JobEventKind.PLAN), plan)
+        await self.bus.publish_durable(subjects.brain_decision(job), BrainDecision(
+            job, ts, d.stage.value, d.rule, plan, before,
             measured.throughput if measured is not None else 0.0, d.predicted_throughput))
         self.counters.inc("replans", rule=d.rule)
-        log.info("re-plan", extra={"fields": {"job": stats.job, "rule": d.rule, "reason": plan.reason}})
+        log.info("re-plan", extra={"fields": {"job": job, "rule": d.rule, "reason": plan.reason}})
         return plan
 
     # ---------------------------------------------------------------- the cluster: rounds and placement
@@ -460,10 +470,35 @@ class BrainService:
         out: dict[str, ResourcePlan] = {}
         for job in kept:
             auto, stats = ready[job]
-            out[job] = await self._publish_decision(auto, stats, before[job], decided[job])
+            out[job] = await self._publish_decision(auto, stats.job, stats.ts, before[job], decided[job])
         self.counters.inc("cluster_rounds")
         self.counters.inc("cluster_round_jobs", len(ready))
         return out
+
+    async def _on_node_died(self, msg: Msg) -> None:
+        """An OOM while a zero-config job samples: DLRover 2023 §4.2's answer as the job's next plan.
+
+        The executor has relaunched the node with twice its memory already
+        (its own rule); the sample stage's plan makes that the plan (a
+        worker's memory doubled) or doubles the PS so that the partitioned
+        model gets twice the memory (:func:`.core.stages.on_sample_oom`).
+        After the sample stage the executor's relaunch and the OOM
+        prediction are the answer.
+        """
+        try:
+            ev = decode(NodeEvent, msg.data)
+            auto = self.autoscalers.get(ev.job)
+            if ev.reason != "oom" or auto is None or auto.stage is not Stage.SAMPLE or auto.plan is None:
+                return
+            async with self.lock:
+                before = auto.plan
+                plan = auto.on_oom(ev.role or ev.node.split("-")[0])
+                d = auto.decisions[-1] if plan is not None and auto.decisions else None
+            if d is None or same_resources(d.plan, before):
+                return
+            await self._publish_decision(auto, ev.job, ev.ts, before, d)
+        except (PacerError, ValueError) as exc:
+            self.counters.inc("bad_events", code=getattr(exc, "code", "invalid"))
 
     async def _on_applied(self, msg: Msg) -> None:
         try:

@@ -522,3 +522,48 @@ async def test_a_cluster_round_shares_the_capacity_between_running_jobs(nats_ser
     both = [ts for ts, jobs in by_ts.items() if jobs == {"fast", "slow"}]
     assert both, [(d.job, d.ts, d.rule) for d in decisions]  # one round chose for both
     assert 21.0 < together[-1] <= 24.0  # what was left after the rules went to them, up to the capacity
+
+
+async def test_an_oom_while_sampling_gets_the_sample_stages_answer(brain: InProcess[BrainService], bus: Bus) -> None:
+    """DLRover 2023 §4.2 over the bus: a zero-config job (cold: its first plan is its sample) whose worker
+    dies of OOM gets a plan with twice the worker memory, then one whose PS dies of OOM twice the PS; a
+    worker killed for another reason, or an OOM of a job the brain does not plan, changes nothing, and a
+    malformed event is counted."""
+    from pacer.codec import decode
+    from pacer.contracts.brain import BrainDecision
+    from pacer.contracts.nodes import NodeEvent
+
+    plans: list[ResourcePlan] = []
+    decisions: list[BrainDecision] = []
+
+    async def on_plan(msg: Any) -> None:
+        plans.append(decode(ResourcePlan, msg.data))
+
+    async def on_decision(msg: Any) -> None:
+        decisions.append(decode(BrainDecision, msg.data))
+
+    await bus.nc.subscribe(subjects.events_of("job", kind=subjects.JobEventKind.PLAN), cb=on_plan)
+    await bus.nc.subscribe(subjects.events_of("brain", kind="decision"), cb=on_decision)
+    first = await plan_for(bus, "sampling")  # a cold start: the autoscaler samples this plan
+    auto = brain.svc.autoscalers["sampling"] if brain.svc is not None else None
+    assert auto is not None
+    auto.applied(first, time.time())
+
+    def died(node: str, role: str, reason: str, job: str = "sampling") -> NodeEvent:
+        return NodeEvent(job, node, "died", time.time(), reason=reason, role=role, relaunch=True)
+
+    await bus.publish(subjects.node_event("sampling", "died"), died("worker-1", "worker", "killed"))
+    await bus.publish(subjects.node_event("other", "died"), died("worker-0", "worker", "oom", job="other"))
+    await bus.nc.publish(subjects.node_event("sampling", "died"), b"\x00garbage")
+    await bus.publish(subjects.node_event("sampling", "died"), died("worker-0", "worker", "oom"))
+    await eventually(lambda: plans, 5.0, "a plan after the worker OOM")
+    assert len(plans) == 1
+    assert plans[0].worker_memory_mb == 2 * first.worker_memory_mb
+    assert (plans[0].workers, plans[0].ps, plans[0].ps_memory_mb) == (first.workers, first.ps, first.ps_memory_mb)
+    auto.applied(plans[0], time.time())
+    await bus.publish(subjects.node_event("sampling", "died"), died("ps-1", "ps", "oom"))
+    await eventually(lambda: len(plans) == 2, 5.0, "a plan after the PS OOM")
+    assert plans[1].ps == 2 * first.ps and plans[1].worker_memory_mb == plans[0].worker_memory_mb
+    assert [d.rule for d in decisions] == ["sample-oom", "sample-oom"]
+    assert decisions[0].previous is not None and decisions[0].previous.worker_memory_mb == first.worker_memory_mb
+    assert count(brain.svc, "bad_events") >= 1  # type: ignore[arg-type]
