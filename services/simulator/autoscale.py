@@ -24,6 +24,14 @@ per-worker batch ``m``, plan ``(w, p, C_w, C_p)``::
 ``E`` are the cores left for the real work: cores beyond ``par`` are wasted,
 and every process spends ``ovh`` cores on its runtime (input pipeline, RPC
 threads), so many tiny pods are no bargain either.
+
+``form="off-model"`` departs from that structure where the brain's
+calibrated model assumes it (:mod:`pacer_services.brain.core.calibration`),
+to see how the brain fares on a job that does not behave as it believes:
+parallelism saturates smoothly (``min`` becomes ``(C^-3 + par^-3)^(-1/3)``),
+the sync cost grows as ``(w/p)^1.4`` (equal to the linear one at w/p = 4),
+and the PS capacity is approached smoothly (a soft minimum,
+``(Psi^-4 + cap^-4)^(-1/4)``).  The CPU readings stay what the work costs.
 ``u`` is the PS work per sample (update + embedding lookup, core-seconds),
 split over the PS with a skew: ``ps-0`` (the hot PS) gets
 ``s_hot = min(1, skew / p)`` of it, the others share the rest equally
@@ -137,6 +145,7 @@ class JobTruth:
     worker_base_mb: float = 2048.0  # worker RSS
     ps_base_mb: float = 600.0  # a bare TF PS process
     growth_mb_per_hour: float = 0.0  # embedding growth while training, over all PS
+    form: str = "dlrover"  # "dlrover" | "off-model" (module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,21 +210,26 @@ def throughput(t: JobTruth, workers: ArrayLike, ps: ArrayLike, worker_cpu: Array
     """True job throughput Psi (samples/s) of ``workers`` running workers; broadcasts over numpy arrays."""
     w = np.asarray(workers, dtype=np.float64)
     p = np.asarray(ps, dtype=np.float64)
-    ew = _effective(np.asarray(worker_cpu, dtype=np.float64), t.par_w, t.ovh_w)
-    ep = _effective(np.asarray(ps_cpu, dtype=np.float64), t.par_p, t.ovh_p)
+    off = t.form == "off-model"
+    ew = _effective(np.asarray(worker_cpu, dtype=np.float64), t.par_w, t.ovh_w, smooth=off)
+    ep = _effective(np.asarray(ps_cpu, dtype=np.float64), t.par_p, t.ovh_p, smooth=off)
     m = float(t.batch_size)
     hot = np.minimum(1.0, t.skew / p)
     t_grad = t.a_grad * m / ew + t.b_grad
-    t_sync = t.a_sync * t.model_mb * w / (p * t.bandwidth_mb_s)
+    ratio = w / p
+    t_sync = t.a_sync * t.model_mb / t.bandwidth_mb_s * (ratio**1.4 * 4.0**-0.4 if off else ratio)
     t_ps = hot * t.u_ps * m / ep
     psi = w * m / (t_grad + t_sync + t_ps + t.beta)
-    out = np.where(w > 0, np.minimum(psi, ep / (hot * t.u_ps)), 0.0)
+    cap = ep / (hot * t.u_ps)
+    with np.errstate(divide="ignore"):
+        capped = (psi**-4.0 + cap**-4.0) ** -0.25 if off else np.minimum(psi, cap)
+    out = np.where(w > 0, capped, 0.0)
     return float(out) if out.ndim == 0 else out
 
 
-def _effective(cpu: FloatArray, par: float, ovh: float) -> FloatArray:
+def _effective(cpu: FloatArray, par: float, ovh: float, *, smooth: bool = False) -> FloatArray:
     """Cores left for the real work: min(C, par) minus the process overhead (at least 5 % of C)."""
-    usable = np.minimum(cpu, par)
+    usable = (cpu**-3.0 + par**-3.0) ** (-1.0 / 3.0) if smooth else np.minimum(cpu, par)
     out: FloatArray = np.maximum(usable - ovh, 0.05 * usable)
     return out
 

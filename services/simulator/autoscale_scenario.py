@@ -18,7 +18,10 @@ is what tells ``pacer sim`` it is not a straggler scenario):
                          ``skew`` (>= 1), ``par_p``, ``a_sync``, ``model_mb``,
                          ``bandwidth_mb_s``, ``beta``, ``ovh_w``, ``ovh_p``,
                          ``worker_base_mb``, ``ps_base_mb``, ``growth_mb_per_hour``,
-                         ``batch_size``).  Scalers never see them (only the oracle).
+                         ``batch_size``) and ``form``: ``dlrover`` (default) or
+                         ``off-model``, a truth that departs from the structure the
+                         brain's model assumes (:mod:`.autoscale`).  Scalers never see
+                         them (only the oracle).
   ``draw``               (bool, default true) draw the job's true parameters around the
                          nominal ones (lognormal, ``sigma``) from the seed.
   ``sigma``              (>= 0, default 0.2) spread of those draws.
@@ -82,7 +85,7 @@ from .scenario import ScenarioError, _Fields
 __all__ = ["AutoscaleScenario", "is_autoscale", "load", "parse", "run"]
 
 _TRUTH_FLOATS = tuple(
-    f.name for f in fields(JobTruth) if f.name not in ("profile", "model", "batch_size")
+    f.name for f in fields(JobTruth) if f.name not in ("profile", "model", "batch_size", "form")
 )
 
 
@@ -111,6 +114,8 @@ def _truth(raw: Any, base: JobTruth) -> JobTruth:
         raise ScenarioError(f"autoscale.truth.skew: must be >= 1, got {values['skew']}")
     if "batch_size" in f.raw:
         values["batch_size"] = f.int_("batch_size", lo=1)
+    if "form" in f.raw:
+        values["form"] = f.str_("form", choices=("dlrover", "off-model"))
     f.done()
     return replace(base, **values)
 

@@ -302,11 +302,28 @@ def test_a_cluster_run_rejects_over_quota_returns_and_counts_them() -> None:
     ({"autoscale": {"cluster": {"jobs": 0}}}, "autoscale.cluster.jobs"),
     ({"autoscale": {"scaler": "magic"}}, "autoscale.scaler"),
     ({"autoscale": []}, "autoscale"),
+    ({"autoscale": {"truth": {"form": "linear"}}}, "autoscale.truth.form"),
 ])
 def test_scenario_errors_name_the_field(raw: dict[str, object], field: str) -> None:
     with pytest.raises(ScenarioError) as e:
         parse(raw)
     assert str(e.value).startswith(field + ":"), str(e.value)
+
+
+def test_the_off_model_truth_departs_from_the_models_structure_where_it_should() -> None:
+    """Smooth saturation, a sync cost in (w/p)^1.4 equal to the linear one at w/p = 4, a soft PS cap."""
+    off = replace(WD, form="off-model")
+    assert parse({"autoscale": {"truth": {"form": "off-model"}}}).truth.form == "off-model"
+    # far below the parallelism the two forms agree; at it the smooth one gives less than min(C, par)
+    assert float(throughput(off, 4, 16, 1.0, 2.0)) == pytest.approx(float(throughput(WD, 4, 16, 1.0, 2.0)), rel=0.05)
+    assert float(throughput(off, 4, 16, WD.par_w, 2.0)) < float(throughput(WD, 4, 16, WD.par_w, 2.0))
+    # sync: more workers per PS cost more than linearly
+    few, many = (float(throughput(t, 64, 4, 4.0, 8.0)) for t in (WD, off))
+    assert many < few
+    # the PS capacity is approached smoothly: never above the hard cap, and below it near the cap
+    w, p, cw, cp = 60, 2, 4.0, 2.0
+    assert float(throughput(off, w, p, cw, cp)) < float(throughput(WD, w, p, cw, cp))
+    assert float(throughput(off, 0, 2, 4.0, 2.0)) == 0.0
 
 
 def test_unknown_scaler_lists_the_known_ones() -> None:
