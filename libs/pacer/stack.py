@@ -121,7 +121,10 @@ class Stack:
     def start_service(self, name: str) -> subprocess.Popen[bytes]:
         cores = str(os.cpu_count() or 2)
         # The brain plans within this machine (C_total = C_max = its cores) unless told otherwise.
+        # Local pods start in seconds, not the minutes of a cluster's scheduling and image pulls: the
+        # brain's first estimates of a re-plan's pause (DLRover-RM Eq. 8) say so until it measures them.
         env = {"PACER_BRAIN_CPU_QUOTA": cores, "PACER_BRAIN_NODE_CPU": cores,
+               "PACER_BRAIN_WORKER_PAUSE_S": "5", "PACER_BRAIN_PS_PAUSE_S": "15",
                **os.environ, "PACER_NATS_URL": self.url, "PACER_DATA_DIR": str(self.data_dir), **self.env}
         log = open(self.data_dir / f"{name}.log", "ab")
         try:

@@ -129,7 +129,7 @@ from pacer_services.brain.core.capacity import (
     status_problem,
     within_total,
 )
-from pacer_services.brain.core.cluster import Resources, ScalingKind, ScalingRecord, plan_resources
+from pacer_services.brain.core.cluster import OverheadModel, Resources, ScalingKind, ScalingRecord, plan_resources
 from pacer_services.brain.core.fitting import Coefficients
 from pacer_services.brain.core.history import JobFeatures, JobHistory
 from pacer_services.brain.core.oom import ALL_ROLES, DEFAULT_OOM, MemoryWatch, OomConfig
@@ -164,7 +164,11 @@ class BrainConfig:
                    adjust_interval_s=float(env.get("PACER_BRAIN_ADJUST_S", "180")),
                    settle_s=float(env.get("PACER_BRAIN_SETTLE_S", "30")),
                    cluster_cpu=_amount(env.get("PACER_BRAIN_CLUSTER_CPU")),
-                   cluster_memory_mb=_amount(env.get("PACER_BRAIN_CLUSTER_MEMORY_MB")))
+                   cluster_memory_mb=_amount(env.get("PACER_BRAIN_CLUSTER_MEMORY_MB")),
+                   # Eq. 8's pauses until the executor has reported real ones: a pod's start where Pacer runs
+                   autoscale_config=AutoscaleConfig(overhead=OverheadModel(
+                       worker_pause_s=float(env.get("PACER_BRAIN_WORKER_PAUSE_S", "30")),
+                       ps_pause_s=float(env.get("PACER_BRAIN_PS_PAUSE_S", "120")))))
 
     def autoscaler(self, spec: JobSpec, first: ResourcePlan, warm: bool,
                    prior: Coefficients | None = None) -> JobAutoscaler:

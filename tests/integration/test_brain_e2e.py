@@ -51,7 +51,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "PACER_SHARD_LEASE_S": "20",
         "PACER_BRAIN_ADJUST_S": "12",
         "PACER_BRAIN_SETTLE_S": "4",
-        "PACER_BRAIN_CPU_QUOTA": "4",
+        "PACER_BRAIN_CPU_QUOTA": "6",  # room for the optimize plan to beat the 4-CPU default it samples
         "PACER_BRAIN_NODE_CPU": "2",
     }
     with running_stack(tmp_path_factory.mktemp("stack"), ["shard", "monitor", "jobs", "executor", "brain"], env) as st:
@@ -97,7 +97,8 @@ async def test_the_brain_re_plans_a_running_zero_config_job_and_it_trains_every_
     assert d.rule == "optimize" and d.previous is not None and d.measured_throughput > 0
     assert (d.previous.workers, d.previous.ps) == (first.workers, first.ps)
     assert d.plan.workers <= 3  # limits.max_workers
-    assert d.plan.workers * d.plan.worker_cpu + d.plan.ps * d.plan.ps_cpu <= 4 + 1e-9  # the quota
+    assert d.plan.workers * d.plan.worker_cpu + d.plan.ps * d.plan.ps_cpu <= 6 + 1e-9  # the quota
+    assert d.predicted_throughput > d.measured_throughput  # Eq. 8: a re-plan must promise more
     applied = await read_events(stack.url, subjects.executor_event("auto-1", "applied"), ExecutorEvent)
     in_force = [e for e in applied if e.plan is not None and (e.plan.workers, e.plan.ps, e.plan.worker_cpu,
                 e.plan.ps_cpu) == (d.plan.workers, d.plan.ps, d.plan.worker_cpu, d.plan.ps_cpu)]

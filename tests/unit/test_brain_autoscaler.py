@@ -256,3 +256,17 @@ def test_cluster_round_keeps_every_job_within_the_shared_total() -> None:
         held = sum(plan_resources(a.plan).cpu for a in autos.values())
         assert held <= 300.0 + 1e-9, (t, held)
     assert changed >= 3  # every job left its sample plan at least
+
+
+def test_an_optimize_plan_that_does_not_pay_for_its_pause_is_not_taken() -> None:
+    """DLRover-RM Eq. 8 for the optimize stage: a job sampled on 2 workers and 2 PS within a 2-CPU quota
+    (the embedded stack on this machine) would be cut to 1 + 1 by Eq. 10-11, which promises half the
+    throughput: it stays, and the stage moves on to adjust."""
+    truth = Truth()
+    first = ResourcePlan("j", 2, 2, 1.0, 2048, 1.0, 2048, sample_plan(spec(), STAGES).source)
+    auto = JobAutoscaler(spec(max_cpu=2.0), truth.m, CFG, first=first)
+    auto.applied(first, 0.0)
+    decisions = [auto.step(t, stats_of(truth, first, t)) for t in (60.0, 120.0, 180.0, 240.0)]
+    assert decisions == [None, None, None, None]
+    assert auto.stage is Stage.ADJUST and auto.sample_profile is not None
+    assert optimize(auto.sample_profile, spec(max_cpu=2.0), STAGES).plan.workers == 1  # what it declined

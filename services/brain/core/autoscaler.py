@@ -86,6 +86,7 @@ from .cluster import (
     Resources,
     ScalingRecord,
     best_for_job,
+    effective_overhead,
     plan_resources,
     select,
 )
@@ -390,7 +391,8 @@ class JobAutoscaler:
         if self.stage is Stage.SAMPLE and self._pending is None:
             # The job crawls on the sample plan: optimize as soon as it is measured well enough.
             if self.measured[_key(plan)].n >= self.config.sample_windows:
-                return Proposal(self._sample_done(now, plan, profile, remaining))
+                d = self._sample_done(now, plan, profile, remaining)
+                return Proposal(d) if d is not None else None
             return None
         if now - self._last_decision < self.config.adjust_interval_s:
             return None
@@ -399,7 +401,8 @@ class JobAutoscaler:
         if self.measured[_key(plan)].n < self.config.min_windows:
             return None
         if self.stage is Stage.SAMPLE:
-            return Proposal(self._sample_done(now, plan, profile, remaining))
+            d = self._sample_done(now, plan, profile, remaining)
+            return Proposal(d) if d is not None else None
         return self._adjust(now, plan, profile, remaining)
 
     def _decide(self, now: float, d: Decision) -> Decision:
@@ -444,14 +447,23 @@ class JobAutoscaler:
         if d.rule == "optimize":  # the sample is over only once its successor runs
             self.stage = Stage.SAMPLE
 
-    def _sample_done(self, now: float, plan: ResourcePlan, profile: SampleProfile, remaining: float) -> Decision:
+    def _sample_done(self, now: float, sampled: ResourcePlan, profile: SampleProfile,
+                     remaining: float) -> Decision | None:
         cfg = self.config.stages
-        more = on_sample_saturated(plan, profile, self.spec, cfg)
+        more = on_sample_saturated(sampled, profile, self.spec, cfg)
         if more is not None:  # s-hat measured at 100 % is only a lower bound: sample on
             return self._decide(now, Decision(more, Stage.SAMPLE, "sample-saturated"))
         self.sample_profile = profile
         self.stage = Stage.ADJUST
         opt = optimize(profile, self.spec, cfg)
+        # DLRover-RM Eq. 8 for the optimize plan too: the throughput it promises must pay for the
+        # pause of getting there before the job ends (a short job, or an optimize plan smaller than
+        # the sample because the quota is, stays put; the model takes over from here).
+        current = self.measured[_key(sampled)].throughput
+        pause = self.overhead_model().pause_s(sampled, opt.plan)
+        if opt.predicted_throughput - current <= effective_overhead(opt.predicted_throughput, remaining, pause):
+            self._last_decision = now
+            return None
         plan = opt.plan
         grown = self._model_mb_ahead()
         if grown is not None:  # Eq. 10-11 size the PS from the sample's RSS; embeddings keep growing
