@@ -129,7 +129,13 @@ from pacer_services.brain.core.capacity import (
     status_problem,
     within_total,
 )
-from pacer_services.brain.core.cluster import OverheadModel, Resources, ScalingKind, ScalingRecord, plan_resources
+from pacer_services.brain.core.cluster import (
+    OverheadModel,
+    Resources,
+    ScalingKind,
+    ScalingRecord,
+    plan_resources,
+)
 from pacer_services.brain.core.fitting import Coefficients
 from pacer_services.brain.core.history import JobFeatures, JobHistory
 from pacer_services.brain.core.oom import ALL_ROLES, DEFAULT_OOM, MemoryWatch, OomConfig
