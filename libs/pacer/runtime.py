@@ -131,14 +131,33 @@ async def run_service(
             except TimeoutError:
                 log.warning("drain deadline passed; cancelling in-flight work")
             await health_sub.unsubscribe()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task() and task.get_name().startswith("pacer:"):
-                    task.cancel()
+            await _cancel_service_tasks()
     finally:
         await bus.close()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+
+
+async def _cancel_service_tasks(rounds: int = 20, wait_s: float = 0.5) -> None:
+    """Cancel the service's long-lived tasks (named ``pacer:...``) and see that they end.
+
+    A cancellation can be lost: on Python 3.11 ``asyncio.wait_for`` swallows
+    one that arrives as its inner future completes (fixed in 3.12), and
+    nats-py's ``fetch`` waits that way; the task then carries on (a consumer
+    parks for good) and the task group never exits.  So tasks still running
+    after ``wait_s`` are cancelled again, up to ``rounds`` times.
+    """
+    pending = {t for t in asyncio.all_tasks()
+               if t is not asyncio.current_task() and t.get_name().startswith("pacer:")}
+    for _ in range(rounds):
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=wait_s)
+    if pending:
+        log.error("tasks did not end after cancellation: %s", sorted(t.get_name() for t in pending))
 
 
 def main_entry(name: str, factory: Callable[[Bus, RuntimeConfig], Awaitable[Service]]) -> None:

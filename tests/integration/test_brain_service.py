@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from conftest import InProcess, eventually, wait_ready
@@ -27,6 +27,9 @@ from pacer.jobs.spec import DEFAULT_PLAN, parse_job_spec
 from pacer_services.brain.app import BrainService
 
 pytestmark = pytest.mark.timeout(60)
+
+
+T = TypeVar("T")
 
 
 def spec(name: str, model: str = "wide_deep", extra: str = ""):  # type: ignore[no-untyped-def]
@@ -157,14 +160,8 @@ async def test_a_ps_whose_memory_grows_gets_more_before_it_would_oom(
         brain: InProcess[BrainService], bus: Bus) -> None:
     """DLRover-RM §5.3: ps-0 grows 30 MiB per 10 s window; at 2,000 samples/s the job has ~80 min
     left, far past its 1,024 MiB limit: a plan with more PS memory goes out before the OOM."""
-    from pacer.codec import decode
 
-    got: list[ResourcePlan] = []
-
-    async def on_plan(msg: Any) -> None:
-        got.append(decode(ResourcePlan, msg.data))
-
-    await bus.nc.subscribe(subjects.events_of("job", kind=subjects.JobEventKind.PLAN), cb=on_plan)
+    got = await collect(bus, subjects.events_of("job", kind=subjects.JobEventKind.PLAN), ResourcePlan)
     await running_job(bus, "growing")
     await running_job(bus, "flat")
     t0 = time.time()
@@ -193,7 +190,6 @@ async def test_a_zero_config_job_is_re_planned_while_it_runs(nats_server: Embedd
     it is applied and the monitor's windows show it running, the brain publishes the optimize plan
     (Eq. 10-11) as a plan event and a BrainDecision; the executor's reported pause feeds Eq. 8;
     malformed statistics are counted and change nothing."""
-    from pacer.codec import decode
     from pacer.contracts.brain import BrainDecision
     from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind
     from pacer_services.brain.app import BrainConfig
@@ -203,17 +199,8 @@ async def test_a_zero_config_job_is_re_planned_while_it_runs(nats_server: Embedd
     b = InProcess(nats_server.url, lambda bb: BrainService(bb, config=cfg))
     svc = await b.start()
     try:
-        plans: list[ResourcePlan] = []
-        decisions: list[BrainDecision] = []
-
-        async def on_plan(msg: Any) -> None:
-            plans.append(decode(ResourcePlan, msg.data))
-
-        async def on_decision(msg: Any) -> None:
-            decisions.append(decode(BrainDecision, msg.data))
-
-        await bus.nc.subscribe(subjects.job_event("auto", subjects.JobEventKind.PLAN), cb=on_plan)
-        await bus.nc.subscribe(subjects.brain_decision("auto"), cb=on_decision)
+        plans = await collect(bus, subjects.job_event("auto", subjects.JobEventKind.PLAN), ResourcePlan)
+        decisions = await collect(bus, subjects.brain_decision("auto"), BrainDecision)
         first = await plan_for(bus, "auto")
         user = await plan_for(bus, "fixed", extra="resources: {workers: 2}")
         assert "auto" in svc.autoscalers and "fixed" not in svc.autoscalers  # user resources: not re-planned
@@ -264,19 +251,13 @@ async def test_a_worker_whose_memory_grows_gets_more_worker_memory_before_it_wou
     workers), leaving the PS memory alone; a job whose workers stay flat gets no plan."""
     from dataclasses import replace
 
-    from pacer.codec import decode
     from pacer.contracts.monitor import JobStatistics
 
     def with_rss(stats: JobStatistics, node: str, rss_mb: float) -> JobStatistics:
         return replace(stats, nodes=[replace(n, rss_bytes=int(rss_mb * (1 << 20))) if n.node == node else n
                                      for n in stats.nodes])
 
-    got: list[ResourcePlan] = []
-
-    async def on_plan(msg: Any) -> None:
-        got.append(decode(ResourcePlan, msg.data))
-
-    await bus.nc.subscribe(subjects.events_of("job", kind=subjects.JobEventKind.PLAN), cb=on_plan)
+    got = await collect(bus, subjects.events_of("job", kind=subjects.JobEventKind.PLAN), ResourcePlan)
     await running_job(bus, "wgrow")  # 2 workers x 2,048 MiB, 2 PS x 1,024 MiB
     await running_job(bus, "wflat")
     t0 = time.time()
@@ -341,15 +322,9 @@ async def test_plans_carry_a_dike_placement_over_the_executors_machines(
     (event) each place every node within what the machines can give the job, counting the job's own pods
     as its to move; a malformed ClusterStatus is counted and the last good one stays in use; with machines
     too small for the plan, the plan still goes out, unplaced, saying why."""
-    from pacer.codec import decode
 
     svc = brain.svc
     assert svc is not None
-    got: list[ResourcePlan] = []
-
-    async def on_plan(msg: Any) -> None:
-        got.append(decode(ResourcePlan, msg.data))
-
     async def report(machines: list[Any]) -> None:
         """The executor's ClusterStatus, and wait until the brain has it."""
         await bus.publish(subjects.cluster_status(), cluster_status(machines))
@@ -359,7 +334,7 @@ async def test_plans_carry_a_dike_placement_over_the_executors_machines(
             await asyncio.sleep(0.02)
         raise AssertionError("the brain did not take the ClusterStatus")
 
-    await bus.nc.subscribe(subjects.job_event("growing", subjects.JobEventKind.PLAN), cb=on_plan)
+    got = await collect(bus, subjects.job_event("growing", subjects.JobEventKind.PLAN), ResourcePlan)
     assert not (await plan_for(bus, "before")).placement  # no machines known yet: anywhere
     # "growing" runs 2 PS + 2 workers already, 3 CPUs and 6 GiB of them on m1.
     machines = [machine("m0", 2.0, 19456), machine("m1", 0.5, 1024, growing=(3.0, 6144)),
@@ -433,13 +408,25 @@ def count(svc: BrainService, name: str) -> int:
     return svc.counters.snapshot().get(name, 0)
 
 
+async def collect(bus: Bus, subject: str, cls: type[T], into: list[T] | None = None) -> list[T]:
+    """A list that every message on ``subject`` from now on is decoded into (``into``: an existing one)."""
+    from pacer.codec import decode
+
+    got: list[T] = [] if into is None else into
+
+    async def on_msg(msg: Any) -> None:
+        got.append(decode(cls, msg.data))
+
+    await bus.nc.subscribe(subject, cb=on_msg)
+    return got
+
+
 async def run_two_jobs(nats_server: EmbeddedNats, bus: Bus, names: tuple[str, str], *, reserves: bool,
                        ticks: int = 10) -> tuple[list[float], list[Any]]:
     """Two running zero-config jobs (2 workers x 1 CPU + 1 PS x 4 CPUs each, as after a brain restart) of
     quota 20 CPUs each, on a cluster of 32 CPUs of which other tenants use 8; a window each per minute, the
     executor's ClusterStatus before each, and the executor's part played by the test: each plan published
     is applied at once.  Returns the CPUs the two hold after each tick, and every BrainDecision."""
-    from pacer.codec import decode
     from pacer.contracts.brain import BrainDecision
     from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind, ExecutorJob
     from pacer_services.brain.app import BrainConfig
@@ -451,17 +438,10 @@ async def run_two_jobs(nats_server: EmbeddedNats, bus: Bus, names: tuple[str, st
     plans: dict[str, ResourcePlan] = {}
     decisions: list[BrainDecision] = []
     published: list[ResourcePlan] = []
-
-    async def on_plan(msg: Any) -> None:
-        published.append(decode(ResourcePlan, msg.data))
-
-    async def on_decision(msg: Any) -> None:
-        decisions.append(decode(BrainDecision, msg.data))
-
     try:
         for name in names:
-            await bus.nc.subscribe(subjects.job_event(name, subjects.JobEventKind.PLAN), cb=on_plan)
-            await bus.nc.subscribe(subjects.brain_decision(name), cb=on_decision)
+            await collect(bus, subjects.job_event(name, subjects.JobEventKind.PLAN), ResourcePlan, published)
+            await collect(bus, subjects.brain_decision(name), BrainDecision, decisions)
             plans[name] = ResourcePlan(name, 2, 1, 1.0, 2048, 4.0, 4096, PlanSource.BRAIN)
             job_spec = spec(name, extra="batch_size: 1024\n")
             rec = JobRecord(name, job_spec, JobState.RUNNING, time.time(), plan=plans[name], records=10**10)
@@ -529,21 +509,11 @@ async def test_an_oom_while_sampling_gets_the_sample_stages_answer(brain: InProc
     dies of OOM gets a plan with twice the worker memory, then one whose PS dies of OOM twice the PS; a
     worker killed for another reason, or an OOM of a job the brain does not plan, changes nothing, and a
     malformed event is counted."""
-    from pacer.codec import decode
     from pacer.contracts.brain import BrainDecision
     from pacer.contracts.nodes import NodeEvent
 
-    plans: list[ResourcePlan] = []
-    decisions: list[BrainDecision] = []
-
-    async def on_plan(msg: Any) -> None:
-        plans.append(decode(ResourcePlan, msg.data))
-
-    async def on_decision(msg: Any) -> None:
-        decisions.append(decode(BrainDecision, msg.data))
-
-    await bus.nc.subscribe(subjects.events_of("job", kind=subjects.JobEventKind.PLAN), cb=on_plan)
-    await bus.nc.subscribe(subjects.events_of("brain", kind="decision"), cb=on_decision)
+    plans = await collect(bus, subjects.events_of("job", kind=subjects.JobEventKind.PLAN), ResourcePlan)
+    decisions = await collect(bus, subjects.events_of("brain", kind="decision"), BrainDecision)
     first = await plan_for(bus, "sampling")  # a cold start: the autoscaler samples this plan
     auto = brain.svc.autoscalers["sampling"] if brain.svc is not None else None
     assert auto is not None
