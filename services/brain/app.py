@@ -62,8 +62,9 @@
   left by the weighted greedy choice.  The core paces each job to
   ``adjust_interval_s`` itself, as in the simulator's ``PacerCluster``,
   which drives it the same way.  Decisions are published as in the per-job
-  path; one that would take the jobs past the capacity is held back and
-  counted (``over_capacity``).  Rounds run in a worker thread (NSGA-II takes
+  path; together they stay within the capacity (a job that declines its
+  share keeps what it holds, and the others grow only while they fit).
+  Rounds run in a worker thread (NSGA-II takes
   a while), under the lock that also guards the executor's ``applied``
   events to the same autoscalers.
 
@@ -127,7 +128,6 @@ from pacer_services.brain.core.capacity import (
     cluster_capacity,
     round_total,
     status_problem,
-    within_total,
 )
 from pacer_services.brain.core.cluster import (
     OverheadModel,
@@ -445,9 +445,8 @@ class BrainService:
         """One DLRover-RM §4.3 round over the autoscaled jobs with a new window; returns what was published.
 
         Every job's window goes to :func:`plan_cluster` with the round's
-        share of the capacity (:func:`.core.capacity.round_total`); its
-        decisions are checked against that share
-        (:func:`.core.capacity.within_total`) and published like the per-job
+        share of the capacity (:func:`.core.capacity.round_total`), within
+        which its decisions stay; they are published like the per-job
         path's.  Should the capacity have become unknown meanwhile, the
         windows go through the per-job path instead.
         """
@@ -470,15 +469,8 @@ class BrainService:
             decided = await asyncio.to_thread(
                 plan_cluster, [(auto, stats.ts, stats) for auto, stats in ready.values()], total,
                 prices=cfg.prices, rho=cfg.rho)
-        changed = {job: d.plan for job, d in decided.items()
-                   if job in before and not same_resources(d.plan, before[job])}
-        kept, held_back = within_total(changed, before, total)
-        for job in held_back:
-            self.counters.inc("over_capacity")
-            log.warning("cluster round: plan held back, it would exceed the capacity",
-                        extra={"fields": {"job": job, "total_cpu": total.cpu}})
         out: dict[str, ResourcePlan] = {}
-        for job in kept:
+        for job in (j for j, d in decided.items() if j in before and not same_resources(d.plan, before[j])):
             auto, stats = ready[job]
             out[job] = await self._publish_decision(auto, stats.job, stats.ts, before[job], decided[job])
         self.counters.inc("cluster_rounds")

@@ -1,4 +1,4 @@
-"""The capacity the brain's autoscaled jobs share (DLRover-RM Eq. 13's S), its checks and guard."""
+"""The capacity the brain's autoscaled jobs share (DLRover-RM Eq. 13's S), its checks, and how a round stays in it."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import pytest
 from pacer.contracts.executor import ClusterStatus, MachineInfo
 from pacer.contracts.jobs import PlanSource, ResourcePlan
 from pacer_services.brain.app import BrainConfig
+from pacer_services.brain.core.autoscaler import Decision, Proposal, Stage, plan_cluster
 from pacer_services.brain.core.capacity import (
     cluster_capacity,
     round_total,
     status_problem,
-    within_total,
 )
-from pacer_services.brain.core.cluster import Resources
+from pacer_services.brain.core.cluster import JobChoice, JobRequest, Resources
+from pacer_services.brain.core.pareto import Candidate
 
 
 def status(free_cpu: float = 10.0, *, reserves: bool = True, total_cpu: float = 32.0, total_mb: int = 65536,
@@ -25,6 +26,45 @@ def status(free_cpu: float = 10.0, *, reserves: bool = True, total_cpu: float = 
 
 def plan(job: str, workers: int, worker_cpu: float = 1.0) -> ResourcePlan:
     return ResourcePlan(job, workers, 1, worker_cpu, 1024, 2.0, 2048, PlanSource.BRAIN)
+
+
+class Job:
+    """What plan_cluster asks of a JobAutoscaler, with fixed candidates: a stand-in for a pure core's test."""
+
+    def __init__(self, now: ResourcePlan, throughput: float, candidates: list[Candidate], declines: bool = False):
+        self.plan, self.throughput, self.candidates, self.declines = now, throughput, candidates, declines
+        self.pauses: list[object] = []
+        self.withdrawn: list[Decision] = []
+
+    def propose(self, now: float, stats: object) -> Proposal:
+        return Proposal(request=JobRequest(self.plan.job, self.candidates, 1e9, self.plan, self.throughput))
+
+    def accept(self, choice: JobChoice, now: float) -> Decision | None:
+        if self.declines or choice.plan is None or choice.scored is None:
+            return None
+        return Decision(choice.plan, Stage.ADJUST, "model", choice.scored.candidate.throughput)
+
+    def withdraw(self, d: Decision) -> None:
+        self.withdrawn.append(d)
+
+
+def test_a_round_stays_within_its_total_when_a_job_declines_the_share_that_made_room() -> None:
+    """Two jobs of 6 CPUs in a 12-CPU total: the selection shrinks "fast" to 4 CPUs (cheaper and faster)
+    and grows "slow" to 8 with the room.  If "fast" declines, "slow"'s growth no longer fits: withdrawn."""
+    fast_to = plan("fast", 2)  # 2 x 1 + 2 = 4 CPUs
+    slow_to = plan("slow", 6)  # 6 x 1 + 2 = 8 CPUs
+    total = Resources(12.0, math.inf)
+
+    def jobs(declines: bool) -> tuple[Job, Job]:
+        return (Job(plan("fast", 4), 100.0, [Candidate(fast_to, 4.0, 110.0)], declines=declines),
+                Job(plan("slow", 4), 100.0, [Candidate(slow_to, 8.0, 150.0)]))
+
+    fast, slow = jobs(declines=False)
+    out = plan_cluster([(fast, 0.0, None), (slow, 0.0, None)], total)  # type: ignore[list-item]
+    assert {j: d.plan for j, d in out.items()} == {"fast": fast_to, "slow": slow_to}
+    fast, slow = jobs(declines=True)
+    out = plan_cluster([(fast, 0.0, None), (slow, 0.0, None)], total)  # type: ignore[list-item]
+    assert out == {} and [d.plan for d in slow.withdrawn] == [slow_to]
 
 
 def test_capacity_is_free_plus_what_the_jobs_hold_and_the_operator_wins() -> None:
@@ -49,18 +89,6 @@ def test_a_round_gets_what_the_others_leave_but_never_less_than_it_holds() -> No
     assert round_total(Resources(24.0, 1e4), Resources(8.0, 100.0), Resources(10.0, 200.0)) == Resources(14.0, 9800.0)
     # S shrank under the jobs: they may trade and shrink, not grow
     assert round_total(Resources(12.0, 1e4), Resources(8.0, 100.0), Resources(10.0, 200.0)) == Resources(8.0, 9800.0)
-
-
-def test_the_guard_keeps_plans_within_the_total_shrinking_ones_first() -> None:
-    current = {"a": plan("a", 4), "b": plan("b", 4), "c": plan("c", 4)}  # 6 CPUs each: 18
-    decided = {"a": plan("a", 2), "b": plan("b", 7), "c": plan("c", 6)}  # -2, +3, +2
-    kept, dropped = within_total(decided, current, Resources(21.0, math.inf))
-    # a frees 2 (16), c's +2 fits (18), b's +3 makes 21: just fits
-    assert set(kept) == {"a", "b", "c"} and dropped == []
-    kept, dropped = within_total(decided, current, Resources(20.0, math.inf))
-    assert set(kept) == {"a", "c"} and dropped == ["b"]  # the least extra first: c, then b no longer fits
-    kept, dropped = within_total({"a": plan("a", 8)}, current, Resources(18.0, math.inf))
-    assert kept == {} and dropped == ["a"]
 
 
 @pytest.mark.parametrize("bad", [

@@ -77,7 +77,7 @@ from pacer.contracts.jobs import JobSpec, ResourceLimits, ResourcePlan
 from pacer.contracts.monitor import JobStatistics, NodeState
 from pacer.jobs.spec import JobSpecError
 
-from .calibration import Calibration, CalibrationConfig, Observation, calibrate
+from .calibration import Calibration, CalibrationConfig, Observation, calibrate, skew
 from .cluster import (
     DEFAULT_RHO,
     JobChoice,
@@ -146,9 +146,6 @@ class AutoscaleConfig:
     sample_windows: int = 2  # valid windows of the sample plan before optimize
     min_windows: int = 2  # valid windows of the plan in force before the model moves it (one is too noisy)
     min_gain: float = 0.02  # a model-based change must promise this much more throughput
-    trust: float | None = None  # candidates: counts at most x trust + trust_add of the current plan's;
-    trust_add: int = 4  # None: the whole quota (the calibrated model extrapolates)
-    busy: float = 0.9  # a node using this share of its CPUs may need more
     min_configs: int = 1  # distinct measured configurations before the model is fitted
     patience: int = 3  # exploring moves in a row that do not raise the best measured throughput -> converged
     default_noise: float = 0.05  # relative noise of one window until it can be estimated
@@ -228,7 +225,7 @@ class _Measured:
         p = self.plan
         return Observation(workers=p.workers, ps=p.ps, worker_cpu=p.worker_cpu, ps_cpu=p.ps_cpu,
                            throughput=self.throughput, worker_used=self.worker_used,
-                           ps_used=tuple(self.ps_used), ps_rss_mb=tuple(self.ps_rss_mb), windows=self.n)
+                           ps_used=tuple(self.ps_used), ps_rss_mb=tuple(self.ps_rss_mb))
 
 
 def _running(mean: list[float], new: list[float], n: int) -> list[float]:
@@ -274,7 +271,7 @@ class JobAutoscaler:
         self._predicted: dict[_Key, float] = {}  # plans moved to on a prediction, not yet measured twice
         self.prediction_errors: list[float] = []  # log(measured / predicted) of those plans
         self._candidates: list[Candidate] = []
-        self._candidates_for: _Key | None = None  # the plan the trust region was around
+        self._candidates_for: _Key | None = None  # the plan the candidates were searched from
         self._running_since: float | None = None
         self._last_decision: float = -math.inf
         self._pending: ResourcePlan | None = None  # decided, not yet reported applied
@@ -477,8 +474,7 @@ class JobAutoscaler:
         if self.calibration is not None:
             return self.calibration.memory_skew
         base = float(self.config.stages.process_base_mb)
-        held = [max(0.0, r - base) for r in profile.ps_rss_mb]
-        return max(1.0, max(held) / sum(held) * len(held)) if sum(held) > 0 else 1.0
+        return skew([max(0.0, r - base) for r in profile.ps_rss_mb]) or 1.0
 
     def _model_mb_ahead(self) -> float | None:
         """The model's MiB on all PS when the job's last record is trained, from its growth over the
@@ -496,7 +492,7 @@ class JobAutoscaler:
         return max(trend.at(at), trend.at(last)) + self.config.oom.z * trend.sigma_mb
 
     def _adjust(self, now: float, plan: ResourcePlan, profile: SampleProfile, remaining: float) -> Proposal | None:
-        candidates = self._model_candidates(plan, profile, remaining)
+        candidates = self._model_candidates(plan, profile)
         if candidates is not None:
             current = self.measured[_key(plan)].throughput
             self._last_decision = now  # one model round per interval, whatever the cluster stage picks
@@ -611,13 +607,10 @@ class JobAutoscaler:
         return self.model
 
     def _space(self, plan: ResourcePlan, profile: SampleProfile) -> SearchSpace:
-        cfg, quota, c = self.config.stages, self.quota, self.config
+        cfg, quota = self.config.stages, self.quota
         lim = self.spec.limits or ResourceLimits()
         by_cpu = max(1, int(quota.cpu // cfg.cpu_step))
-        max_w, max_p = by_cpu, by_cpu
-        if c.trust is not None:  # a trust region around the current plan
-            max_w = min(max_w, max(1, int(plan.workers * c.trust) + c.trust_add))
-            max_p = min(max_p, max(1, int(plan.ps * c.trust) + c.trust_add))
+        max_w, max_p = by_cpu, by_cpu  # the whole quota: the calibrated model extrapolates
         if lim.max_workers is not None:
             max_w = min(max_w, lim.max_workers)
         if lim.max_ps is not None:
@@ -641,8 +634,7 @@ class JobAutoscaler:
             max_cpu=quota.cpu, max_memory_mb=None if math.isinf(quota.memory_mb) else int(quota.memory_mb),
         )
 
-    def _model_candidates(self, plan: ResourcePlan, profile: SampleProfile,
-                          remaining: float) -> list[Candidate] | None:
+    def _model_candidates(self, plan: ResourcePlan, profile: SampleProfile) -> list[Candidate] | None:
         model = self._fit()
         if model is None:
             return None
@@ -736,7 +728,7 @@ def plan_cluster(rounds: Sequence[tuple[JobAutoscaler, float, JobStatistics]], t
     accepted.sort(key=lambda ad: (plan_resources(ad[1].plan) - plan_resources(ad[0].plan)).cpu)
     for a, d in accepted:
         extra = plan_resources(d.plan) - plan_resources(a.plan)
-        if (left - extra).cpu >= -1e-9 and (left - extra).memory_mb >= -1e-9:
+        if extra.fits_in(left):
             out[d.plan.job] = d
             left = left - extra
         else:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls  # type: ignore[import-untyped]
 
-__all__ = ["Calibration", "CalibrationConfig", "Observation", "calibrate"]
+__all__ = ["Calibration", "CalibrationConfig", "Observation", "calibrate", "skew"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,6 @@ class Observation:
     worker_used: float  # cores one worker used (mean over workers)
     ps_used: tuple[float, ...]  # cores each PS used, hottest first
     ps_rss_mb: tuple[float, ...] = ()  # each PS's RSS, largest first
-    windows: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +74,6 @@ class CalibrationConfig:
     prior_overhead: float = 0.5  # cores a process spends on its runtime, until measured otherwise
     prior_weight: float = 0.3  # weight of that prior against one relative residual of a measurement
     busy: float = 0.9  # a node using this share of its CPUs is starved: it may be able to use more
-    worker_slack: float = 1.0  # a worker is credited with its usage x this (1: DLRover 2023's ceil(w-hat))
     min_spread: float = 0.15  # relative spread of speeds needed to separate overhead from cost
     cpu_step: float = 1.0
     c_max: float = 16.0  # C_max: the largest node
@@ -99,10 +97,6 @@ class Calibration:
         """h(p) = min(1, kappa / p): the hottest PS's share of the PS work."""
         return np.minimum(1.0, self.ps_skew / np.asarray(ps, dtype=np.float64))
 
-    def memory_share(self, ps: float | np.ndarray) -> np.ndarray:
-        """The largest PS's share of the model's memory with ``ps`` PS."""
-        return np.minimum(1.0, self.memory_skew / np.asarray(ps, dtype=np.float64))
-
     def lambda_w(self, cpu: float | np.ndarray) -> np.ndarray:
         """Parallel cores of a worker with ``cpu`` CPUs (DLRover-RM Eq. 2's lambda_w)."""
         return _parallel(np.asarray(cpu, dtype=np.float64), self.worker_parallel, self.worker_overhead)
@@ -116,6 +110,19 @@ class Calibration:
         if self.ps_cost <= 0.0:
             return np.full(np.broadcast(np.asarray(ps), np.asarray(ps_cpu)).shape, math.inf)
         return self.lambda_p(ps_cpu) / (self.hot_share(ps) * self.ps_cost)
+
+
+def skew(shares: Sequence[float]) -> float | None:
+    """kappa of ``p`` PS's loads (CPU or memory, each net of its runtime): max share x p, >= 1.
+
+    With the hottest of ``p`` PS carrying ``min(1, kappa / p)`` of the whole,
+    this is the kappa one reading shows.  None when it shows nothing (fewer
+    than two PS, or nothing carried).
+    """
+    total = sum(max(0.0, x) for x in shares)
+    if len(shares) < 2 or total <= 0.0:
+        return None
+    return max(1.0, max(shares) / total * len(shares))
 
 
 def _parallel(cpu: np.ndarray, parallel: float, overhead: float) -> np.ndarray:
@@ -173,27 +180,21 @@ def calibrate(observations: Sequence[Observation], config: CalibrationConfig | N
     w_used = np.array([max(o.worker_used, 1e-6) for o in fed])
     w_rate = np.array([o.throughput / o.workers for o in fed])
     o_w, a = _cost_and_overhead(w_used, w_rate, np.ones_like(w_used), cfg)
-    p_w = _parallelism([o.worker_cpu for o in obs], [o.worker_used for o in obs], cfg, slack=cfg.worker_slack)
+    p_w = _parallelism([o.worker_cpu for o in obs], [o.worker_used for o in obs], cfg)
     # PS: all of them together; the hottest for the skew and the parallelism.
     u_total = np.array([max(sum(o.ps_used), 1e-6) for o in obs])
     count = np.array([float(o.ps) for o in obs])
     o_p, b = _cost_and_overhead(u_total, psi, count, cfg)
-    skews = []
-    for o in obs:
-        net = sum(o.ps_used) - o.ps * o_p
-        if o.ps >= 2 and o.ps_used and net > 0.0:
-            skews.append(max(0.0, o.ps_used[0] - o_p) / net * o.ps)
-    kappa = max(1.0, statistics.median(skews)) if skews else 1.0
+    cpu_skews = [k for o in obs if len(o.ps_used) == o.ps
+                 and (k := skew([u - o_p for u in o.ps_used])) is not None]
+    kappa = statistics.median(cpu_skews) if cpu_skews else 1.0
     # A PS's usage is its load, not its limit: at the load it carried it was not at its limit unless
     # starved, so it is credited with at least usage / busy (else every configuration would look
     # like it ran at the PS capacity, which is then estimated from the very same reading).
     p_p = _parallelism([o.ps_cpu for o in obs if o.ps_used], [o.ps_used[0] for o in obs if o.ps_used], cfg,
                        slack=1.0 / cfg.busy)
-    mem_skews = []
-    for o in obs:
-        held = [max(0.0, r - cfg.process_base_mb) for r in o.ps_rss_mb]
-        if o.ps >= 2 and len(held) == o.ps and sum(held) > 0.0:
-            mem_skews.append(max(held) / sum(held) * o.ps)
-    kappa_mem = max(1.0, statistics.median(mem_skews)) if mem_skews else kappa
+    mem_skews = [k for o in obs if len(o.ps_rss_mb) == o.ps
+                 and (k := skew([max(0.0, r - cfg.process_base_mb) for r in o.ps_rss_mb])) is not None]
+    kappa_mem = statistics.median(mem_skews) if mem_skews else kappa
     return Calibration(worker_overhead=o_w, worker_cost=a, worker_parallel=p_w, ps_overhead=o_p, ps_cost=b,
                        ps_skew=kappa, ps_parallel=p_p, memory_skew=kappa_mem)

@@ -16,22 +16,20 @@ Without a CPU amount from either, S is unknown and each job is planned
 within its own quota, as before.  A round over some of the jobs gets S
 minus what the others hold (:func:`round_total`).
 
-:func:`within_total` re-checks a round's outcome against S before anything
-is published, and :func:`status_problem` rejects a ClusterStatus whose
-numbers no planner should use.  Pure: no IO, no clock.
+A round's decisions stay within its total by construction
+(:func:`.autoscaler.plan_cluster`); :func:`status_problem` rejects a
+ClusterStatus whose numbers no planner should use.  Pure: no IO, no clock.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 from pacer.contracts.executor import ClusterStatus
-from pacer.contracts.jobs import ResourcePlan
 
-from .cluster import Resources, plan_resources
+from .cluster import Resources
 
-__all__ = ["cluster_capacity", "round_total", "status_problem", "within_total"]
+__all__ = ["cluster_capacity", "round_total", "status_problem"]
 
 
 def status_problem(status: ClusterStatus) -> str:
@@ -83,33 +81,3 @@ def round_total(capacity: Resources, in_round: Resources, others: Resources) -> 
     """
     left = capacity - others
     return Resources(max(left.cpu, in_round.cpu), max(left.memory_mb, in_round.memory_mb))
-
-
-def within_total(decided: Mapping[str, ResourcePlan], current: Mapping[str, ResourcePlan],
-                 total: Resources) -> tuple[dict[str, ResourcePlan], list[str]]:
-    """The decided plans that keep the round's jobs within ``total``, and the jobs whose plan is held back.
-
-    A guard, not a second selection: plans that shrink or keep a job's
-    resources always pass; growing ones pass in order of the least extra
-    CPU while the sum of every job's plan (decided, else current) stays
-    within ``total``.  It only ever holds back a plan when the selection
-    itself broke Eq. 13 (e.g. a job declined the smaller plan that made
-    room for another's growth).
-    """
-    held = Resources()
-    for plan in current.values():
-        held = held + plan_resources(plan)
-    kept: dict[str, ResourcePlan] = {}
-    dropped: list[str] = []
-
-    def extra(job: str) -> Resources:
-        return plan_resources(decided[job]) - plan_resources(current.get(job))
-
-    for job in sorted(decided, key=lambda j: (extra(j).cpu, extra(j).memory_mb, j)):
-        e = extra(job)
-        if (e.cpu <= 1e-9 and e.memory_mb <= 1e-9) or (held + e).fits_in(total):
-            kept[job] = decided[job]
-            held = held + e
-        else:
-            dropped.append(job)
-    return kept, dropped

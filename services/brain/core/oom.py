@@ -96,7 +96,6 @@ class MemoryTrend:
     sigma_mb: float  # residual standard deviation
     samples: int
     last_at: float
-    mean_at: float = 0.0  # mean progress of the samples
     sxx: float = 0.0  # sum of squared deviations of their progress
 
     def at(self, x: float) -> float:
@@ -128,7 +127,7 @@ def fit_memory_trend(samples: Sequence[MemorySample], config: OomConfig = DEFAUL
     sse = sum((p.rss_mb - (intercept + slope * p.at)) ** 2 for p in pts)
     sigma = math.sqrt(sse / (n - 2)) if n > 2 else 0.0
     return MemoryTrend(intercept_mb=intercept, slope_mb=slope, sigma_mb=sigma, samples=n, last_at=pts[-1].at,
-                       mean_at=mx, sxx=sxx)
+                       sxx=sxx)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +171,11 @@ def forecast_oom(node: str, samples: Sequence[MemorySample], limit_mb: int, end_
                  and trend.samples >= 2 * config.min_samples)
         real = trend.slope_t() >= critical or close
         if near <= limit_mb or not real:
-            why = "not within" if near <= limit_mb else "its growth is not yet distinguishable from noise by"
+            why = (f"not within {config.lead:g} ({near:.0f} MiB by {soon:g})" if near <= limit_mb
+                   else "its growth is not yet told from noise")
             return OomForecast(node, role, limit_mb, trend, peak, None, None,
-                               f"{peak:.0f} MiB by the end would cross the limit {limit_mb} MiB, but {why} "
-                               f"{config.lead:g} ({near:.0f} MiB by {soon:g}): wait for a surer slope")
+                               f"{peak:.0f} MiB by the end would cross the limit {limit_mb} MiB, but {why}: "
+                               "wait for a surer slope")
     # Where the line (plus margin) crosses the limit; at or before now when it is there already.
     crossing = (limit_mb - margin - trend.intercept_mb) / trend.slope_mb if trend.slope_mb > 0 else trend.last_at
     oom_at = max(crossing, trend.last_at)

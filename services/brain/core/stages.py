@@ -57,6 +57,8 @@ from pacer.contracts.jobs import (
 from pacer.contracts.monitor import JobStatistics, NodeState
 from pacer.jobs.spec import DEFAULT_PLAN, RESOURCE_FIELDS, JobSpecError, _fit
 
+from .calibration import skew
+
 MIB = 1024 * 1024
 WORKER_ROLES = ("worker", "chief")  # the chief trains like any worker
 _EPS = 1e-9  # absorbs float noise before floor/ceil (200 / 8.0 must stay 25)
@@ -324,8 +326,7 @@ def optimize(profile: SampleProfile, spec: JobSpec, config: StageConfig = DEFAUL
     shared = min([float(config.process_base_mb), *profile.ps_rss_mb])
     held = [max(0.0, r - shared) for r in profile.ps_rss_mb]
     partitioned = sum(held)
-    kappa_mem = max(held) / partitioned * len(held) if partitioned > 0 else 1.0
-    share = min(1.0, max(1.0, kappa_mem) / n_ps)
+    share = min(1.0, (skew(held) or 1.0) / n_ps)
     ps_mem = memory_for(shared + partitioned * share, config) if profile.ps_rss_mb else sample_memory(config)
     worker_mem = memory_for(profile.worker_rss_mb, config) if profile.worker_rss_mb > 0 else sample_memory(config)
     plan = ResourcePlan(
