@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -9,6 +10,22 @@ import msgpack
 
 from pacer.codec import decode, doc, encode, from_dict, message
 from pacer.errors import DecodeError, PacerError, remote_error
+
+
+class Role(str, enum.Enum):
+    """What a node of a PS job is: a worker computes gradients, a PS holds a partition of the model.
+
+    A ``str`` enum, so ``Role.PS == "ps"`` and it encodes as the plain string
+    that the wire schemas and node names (``ps-0``, ``worker-3``) use.
+    """
+
+    WORKER = "worker"
+    PS = "ps"
+
+    @classmethod
+    def of_node(cls, node: str) -> Role:
+        """The role that a node name (``<role>-<index>``) carries; ValueError for any other name."""
+        return cls(node.rsplit("-", 1)[0])
 
 
 @message("common.ErrorReply")
@@ -64,4 +81,4 @@ class Health:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-__all__ = ["ErrorEnvelope", "ErrorReply", "Health", "decode", "decode_reply", "encode", "encode_error"]
+__all__ = ["ErrorEnvelope", "ErrorReply", "Health", "Role", "decode", "decode_reply", "encode", "encode_error"]
