@@ -1,8 +1,9 @@
 """``pacer train local``: watch a small Wide&Deep (or xDeepFM, DCN) job train here.
 
-Uses a running stack (``--url`` or ``$PACER_NATS_URL``) or starts an embedded
-one; generates Criteo-like data if none is given; prints progress and a JSON
-summary (AUC on the held-out split) as its last line.
+Uses a running stack (``--url`` or ``$PACER_NATS_URL``) or the embedded one
+that the CLI (``pacer_services.cli``) hands in; generates Criteo-like data
+if none is given; prints progress and a JSON summary (AUC on the held-out
+split) as its last line.
 """
 
 from __future__ import annotations
@@ -13,18 +14,19 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pacer.trainer.local import LocalJob, LocalJobSpec
-from pacer.trainer.straggler import StragglerSpec
+from pacer.trainer.straggler import PatternKind, StragglerSpec
 
 
 def _stragglers(items: list[str]) -> dict[int, StragglerSpec]:
     out = {}
     for item in items:
         parts = item.split(":")
-        kind = parts[2] if len(parts) > 2 else "persistent"
+        kind = PatternKind(parts[2] if len(parts) > 2 else "persistent")
         out[int(parts[0])] = StragglerSpec(kind=kind, sleep_s=float(parts[1]), period_s=60.0, on_s=30.0)
     return out
 
@@ -43,7 +45,17 @@ def _status(url: str, job: str) -> Any:
     return asyncio.run(go())
 
 
-def main(args: argparse.Namespace) -> int:
+class RunningStack(Protocol):
+    """A NATS with the shard service and the monitor (the CLI's embedded stack; libs cannot import it)."""
+
+    @property
+    def url(self) -> str: ...
+
+    def stop(self) -> None: ...
+
+
+def main(args: argparse.Namespace, start_stack: Callable[[Path], RunningStack] | None = None) -> int:
+    """Run the job; ``start_stack(dir)`` gives it a stack when neither ``--url`` nor ``$PACER_NATS_URL`` is set."""
     from pacer.data.criteo import generate, heldout_path
 
     work = Path(args.work_dir)
@@ -57,9 +69,10 @@ def main(args: argparse.Namespace) -> int:
     stack = None
     url = args.url or os.environ.get("PACER_NATS_URL")
     if not url:
-        from pacer.stack import Stack
-
-        stack = Stack(work / "stack", services=["shard", "monitor"]).start()
+        if start_stack is None:
+            print("pacer train local: no NATS: give --url or set PACER_NATS_URL", file=sys.stderr)
+            return 2
+        stack = start_stack(work / "stack")
         url = stack.url
     job_id = f"{args.job}-{int(time.time())}"
     spec = LocalJobSpec(job=job_id, data=str(data), eval_data=eval_data, nats_url=url, model=args.model,

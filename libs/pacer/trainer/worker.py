@@ -171,7 +171,8 @@ class Trainer:
         self.batch_size = cfg.batch_size
         self.accumulation = max(1, cfg.accumulation)
         self.lr = cfg.learning_rate
-        self.straggler = StragglerSpec.from_json(cfg.straggler)
+        # The one straggler generator (shared with the simulator), seeded by this node's name.
+        self.straggler = StragglerSpec.from_json(cfg.straggler).on(cfg.node)
         self.applied: list[dict[str, Any]] = []  # actions applied: {seq, kind, iteration}
         self.checkpoint_on_exit = False  # set by a KILL_RESTART {"checkpoint": true} (migration)
         self.step_t0 = 0.0  # perf_counter at the start of the current step (straggler delay included)
@@ -526,7 +527,7 @@ def run(cfg: WorkerConfig) -> int:
                     break
             t0 = trainer.step_t0 = time.perf_counter()
             trainer.own_s = 0.0
-            delay = trainer.straggler.delay(time.monotonic() - t_start)
+            delay = trainer.straggler.delay_at(time.monotonic() - t_start)
             if delay:
                 time.sleep(delay)
             # BSP must not block on data: the others' step waits for this worker.
