@@ -39,7 +39,7 @@ from pacer.bus import Bus
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetSpec, LeaseRequest
 from pacer.shards.client import ShardAdmin, ShardClient
-from pacer.stack import Stack
+from pacer_services.cli.stack import Stack
 
 DLROVER_ANCHOR_PAIRS_PER_S = 1100.0  # DESIGN.md: DLRover 0.6.1 gRPC master, one client
 RECORDS_PER_SHARD = 100

@@ -44,7 +44,7 @@ ideal_jct_s, speedup_vs_native_pct}``), ``decision_ms_1000_workers``,
     policy ``none`` (no KILL_RESTART would hand the shard to another worker).
 
 2. ``--real``: the same comparison, small, with real TensorFlow processes
-    The embedded stack (``pacer.stack.Stack``: nats-server, shard, monitor,
+    The embedded stack (``pacer_services.cli.stack.Stack``: nats-server, shard, monitor,
     jobs, executor, controller, policies), 2 PS and 2 workers, Wide&Deep,
     BSP, ``--real-rows`` generated rows, global batch 512, the default plan's
     pods (1 CPU, 2 GiB each; the local backend does not reserve capacity, so
@@ -377,7 +377,7 @@ def real_runs(cfg: RealConfig, work: Path) -> dict[str, Any]:
     from pacer.data.criteo import generate, heldout_path
     from pacer.errors import PacerError, Unavailable
     from pacer.jobs.client import JobClient
-    from pacer.stack import Stack
+    from pacer_services.cli.stack import Stack
 
     data = work / "train.rec"
     generate(data, cfg.rows, seed=7)

@@ -1,7 +1,7 @@
 """Trainer benchmark: shard-feed overhead, agent step check, flash checkpoint, worker restart.
 
 Everything runs against a real embedded stack (nats-server + shard service,
-:class:`pacer.stack.Stack`) in a temp dir, over ~300k generated Criteo-like
+:class:`pacer_services.cli.stack.Stack`) in a temp dir, over ~300k generated Criteo-like
 rows (:func:`pacer.data.criteo.generate`), with real PS and worker processes
 (:class:`pacer.trainer.local.LocalJob`).
 
@@ -91,8 +91,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from pacer.agent.ipc import AgentIPC, measure_check_us
 from pacer.data.criteo import generate
-from pacer.stack import Stack
 from pacer.trainer.local import LocalJob, LocalJobSpec
+from pacer_services.cli.stack import Stack
 
 TARGET_OVERHEAD_PCT = 3.0
 TARGET_CHECK_US = 50.0

@@ -203,8 +203,8 @@ async def read_events(url: str, subject: str, cls: type[Any], idle_s: float = 1.
 
 @contextlib.contextmanager
 def running_stack(data_dir: Path, services: list[str], env: dict[str, str]) -> Iterator[Any]:
-    """The embedded stack (``pacer.stack.Stack``) with ``services`` and ``env``; stopped on exit."""
-    from pacer.stack import Stack
+    """The embedded stack (``pacer_services.cli.stack.Stack``) with ``services`` and ``env``; stopped on exit."""
+    from pacer_services.cli.stack import Stack
 
     st = Stack(data_dir, services=services, env=env)
     st.start()

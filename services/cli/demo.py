@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-
 from pacer.bus import Bus
 from pacer.contracts.jobs import JobRecord, JobState
 from pacer.jobs.client import JobClient
@@ -112,7 +111,7 @@ def summary(rec: JobRecord) -> dict[str, Any]:
 def main(args: argparse.Namespace) -> int:
     from pacer.data.criteo import generate, heldout_path
     from pacer.embedded import free_port
-    from pacer.stack import Stack
+    from pacer_services.cli.stack import Stack
 
     data_dir = Path(args.data_dir)
     shutil.rmtree(data_dir, ignore_errors=True)  # every demo starts from a clean store

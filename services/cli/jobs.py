@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from pacer.bus import Bus, RetryPolicy
 from pacer.codec import to_dict
 from pacer.contracts.executor import ExecutorStatus

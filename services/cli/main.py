@@ -4,7 +4,10 @@
     pacer demo                           a whole Wide&Deep job on the embedded stack
     pacer sim SCENARIO [--method M]      a cluster scenario in the simulator (examples/sim/)
     pacer status JOB DATASET             a dataset's shard status (JSON)
-    pacer submit | jobs | job | logs | stop   training jobs (pacer.jobs.cli)
+    pacer submit | jobs | job | logs | stop   training jobs (.jobs)
+    pacer data gen | convert             Criteo-like data (.data)
+    pacer train local                    a small TF job on this machine (pacer.trainer.train_cli)
+    pacer schemas export | check         proto-schemas/
     pacer version
 """
 
@@ -28,7 +31,7 @@ def _default_url() -> str:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from pacer.stack import Stack
+    from pacer_services.cli.stack import Stack
 
     stack = Stack(Path(args.data_dir), port=args.port)
     stopping = False
@@ -74,15 +77,20 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pacer import demo
+    from pacer_services.cli import demo
 
-    return demo.main(args)
+    return int(demo.main(args))
 
 
 def cmd_train_local(args: argparse.Namespace) -> int:
     from pacer.trainer import train_cli
+    from pacer_services.cli.stack import Stack
 
-    return train_cli.main(args)
+    def start_stack(data_dir: Path) -> Stack:
+        """Without ``--url`` or ``$PACER_NATS_URL`` the job gets a stack of its own: shard service and monitor."""
+        return Stack(data_dir, services=["shard", "monitor"]).start()
+
+    return train_cli.main(args, start_stack=start_stack)
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
@@ -93,18 +101,17 @@ def cmd_schemas(args: argparse.Namespace) -> int:
 
 def cmd_sim(args: argparse.Namespace) -> int:
     """The simulator drives the services' decision cores, so it lives beside them (pacer_services)."""
-    import importlib
+    from pacer_services.simulator import cli as sim_cli
 
-    sim_cli = importlib.import_module("pacer_services.simulator.cli")
     return int(sim_cli.main(list(args.args)))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pacer", description="Pacer control plane")
     sub = p.add_subparsers(dest="cmd", required=True)
-    from pacer.data.cli import add_cli as add_data_cli
+    from pacer_services.cli.data import add_cli as add_data_cli
     add_data_cli(sub)
-    from pacer.jobs.cli import add_cli as add_job_cli
+    from pacer_services.cli.jobs import add_cli as add_job_cli
     add_job_cli(sub)
     sub.add_parser("version", help="print the version").set_defaults(fn=lambda a: print(__version__) or 0)
 

@@ -27,7 +27,7 @@ from pacer.contracts.nodes import NodeEvent
 from pacer.data.criteo import generate, heldout_path
 from pacer.errors import PacerError
 from pacer.jobs.client import JobClient
-from pacer.stack import Stack
+from pacer_services.cli.stack import Stack
 
 pytestmark = pytest.mark.slow
 

@@ -122,7 +122,7 @@ async def test_config_db_survives_a_restart_and_bad_requests_are_refused(
 async def test_pacer_history_lists_the_config_db(brain: InProcess[BrainService], bus: Bus,
                                                  nats_server: EmbeddedNats,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from pacer.cli import main
+    from pacer_services.cli.main import main
 
     await finish(bus, "listed", 6, 2, 2.0, model="dcn")
     await wait_history(bus, 1)

@@ -5,7 +5,7 @@ The job service, the executor and the monitor are played by
 answers with real contract messages (and real error replies), records every
 request it got, and moves a job one step forward on each ``get`` so that
 ``submit --wait`` and ``logs -f`` are driven by requests, not by time.
-The CLI runs through ``pacer.cli.main(argv)`` in a thread (its own event
+The CLI runs through ``pacer_services.cli.main.main(argv)`` in a thread (its own event
 loop), with stdout/stderr captured.
 """
 
@@ -24,7 +24,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pacer import subjects
 from pacer.bus import Bus
-from pacer.cli import main
 from pacer.codec import decode
 from pacer.contracts.executor import ExecutorStatus, LogsQuery, LogsReply, NodeInfo, PodPhase
 from pacer.contracts.jobs import (
@@ -39,9 +38,10 @@ from pacer.contracts.jobs import (
 from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StatsQuery, StragglerKind
 from pacer.embedded import EmbeddedNats
 from pacer.errors import Conflict, NotFound, PacerError
-from pacer.jobs.cli import new_lines
 from pacer.jobs.spec import DEFAULT_PLAN, default_plan, parse_job_spec
 from pacer.progress import Progress, render_bar
+from pacer_services.cli.jobs import new_lines
+from pacer_services.cli.main import main
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,6 +1,6 @@
 """Whole jobs on the embedded stack: job service + pod-executor (local backend) + shard service + monitor.
 
-Every service is its own OS process on a real nats-server (``pacer.stack``);
+Every service is its own OS process on a real nats-server (``pacer_services.cli.stack``);
 every node is a real TensorFlow PS or worker process with its agent, run by
 a pod supervisor with CPU and memory limits.  Sleep-based stragglers slow
 the workers down (no CPU cost) so that kills land mid-job.
@@ -25,8 +25,8 @@ from pacer.data.criteo import generate, heldout_path
 from pacer.embedded import free_port
 from pacer.errors import ValidationError
 from pacer.jobs.client import JobClient
-from pacer.stack import Stack
 from pacer.subjects import events_of
+from pacer_services.cli.stack import Stack
 from test_dashboard import Browser, parse_dom
 
 pytestmark = pytest.mark.slow

@@ -33,7 +33,7 @@ from pacer.contracts.jobs import JobRecord, JobState
 from pacer.contracts.policy import ControllerDecision
 from pacer.data.criteo import generate
 from pacer.jobs.client import JobClient
-from pacer.stack import Stack
+from pacer_services.cli.stack import Stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -22,9 +22,9 @@ from pacer.contracts.agent import ActionKind, ActionResult, GlobalAction, Primar
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetStatus
 from pacer.shards.client import ShardAdmin
-from pacer.stack import Stack
 from pacer.trainer.cluster import ClusterDesc
 from pacer.trainer.local import LocalJob, LocalJobSpec
+from pacer_services.cli.stack import Stack
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pacer.cli import main
 from pacer.contracts.jobs import PlanSource, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer_services.brain.core.cluster import Resources, ScalingKind, ScalingRecord
+from pacer_services.cli.main import main
 from pacer_services.simulator.autoscale import (
     PROFILES,
     ClusterJobView,

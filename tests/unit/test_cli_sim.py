@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from pacer.cli import main
+from pacer_services.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 

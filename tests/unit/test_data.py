@@ -276,7 +276,7 @@ def test_features_and_shuffle() -> None:
 
 
 def test_cli_gen_and_convert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from pacer.cli import main
+    from pacer_services.cli.main import main
 
     out = tmp_path / "train.rec"
     assert main(["data", "gen", "--rows", "700", "--seed", "2", "--test-rows", "300", str(out)]) == 0
