@@ -73,19 +73,19 @@ from pacer_services.brain.core.warmstart import warm_start
 from pacer_services.simulator.autoscale import (
     CLUSTER_SCALERS,
     PROFILES,
-    ClusterSpec,
     JobRun,
     ScalerContext,
+    SharedCluster,
     SimConfig,
-    _rngs,
     draw_truth,
+    rngs,
     run_cluster,
     run_job,
+    sim_job,
     throughput,
     time_to_fraction_of,
 )
-from pacer_services.simulator.baselines import oracle_plan
-from pacer_services.simulator.pacer_scaler import PacerScaler, autoscale_config
+from pacer_services.simulator.autoscale.scalers import PacerScaler, autoscale_config, oracle_plan
 
 SCALERS = ("oracle", "pacer", "es", "optimus", "static")
 TARGET_ORACLE_PCT = 3.0
@@ -110,8 +110,8 @@ def single_jobs(seeds: int, cfg: SimConfig, form: str = "dlrover") -> tuple[list
             runs: dict[str, JobRun] = {}
             for sc in SCALERS:
                 t = time.perf_counter()
-                runs[sc] = run_job(nominal, sc, seed=seed, config=cfg, samples_total=PROFILES[prof].samples_total)
-                say(f"  {prof} seed {seed} {sc}: JCT {runs[sc].jct_s and runs[sc].jct_s / 3600:.2f} h "
+                runs[sc] = run = run_job(nominal, sc, seed=seed, config=cfg, samples_total=PROFILES[prof].samples_total)
+                say(f"  {prof} seed {seed} {sc}: JCT {(run.jct_s or 0.0) / 3600:.2f} h "
                     f"({time.perf_counter() - t:.1f} s)")
             o = runs["oracle"]
             assert o.jct_s is not None
@@ -165,10 +165,8 @@ def warm_starts(history: int, tests: int, cfg: SimConfig) -> dict[str, Any]:
                                  throughput=r.timeline[-1][1], finished_at=float(seed),
                                  coefficients=sc.autoscaler.learnt()))
         for seed in range(200, 200 + tests):
-            truth = draw_truth(PROFILES[prof].truth, _rngs(seed, 0)[0], cfg.sigma)
+            truth = draw_truth(PROFILES[prof].truth, rngs(seed, 0)[0], cfg.sigma)
             probe = PacerScaler(autoscale_config(cfg))
-            from pacer_services.simulator.autoscale import sim_job
-
             job = sim_job("new", truth, PROFILES[prof].samples_total, cfg)
             spec = replace(job.spec, dataset=replace(job.spec.dataset, path="sim://criteo"))
             ws = warm_start(spec, db)
@@ -213,7 +211,7 @@ def oom(cfg: SimConfig, seeds: int) -> dict[str, Any]:
     res: dict[str, Any] = {"pacer": 0, "no_prediction": 0, "pacer_after_sample": 0,
                            "no_prediction_after_sample": 0}
     for seed in range(seeds):
-        truth = draw_truth(prof.truth, _rngs(seed, 0)[0], cfg.sigma)
+        truth = draw_truth(prof.truth, rngs(seed, 0)[0], cfg.sigma)
         truth = replace(truth, growth_mb_per_hour=truth.growth_mb_per_hour * 3)
         for key, pred in (("pacer", True), ("no_prediction", False)):
             sc = PacerScaler(autoscale_config(cfg, oom_prediction=pred))
@@ -228,7 +226,7 @@ def oom(cfg: SimConfig, seeds: int) -> dict[str, Any]:
 
 
 def cluster(jobs: int, cfg: SimConfig, seed: int) -> dict[str, Any]:
-    spec = ClusterSpec(jobs=jobs)
+    spec = SharedCluster(jobs=jobs)
     out: dict[str, Any] = {}
     prof = PROFILES["wide_deep"]
     for name in ("pacer", "first-come-static"):

@@ -24,8 +24,8 @@ from dataclasses import replace
 
 from pacer.errors import PacerError
 
-from . import autoscale_scenario
 from .autoscale import ClusterRun, time_to_fraction_of
+from .autoscale import scenario as autoscale_scenario
 from .engine import run
 from .scenario import ScenarioError, load
 

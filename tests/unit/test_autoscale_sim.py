@@ -16,12 +16,12 @@ from pacer_services.cli.main import main
 from pacer_services.simulator.autoscale import (
     PROFILES,
     ClusterJobView,
-    ClusterSpec,
+    JobSim,
     JobTruth,
+    SharedCluster,
     SimConfig,
     SimJob,
     UserPlan,
-    _JobSim,
     cpu_used,
     draw_truth,
     run_cluster,
@@ -30,14 +30,14 @@ from pacer_services.simulator.autoscale import (
     throughput,
     time_to_fraction_of,
 )
-from pacer_services.simulator.autoscale_scenario import parse
-from pacer_services.simulator.baselines import (
+from pacer_services.simulator.autoscale.scalers import (
     EsScaler,
     FirstComeStatic,
     OptimusScaler,
     StaticScaler,
     oracle_plan,
 )
+from pacer_services.simulator.autoscale.scenario import parse
 from pacer_services.simulator.scenario import ScenarioError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,7 +147,7 @@ def test_oom_loses_progress_since_the_checkpoint_and_doubles_memory() -> None:
     truth = replace(WD, growth_mb_per_hour=20_000.0)
     cfg = SimConfig(noise=0.0, checkpoint_s=600.0)
     job = sim_job("job", truth, 10**12, cfg)
-    sim = _JobSim(job, truth, cfg, np.random.default_rng(0))
+    sim = JobSim(job, truth, cfg, np.random.default_rng(0))
     first = plan(8, 2, 4, 8, pm=8192)
     sim.apply(first, 0.0)
     now = 0.0
@@ -267,7 +267,7 @@ class Greedy:
         return None
 
 
-SMALL = ClusterSpec(cpu=100.0, memory_mb=10**7, jobs=5, arrival_mean_s=1.0, size_min=0.02, size_max=0.04)
+SMALL = SharedCluster(cpu=100.0, memory_mb=10**7, jobs=5, arrival_mean_s=1.0, size_min=0.02, size_max=0.04)
 
 
 def test_first_come_static_never_exceeds_the_quota_and_queues_the_rest() -> None:

@@ -12,15 +12,19 @@ from dataclasses import replace
 
 from pacer_services.simulator.autoscale import (
     PROFILES,
-    ClusterSpec,
     ScalerContext,
+    SharedCluster,
     SimConfig,
-    _rngs,
     draw_truth,
+    rngs,
     run_cluster,
     run_job,
 )
-from pacer_services.simulator.pacer_scaler import PacerScaler, autoscale_config, pacer_cluster
+from pacer_services.simulator.autoscale.scalers.pacer import (
+    PacerScaler,
+    autoscale_config,
+    pacer_cluster,
+)
 
 CFG = SimConfig()
 
@@ -39,7 +43,7 @@ def test_pacer_trains_every_sample_within_the_quota_and_beats_the_static_user_pl
 
 def test_oom_prediction_prevents_the_ooms_that_the_control_run_suffers() -> None:
     prof = PROFILES["wide_deep"]
-    truth = draw_truth(prof.truth, _rngs(1, 0)[0], CFG.sigma)
+    truth = draw_truth(prof.truth, rngs(1, 0)[0], CFG.sigma)
     truth = replace(truth, growth_mb_per_hour=truth.growth_mb_per_hour * 3)
     after_sample = {}
     for pred in (True, False):
@@ -51,7 +55,7 @@ def test_oom_prediction_prevents_the_ooms_that_the_control_run_suffers() -> None
 
 
 def test_the_cluster_scaler_keeps_the_shared_quota_and_finishes_every_job() -> None:
-    spec = ClusterSpec(cpu=600.0, jobs=6, arrival_mean_s=300.0, size_min=0.05, size_max=0.1)
+    spec = SharedCluster(cpu=600.0, jobs=6, arrival_mean_s=300.0, size_min=0.05, size_max=0.1)
     prof = PROFILES["xdeepfm"]
     run = run_cluster(spec, pacer_cluster(ScalerContext(prof.truth, prof.samples_total, CFG)), seed=2, config=CFG)
     assert run.unfinished == 0 and run.rejected == 0
