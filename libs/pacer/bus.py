@@ -43,7 +43,7 @@ from opentelemetry import propagate, trace
 from pacer import subjects
 from pacer.codec import decode, encode
 from pacer.contracts.common import decode_reply, encode_error
-from pacer.errors import PacerError, Unavailable
+from pacer.errors import PacerError, StaleRevision, Unavailable
 
 log = logging.getLogger("pacer.bus")
 T = TypeVar("T")
@@ -182,6 +182,24 @@ class Bus:
         except nats.js.errors.KeyNotFoundError:
             return None
         return decode(cls, entry.value) if entry.value else None
+
+    @staticmethod
+    async def kv_update(kv: KeyValue, key: str, value: bytes, revision: int | None) -> int:
+        """Write ``key`` only if it is still at ``revision`` (compare-and-set); returns the new revision.
+
+        ``revision=None`` creates the key and fails if it exists.  A write that
+        lost (the key changed since the caller read ``revision``) raises
+        :class:`~pacer.errors.StaleRevision`: the caller re-reads the key and
+        re-applies its change, or fails loudly -- shared state is never
+        written with a blind put (STYLE.md, Errors).
+        """
+        try:
+            if revision is None:
+                return await kv.create(key, value)
+            return await kv.update(key, value, last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            expected = "absent" if revision is None else f"at revision {revision}"
+            raise StaleRevision(f"{key}: expected {expected}, but it was written since") from exc
 
     async def kv_items(self, bucket: str, batch: int = 256) -> dict[str, bytes]:
         """Every live key of a KV bucket with its value, read straight from the bucket's stream.

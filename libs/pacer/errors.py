@@ -48,6 +48,10 @@ class Conflict(PacerError):
     code = "conflict"
 
 
+class StaleRevision(Conflict):
+    """A compare-and-set write lost: the KV key changed since the writer read it (re-read, re-apply)."""
+
+
 class Unavailable(PacerError):
     """The service cannot answer now (starting, rebuilding, bus down); retry."""
 
