@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import pytest
+from pacer.contracts.executor import NodeIntent, NodeState
 from pacer_services.pod_executor.core import (
     RETRYABLE,
+    TERMINAL,
+    TRANSITIONS,
     ExecutorPolicy,
     ExitInfo,
     ExitReason,
+    IllegalTransition,
     Node,
     NodeSpec,
     Plan,
     ResizeView,
     WorkerPhase,
+    can_move,
     classify,
+    legacy_state,
     on_exit,
+    plan_change,
     reconcile,
     relaunch_resized,
     resize_batch,
     resize_batch_size,
+    resize_rounds,
     resize_targets,
+    transition,
 )
 
 W0 = Node(NodeSpec("worker", 0, cpu=1.0, memory_mb=1024), state="running")
@@ -203,3 +212,110 @@ def test_a_relaunch_while_a_replacement_is_due_takes_the_new_size() -> None:
     doubled = on_exit(Node(old), ExitInfo(None, oom=True)).relaunch
     assert doubled is not None and doubled.memory_mb == 2048
     assert relaunch_resized(doubled, target, oom=True) == NodeSpec("worker", 3, 2.0, 2048)  # the larger one
+
+
+# ------------------------------------------------------------ node lifecycle: one transition table
+
+def test_terminal_states_have_no_outgoing_transitions_and_every_state_is_in_the_table() -> None:
+    assert set(TRANSITIONS) == set(NodeState)
+    assert frozenset({NodeState.FINISHED}) == TERMINAL
+    for state in TERMINAL:
+        assert TRANSITIONS[state] == {}
+        for to in NodeState:
+            if to is not state:
+                assert not can_move(state, to)
+                with pytest.raises(IllegalTransition):
+                    transition("worker-0", state, to)
+
+
+def test_every_edge_says_why_and_illegal_moves_are_rejected_in_one_place() -> None:
+    for frm, out in TRANSITIONS.items():
+        for to, why in out.items():
+            assert why.strip(), f"{frm.value} -> {to.value} has no comment"
+    assert transition("worker-1", NodeState.PENDING, NodeState.RUNNING) is NodeState.RUNNING
+    assert transition("worker-1", NodeState.RUNNING, NodeState.RUNNING) is NodeState.RUNNING  # a redo
+    with pytest.raises(IllegalTransition, match="removed to running"):
+        transition("worker-1", NodeState.REMOVED, NodeState.RUNNING)  # scale-up starts a fresh pod first
+    with pytest.raises(IllegalTransition, match="intent"):
+        transition("worker-1", NodeState.RUNNING, NodeState.STOPPING)  # a stop must say why
+    assert transition("worker-1", NodeState.RUNNING, NodeState.STOPPING, NodeIntent.RESIZE) is NodeState.STOPPING
+
+
+def test_a_record_written_before_node_states_gets_its_state_from_the_loose_fields() -> None:
+    assert legacy_state(finished=True, removed=True, intent=NodeIntent.NONE, running=True) is NodeState.FINISHED
+    assert legacy_state(finished=False, removed=True, intent=NodeIntent.NONE, running=True) is NodeState.REMOVED
+    assert legacy_state(finished=False, removed=False, intent=NodeIntent.RESIZE, running=True) is NodeState.STOPPING
+    assert legacy_state(finished=False, removed=False, intent=NodeIntent.NONE, running=False) is NodeState.PENDING
+
+
+# ------------------------------------------------------------ plan_change: one algorithm for executor and simulators
+
+def job(workers: int, ps: int = 1, cpu: float = 1.0, memory_mb: int = 1024, **states: str) -> dict[str, Node]:
+    nodes = {f"worker-{i}": worker(i, cpu, memory_mb, states.get(f"worker_{i}", "running")) for i in range(workers)}
+    nodes.update({f"ps-{i}": Node(NodeSpec("ps", i, 1.0, 1024), state="running") for i in range(ps)})
+    return nodes
+
+
+def P(workers: int, ps: int = 1, cpu: float = 1.0, memory_mb: int = 1024, ps_cpu: float = 1.0,
+      ps_memory_mb: int = 1024) -> Plan:
+    return Plan(workers, ps, NodeSpec("worker", 0, cpu, memory_mb), NodeSpec("ps", 0, ps_cpu, ps_memory_mb))
+
+
+def test_a_first_plan_starts_every_node_and_nothing_else() -> None:
+    ch = plan_change(P(0, 0), P(3, 2, memory_mb=2048), {})
+    assert sorted((s.role, s.index) for s in ch.start) == [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1),
+                                                           ("worker", 2)]
+    assert all(s.memory_mb == 2048 for s in ch.start if s.role == "worker")
+    assert (ch.stop, ch.resize_batches, ch.migrate_ps) == ((), (), False)
+
+
+def test_scaling_workers_starts_the_lowest_free_slots_and_stops_the_highest() -> None:
+    up = plan_change(P(2), P(4), job(2))
+    assert [(s.role, s.index) for s in up.start] == [("worker", 2), ("worker", 3)]
+    assert (up.stop, up.resize_batches, up.migrate_ps) == ((), (), False)
+    down = plan_change(P(4), P(2), job(4))
+    assert down.start == () and down.stop == ("worker-2", "worker-3") and down.resize_batches == ()
+    # a finished worker keeps its slot: not started again, not stopped
+    done = plan_change(P(2), P(1), job(2, worker_1="finished"))
+    assert done.start == () and done.stop == ()
+    # a removed one is started again when a plan scales back up
+    back = plan_change(P(1), P(2), {**job(1), "worker-1": worker(1, state="removed")})
+    assert [s.index for s in back.start] == [1]
+
+
+def test_new_worker_size_is_a_rolling_replacement_chief_last() -> None:
+    ch = plan_change(P(8), P(8, memory_mb=2048), job(8))
+    assert ch.resize_batches == ((7, 6), (5, 4), (3, 2), (1, 0)) and not ch.migrate_ps
+    assert ch.start == () and ch.stop == ()
+    assert [s.memory_mb for s in ch.resize] == [2048] * 8
+    # scaled down and resized: only the workers that stay are replaced, in batches of the new count
+    down = plan_change(P(8), P(4, cpu=2.0), job(8))
+    assert down.stop == ("worker-4", "worker-5", "worker-6", "worker-7")
+    assert down.resize_batches == ((3,), (2,), (1,), (0,))
+    # scaled up and resized: the new workers start with the new size, the old ones are replaced
+    up = plan_change(P(2), P(4, cpu=2.0), job(2))
+    assert [(s.index, s.cpu) for s in up.start] == [(2, 2.0), (3, 2.0)] and up.resize_batches == ((1,), (0,))
+
+
+def test_a_ps_change_is_a_migration_that_carries_the_worker_resize() -> None:
+    more_ps = plan_change(P(4), P(4, ps=2), job(4))
+    assert more_ps.migrate_ps and more_ps.start == () and more_ps.stop == () and more_ps.resize_batches == ()
+    bigger = plan_change(P(4), P(4, ps_memory_mb=4096, memory_mb=2048), job(4))
+    assert bigger.migrate_ps and bigger.resize_batches == ()  # every worker restarts once, with its new size
+    assert [s.memory_mb for s in bigger.resize] == [2048] * 4
+    waits = plan_change(P(4), P(4, ps=3), job(4), migrating=True)
+    assert not waits.migrate_ps and waits.ps_deferred
+    assert not plan_change(P(4), P(4), job(4)).migrate_ps
+
+
+def test_an_oom_raised_worker_keeps_its_memory_in_a_plan_change() -> None:
+    nodes = {**job(2, memory_mb=2048), "worker-1": worker(1, memory_mb=4096, oom_memory_mb=4096)}
+    ch = plan_change(P(2, memory_mb=2048), P(2, memory_mb=2048, cpu=2.0), nodes)
+    assert [(s.index, s.cpu, s.memory_mb) for s in ch.resize] == [(0, 2.0, 2048), (1, 2.0, 4096)]
+
+
+def test_resize_rounds_are_what_resize_batch_picks_round_after_round() -> None:
+    assert resize_rounds(range(10), 10) == ((9, 8), (7, 6), (5, 4), (3, 2), (1, 0))
+    assert resize_rounds([0, 3], 4) == ((3,), (0,))
+    assert resize_rounds([], 4) == ()
+    assert resize_rounds(range(4), 4, ExecutorPolicy(resize_fraction=1.0)) == ((3, 2, 1, 0),)

@@ -87,6 +87,80 @@ class PodStatus:
     host: str = field(default="", metadata=doc("machine / Kubernetes node the pod runs on"))
 
 
+class ExecutorJobState(str, enum.Enum):
+    """The executor's lifecycle of one job (``ExecutorJob.state``).
+
+    ``starting`` (the first plan's pods are being created) -> ``running``
+    (every node of a plan ran once: ``applied`` published) -> ``completing``
+    (the job service said completed: workers get a grace to exit by
+    themselves) -> ``tearing_down`` (every pod is being stopped) ->
+    ``torn_down`` (no pod left; terminal).  ``failed`` replaces
+    ``tearing_down`` when an unretryable node error ended the job; it also
+    ends in ``torn_down``.
+    """
+
+    STARTING = "starting"
+    RUNNING = "running"
+    COMPLETING = "completing"
+    TEARING_DOWN = "tearing_down"
+    FAILED = "failed"
+    TORN_DOWN = "torn_down"
+
+    @property
+    def active(self) -> bool:
+        """Plans and node commands are applied (starting or running)."""
+        return self in (ExecutorJobState.STARTING, ExecutorJobState.RUNNING)
+
+
+class NodeIntent(str, enum.Enum):
+    """Why the executor itself is stopping a node's pod (``NodeRecord.intent``); saved before the stop.
+
+    The stop's exit is then not a failure: ``restart`` and ``resize`` start the
+    node again at once (``resize`` with ``resize_cpu`` / ``resize_memory_mb``),
+    ``migrate`` waits for the PS migration to start it on the next cluster.
+    Cleared (``none``) when the next pod is created.
+    """
+
+    NONE = ""
+    RESTART = "restart"
+    MIGRATE = "migrate"
+    RESIZE = "resize"
+
+
+class MigrationPhase(str, enum.Enum):
+    """Where a job's seamless PS migration is (DLRover-RM §5.2; ``ExecutorJob.migration``).
+
+    ``none`` -> ``starting_ps`` (the new PS pods start beside the old cluster,
+    which keeps training) -> ``draining`` (the chief checkpointed; every
+    worker stops) -> ``none`` (shards restored, workers restarted on the new
+    cluster, old PS stopped).
+    """
+
+    NONE = ""
+    STARTING_PS = "starting_ps"
+    DRAINING = "draining"
+
+
+class NodeState(str, enum.Enum):
+    """Where a node (a slot of a job) is in the executor's lifecycle (``NodeRecord.state``).
+
+    ``pending`` (its current pod is created, not running yet) -> ``running``
+    -> ``stopping`` (the executor stops the pod to start it again; the
+    record's ``intent`` says why) or ``relaunching`` (the pod ended, the next
+    pod is due) -> ``pending`` again with the next generation.  ``finished``
+    (the trainer exited 0) is terminal; ``removed`` (scaled away, stopped or
+    torn down) leaves the slot free until a plan scales it back up.  The
+    legal moves are one table in ``pacer_services.pod_executor.core.node``.
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    RELAUNCHING = "relaunching"
+    FINISHED = "finished"
+    REMOVED = "removed"
+
+
 class CommandKind(str, enum.Enum):
     """Node actions the executor performs."""
 
@@ -150,7 +224,7 @@ class NodeInfo:
 @dataclass(frozen=True, slots=True)
 class ExecutorStatus:
     job: str
-    state: str = field(metadata=doc("running | completing | failed | torn_down"))
+    state: str = field(metadata=doc("an ExecutorJobState: starting | running | completing | tearing_down | failed | torn_down"))
     plan: ResourcePlan | None
     nodes: list[NodeInfo] = field(default_factory=list)
     backend: str = ""
@@ -256,14 +330,17 @@ class NodeRecord:
     restarts: int = 0
     requested_restarts: int = 0
     handled: int = field(default=-1, metadata=doc("highest generation whose exit was handled"))
-    finished: bool = field(default=False, metadata=doc("the trainer exited 0: not relaunched"))
-    removed: bool = field(default=False, metadata=doc("scaled away or torn down: not relaunched"))
+    state: NodeState = field(default=NodeState.PENDING, metadata=doc(
+        "pending | running | stopping | relaunching | finished | removed (records written before this "
+        "field: derived from finished / removed / intent on load)"))
+    finished: bool = field(default=False, metadata=doc("the trainer exited 0: not relaunched (state finished)"))
+    removed: bool = field(default=False, metadata=doc("scaled away or torn down: not relaunched (state removed)"))
     created_at: float = 0.0
     running_at: float = 0.0
     last_reason: str = ""
     deleting: list[str] = field(default_factory=list, metadata=doc("pods the executor itself is stopping"))
     restore: bool = field(default=False, metadata=doc("the next pod restores from the newest checkpoint"))
-    intent: str = field(default="", metadata=doc(
+    intent: NodeIntent = field(default=NodeIntent.NONE, metadata=doc(
         "restart: the executor stops the pod to start it again; resize: to start it with "
         "resize_cpu / resize_memory_mb; migrate: to move it to the next cluster"))
     resize_cpu: float = field(default=0.0, metadata=doc(
@@ -284,7 +361,7 @@ class ExecutorJob:
     """
 
     job: str
-    state: str = field(metadata=doc("starting | running | completing | failed | torn_down"))
+    state: ExecutorJobState = field(metadata=doc("starting | running | completing | tearing_down | failed | torn_down"))
     plan: ResourcePlan
     cluster: str = field(metadata=doc("ClusterDesc JSON: the TF addresses of every slot"))
     nodes: list[NodeRecord] = field(default_factory=list)
@@ -293,7 +370,8 @@ class ExecutorJob:
     completing_since: float = 0.0
     reason: str = ""
     commands: list[str] = field(default_factory=list, metadata=doc("ids of the last executed commands (idempotency)"))
-    migration: str = field(default="", metadata=doc("PS migration phase: \"\" | starting_ps | draining"))
+    migration: MigrationPhase = field(default=MigrationPhase.NONE, metadata=doc(
+        "PS migration phase: \"\" | starting_ps | draining"))
     next_cluster: str = field(default="", metadata=doc("migration: the ClusterDesc JSON the job moves to"))
     retiring: list[str] = field(default_factory=list, metadata=doc("migration: old PS pods, stopped once the workers moved"))
     migration_at: float = 0.0

@@ -1,4 +1,4 @@
-"""Pure core of the pod-executor: how a node's exit is classified and answered.
+"""How a node's exit is classified and answered.
 
 AntDT §V-D: node errors are *retryable* (proactive termination for
 KILL_RESTART, network errors, eviction, preemption) or *unretryable*
@@ -7,20 +7,17 @@ DLRover 2023 §4.2: a node that fails with OOM is relaunched with double the
 memory (a PS OOM in the sampling stage doubles the PS count instead; that is
 the brain's decision, not this core's).
 
-``on_exit`` turns one observed exit into a decision; ``reconcile`` turns a
-plan and the nodes that exist into the starts and stops that close the gap;
-``resize_targets`` and ``resize_batch`` decide the rolling replacement that
-gives running workers a new plan's CPU and memory.
-Deterministic, no IO, no clock: time comes in as ``now``.  Both the live
-executor (local processes or Kubernetes) and the cluster simulator use it.
+``on_exit`` turns one observed exit into a decision.  Deterministic, no IO,
+no clock.  Both the live executor (local processes or Kubernetes) and the
+simulators use it.
 """
 
 from __future__ import annotations
 
 import enum
-import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+
+from pacer_services.pod_executor.core.model import DEFAULT_POLICY, ExecutorPolicy, Node, NodeSpec
 
 # Exit codes with a meaning of their own (the trainer's and the shell's).
 EXIT_OK = 0
@@ -102,41 +99,6 @@ def classify(info: ExitInfo) -> ExitReason:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeSpec:
-    """The blueprint of one node: role, slot and resources."""
-
-    role: str  # worker | ps
-    index: int
-    cpu: float = 1.0
-    memory_mb: int = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Node:
-    """A node as the executor tracks it."""
-
-    spec: NodeSpec
-    restarts: int = 0  # relaunches after retryable failures (not counting KILL_RESTART)
-    requested_restarts: int = 0  # relaunches asked for by KILL_RESTART
-    state: str = "pending"  # pending | running | exited
-    oom_memory_mb: int = 0  # the memory an OOM relaunch gave it (0: none); see resize_targets
-
-    @property
-    def name(self) -> str:
-        return f"{self.spec.role}-{self.spec.index}"
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutorPolicy:
-    """Configurable limits of the executor."""
-
-    relaunch_budget: int = 3  # retryable failures per node before the job fails
-    oom_memory_factor: float = 2.0  # DLRover: relaunch an OOM-killed node with x2 memory
-    max_memory_mb: int = 64 * 1024  # never ask for more than this per node
-    resize_fraction: float = 0.25  # rolling worker replacement: at most this share of the workers down at once
-
-
-@dataclass(frozen=True, slots=True)
 class ExitDecision:
     reason: ExitReason
     retryable: bool
@@ -145,7 +107,7 @@ class ExitDecision:
     detail: str = ""
 
 
-def on_exit(node: Node, info: ExitInfo, policy: ExecutorPolicy = ExecutorPolicy()) -> ExitDecision:
+def on_exit(node: Node, info: ExitInfo, policy: ExecutorPolicy = DEFAULT_POLICY) -> ExitDecision:
     """Decide what to do about a node whose process ended."""
     reason = classify(info)
     if info.by_executor:
@@ -168,132 +130,3 @@ def on_exit(node: Node, info: ExitInfo, policy: ExecutorPolicy = ExecutorPolicy(
                                 detail=f"{node.name}: OOM at the memory cap of {policy.max_memory_mb} MB")
         spec = replace(spec, memory_mb=min(policy.max_memory_mb, int(spec.memory_mb * policy.oom_memory_factor)))
     return ExitDecision(reason, True, spec, detail=f"{node.name}: relaunch after {reason.value}")
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """How many nodes of each role, with what resources (from the brain or the default)."""
-
-    workers: int
-    ps: int
-    worker: NodeSpec = field(default_factory=lambda: NodeSpec("worker", 0))
-    ps_spec: NodeSpec = field(default_factory=lambda: NodeSpec("ps", 0))
-
-
-@dataclass(frozen=True, slots=True)
-class Reconcile:
-    start: tuple[NodeSpec, ...]
-    stop: tuple[str, ...]  # node names
-
-
-def reconcile(plan: Plan, nodes: dict[str, Node]) -> Reconcile:
-    """Starts and stops that make the live nodes match the plan.
-
-    Scale-up fills the lowest free slots; scale-down stops the highest slots
-    first (their shards go back through the node-death event).  Resources of
-    running nodes are not changed here: that is a migration.
-    """
-    start: list[NodeSpec] = []
-    stop: list[str] = []
-    for role, want, template in (("worker", plan.workers, plan.worker), ("ps", plan.ps, plan.ps_spec)):
-        live = sorted((n for n in nodes.values() if n.spec.role == role and n.state != "exited"),
-                      key=lambda n: n.spec.index)
-        have = {n.spec.index for n in live}
-        missing = [i for i in range(want) if i not in have]
-        start.extend(replace(template, role=role, index=i) for i in missing)
-        stop.extend(n.name for n in live if n.spec.index >= want)
-    return Reconcile(tuple(start), tuple(stop))
-
-
-# ------------------------------------------------------------ rolling worker replacement
-#
-# A plan may give workers another CPU or memory size.  Creating new workers with
-# it is not enough: the running ones must get it too.  A PS holds part of the
-# model and moves by a seamless migration (DLRover-RM §5.2); a worker in PS
-# training holds no state (its DOING shards go back to TODO through its `died`
-# event and are trained again), so it gets its new size by being replaced: its
-# pod stops, a pod of the new size takes the slot and pulls shards from the
-# queue with no re-partitioning (DLRover-RM §5.1, "fast elasticity": a stop-
-# and-restart with adjusted CPU/memory).  Done a batch at a time, the job
-# keeps training throughout.
-
-
-def resize_targets(wanted: NodeSpec, workers: Iterable[Node]) -> tuple[NodeSpec, ...]:
-    """The live workers whose size differs from the plan's ``wanted``, each with the size it gets.
-
-    CPU is the plan's.  Memory is the plan's too, except that a worker the
-    executor relaunched with more memory after an OOM (DLRover 2023 §4.2's x2,
-    ``Node.oom_memory_mb``) never gets less than that: a plan that gave it
-    less would bring the OOM back, and the relaunch budget would pay for it.
-    PS are never here (see above).  Sorted by slot.
-    """
-    out: list[NodeSpec] = []
-    for n in workers:
-        if n.spec.role != "worker" or n.state == "exited":
-            continue
-        target = replace(n.spec, cpu=wanted.cpu, memory_mb=max(wanted.memory_mb, n.oom_memory_mb))
-        if (target.cpu, target.memory_mb) != (n.spec.cpu, n.spec.memory_mb):
-            out.append(target)
-    return tuple(sorted(out, key=lambda s: s.index))
-
-
-class WorkerPhase(str, enum.Enum):
-    """Where a live worker is, as a rolling replacement counts it."""
-
-    RUNNING = "running"  # its pod runs: it trains
-    PENDING = "pending"  # its pod exists but does not run yet
-    STOPPING = "stopping"  # its pod is being stopped (a replacement or a restart under way)
-    GONE = "gone"  # no live pod: a relaunch is due
-
-
-@dataclass(frozen=True, slots=True)
-class ResizeView:
-    """One live worker of a job during a rolling replacement."""
-
-    index: int
-    phase: WorkerPhase
-    queued: bool  # it still has to be replaced with the plan's size
-
-
-def resize_batch_size(workers: int, policy: ExecutorPolicy = ExecutorPolicy()) -> int:
-    """How many of ``workers`` may be down at once while they are replaced: a fraction, at least one.
-
-    With the default 0.25 at least three quarters of the workers keep training
-    (throughput drops by at most a quarter while a batch starts) and any job
-    is through in about four rounds of pod starts: one at a time would take a
-    round per worker (a TF worker starts in 2.5-4 s here, 5-10 s when four
-    start together; on Kubernetes a pod may also wait to be scheduled and pull
-    its image), all at once would stop training and ask the scheduler for
-    every new pod together.
-    """
-    return max(1, math.floor(workers * policy.resize_fraction))
-
-
-def resize_batch(workers: Sequence[ResizeView], policy: ExecutorPolicy = ExecutorPolicy()) -> tuple[int, ...]:
-    """The queued workers to replace now (slot indices), given every live worker of the job.
-
-    Every worker that does not run counts against :func:`resize_batch_size`,
-    whatever the cause (replaced, restarted, relaunched after a failure,
-    starting), so the next batch begins only once the last one runs and a
-    replacement never adds to an outage.  A queued worker whose pod is still
-    pending costs no training to replace and is taken at once; a stopping or
-    gone one gets its new size from the relaunch already due.  Highest slots
-    first, so the chief (worker 0: checkpoints, the job's result) goes last.
-    """
-    limit = resize_batch_size(len(workers), policy)
-    room = limit - sum(1 for w in workers if w.phase is not WorkerPhase.RUNNING)
-    free = [w.index for w in workers if w.queued and w.phase is WorkerPhase.PENDING]
-    running = sorted((w.index for w in workers if w.queued and w.phase is WorkerPhase.RUNNING), reverse=True)
-    return tuple(sorted(free, reverse=True)) + tuple(running[:max(0, room)])
-
-
-def relaunch_resized(relaunch: NodeSpec, target: NodeSpec, oom: bool) -> NodeSpec:
-    """The spec for a node relaunched while a replacement to ``target`` is due: the target now.
-
-    Whatever ended the old pod (the replacement itself, a KILL_RESTART, a
-    failure), the next pod takes the new size, so the node is not replaced a
-    second time.  After an OOM it gets the larger of the doubled memory and
-    the target.
-    """
-    memory = max(target.memory_mb, relaunch.memory_mb) if oom else target.memory_mb
-    return replace(relaunch, cpu=target.cpu, memory_mb=memory)
