@@ -121,12 +121,10 @@ from pacer_services.brain.core.autoscaler import (
     Decision,
     JobAutoscaler,
     Stage,
-    plan_cluster,
     same_resources,
 )
 from pacer_services.brain.core.capacity import (
     cluster_capacity,
-    round_total,
     status_problem,
 )
 from pacer_services.brain.core.cluster import (
@@ -140,6 +138,7 @@ from pacer_services.brain.core.fitting import Coefficients
 from pacer_services.brain.core.history import JobFeatures, JobHistory
 from pacer_services.brain.core.oom import ALL_ROLES, DEFAULT_OOM, MemoryWatch, OomConfig
 from pacer_services.brain.core.placement import after_placement, machines_for, place_plan
+from pacer_services.brain.core.round import ReadyJob, cluster_round
 from pacer_services.brain.core.warmstart import warm_start
 
 log = logging.getLogger("pacer.brain")
@@ -460,15 +459,14 @@ class BrainService:
             for auto, stats in ready.values():
                 await self.autoscale(auto, stats)
             return {}
-        jobs = list(ready)
-        in_round = self._held(jobs)
-        total = round_total(capacity, in_round, self._held() - in_round)
         cfg = self.config.autoscale_config
+        now = max(stats.ts for _, stats in ready.values())
         async with self.lock:
             before = {job: auto.plan for job, (auto, _) in ready.items() if auto.plan is not None}
-            decided = await asyncio.to_thread(
-                plan_cluster, [(auto, stats.ts, stats) for auto, stats in ready.values()], total,
-                prices=cfg.prices, rho=cfg.rho)
+            outcome = await asyncio.to_thread(
+                cluster_round, [ReadyJob(auto, stats) for auto, stats in ready.values()],
+                capacity - self._held(), now, prices=cfg.prices, rho=cfg.rho)
+        decided = outcome.decisions
         out: dict[str, ResourcePlan] = {}
         for job in (j for j, d in decided.items() if j in before and not same_resources(d.plan, before[j])):
             auto, stats = ready[job]

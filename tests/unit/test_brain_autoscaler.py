@@ -24,8 +24,9 @@ from pacer.contracts.jobs import (
     ResourcePlan,
 )
 from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
-from pacer_services.brain.core.autoscaler import AutoscaleConfig, JobAutoscaler, Stage, plan_cluster
+from pacer_services.brain.core.autoscaler import AutoscaleConfig, JobAutoscaler, Stage
 from pacer_services.brain.core.cluster import Resources, ScalingKind, ScalingRecord, plan_resources
+from pacer_services.brain.core.round import ReadyJob, cluster_round
 from pacer_services.brain.core.stages import (
     MIB,
     StageConfig,
@@ -248,8 +249,9 @@ def test_cluster_round_keeps_every_job_within_the_shared_total() -> None:
     t = 0.0
     while t < 3 * 3600:
         t += 60.0
-        decided = plan_cluster([(a, t, stats_of(truths[n], a.plan, t)) for n, a in autos.items()
-                                if a.plan is not None], total)
+        holding = sum((plan_resources(a.plan) for a in autos.values()), Resources())
+        decided = cluster_round([ReadyJob(a, stats_of(truths[n], a.plan, t)) for n, a in autos.items()
+                                 if a.plan is not None], total - holding, t).decisions
         for n, d in decided.items():
             autos[n].applied(d.plan, t)
             changed += 1

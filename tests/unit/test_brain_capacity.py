@@ -8,14 +8,11 @@ import pytest
 from pacer.contracts.executor import ClusterStatus, MachineInfo
 from pacer.contracts.jobs import PlanSource, ResourcePlan
 from pacer_services.brain.app import BrainConfig
-from pacer_services.brain.core.autoscaler import Decision, Proposal, Stage, plan_cluster
-from pacer_services.brain.core.capacity import (
-    cluster_capacity,
-    round_total,
-    status_problem,
-)
+from pacer_services.brain.core.autoscaler import Decision, Proposal, Stage
+from pacer_services.brain.core.capacity import cluster_capacity, status_problem
 from pacer_services.brain.core.cluster import JobChoice, JobRequest, Resources
 from pacer_services.brain.core.pareto import Candidate
+from pacer_services.brain.core.round import ReadyJob, cluster_round, round_total
 
 
 def status(free_cpu: float = 10.0, *, reserves: bool = True, total_cpu: float = 32.0, total_mb: int = 65536,
@@ -29,7 +26,7 @@ def plan(job: str, workers: int, worker_cpu: float = 1.0) -> ResourcePlan:
 
 
 class Job:
-    """What plan_cluster asks of a JobAutoscaler, with fixed candidates: a stand-in for a pure core's test."""
+    """What cluster_round asks of a JobAutoscaler, with fixed candidates: a stand-in for a pure core's test."""
 
     def __init__(self, now: ResourcePlan, throughput: float, candidates: list[Candidate], declines: bool = False):
         self.plan, self.throughput, self.candidates, self.declines = now, throughput, candidates, declines
@@ -59,11 +56,17 @@ def test_a_round_stays_within_its_total_when_a_job_declines_the_share_that_made_
         return (Job(plan("fast", 4), 100.0, [Candidate(fast_to, 4.0, 110.0)], declines=declines),
                 Job(plan("slow", 4), 100.0, [Candidate(slow_to, 8.0, 150.0)]))
 
+    def run(fast: Job, slow: Job) -> dict[str, Decision]:
+        free = total - Resources(12.0, 0.0)  # the two jobs hold the 12 CPUs
+        ready: list[ReadyJob] = [ReadyJob(fast, None), ReadyJob(slow, None)]  # type: ignore[arg-type]
+        decided: dict[str, Decision] = cluster_round(ready, free, 0.0).decisions
+        return decided
+
     fast, slow = jobs(declines=False)
-    out = plan_cluster([(fast, 0.0, None), (slow, 0.0, None)], total)  # type: ignore[list-item]
+    out = run(fast, slow)
     assert {j: d.plan for j, d in out.items()} == {"fast": fast_to, "slow": slow_to}
     fast, slow = jobs(declines=True)
-    out = plan_cluster([(fast, 0.0, None), (slow, 0.0, None)], total)  # type: ignore[list-item]
+    out = run(fast, slow)
     assert out == {} and [d.plan for d in slow.withdrawn] == [slow_to]
 
 
@@ -86,9 +89,10 @@ def test_capacity_is_unknown_where_nothing_is_reserved_or_reported() -> None:
 
 
 def test_a_round_gets_what_the_others_leave_but_never_less_than_it_holds() -> None:
-    assert round_total(Resources(24.0, 1e4), Resources(8.0, 100.0), Resources(10.0, 200.0)) == Resources(14.0, 9800.0)
-    # S shrank under the jobs: they may trade and shrink, not grow
-    assert round_total(Resources(12.0, 1e4), Resources(8.0, 100.0), Resources(10.0, 200.0)) == Resources(8.0, 9800.0)
+    # S = (24, 1e4); the round's jobs hold (8, 100), the others (10, 200): free is (6, 9700)
+    assert round_total(Resources(8.0, 100.0), Resources(6.0, 9700.0)) == Resources(14.0, 9800.0)
+    # S shrank to 12 CPUs under the jobs (free -6): they may trade and shrink, not grow
+    assert round_total(Resources(8.0, 100.0), Resources(-6.0, 9700.0)) == Resources(8.0, 9800.0)
 
 
 @pytest.mark.parametrize("bad", [

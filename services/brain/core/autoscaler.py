@@ -88,7 +88,6 @@ from .cluster import (
     best_for_job,
     effective_overhead,
     plan_resources,
-    select,
 )
 from .fitting import Coefficients, Config, FitError, JobConstants, Model, Sample, fit
 from .oom import ALL_ROLES, DEFAULT_OOM, MemorySample, MemoryWatch, OomConfig, fit_memory_trend
@@ -684,54 +683,16 @@ def _keep(have: int, need: int) -> int:
 
 def plan_cluster(rounds: Sequence[tuple[JobAutoscaler, float, JobStatistics]], total: Resources,
                  *, prices: Prices | None = None, rho: float = DEFAULT_RHO) -> dict[str, Decision]:
-    """One planning round across jobs sharing ``total`` (DLRover-RM §4.3 cluster stage, Eq. 11-14).
+    """Deprecated: :func:`.round.cluster_round` is the round; this adapter remains until its last caller moves.
 
-    Each item is (autoscaler, now, statistics).  Rule decisions (sample,
-    optimize, OOM, hot PS) are taken first, in order, where they fit in what
-    is left; the model requests then share the rest by weighted greedy
-    selection.  ``total`` is what these jobs may hold together (their
-    current plans included).
+    Each item is (autoscaler, now, statistics); ``total`` is what these jobs
+    may hold together (their current plans included).
     """
-    left = total
-    for a, _, _ in rounds:
-        left = left - plan_resources(a.plan)
-    out: dict[str, Decision] = {}
-    requests: list[tuple[JobAutoscaler, float, JobRequest]] = []
-    for a, now, stats in rounds:
-        prop = a.propose(now, stats)
-        if prop is None or a.plan is None:
-            continue
-        if prop.decision is not None:
-            # A rule's plan shrinks to what the job may hold now (its plan plus what is left).
-            d = a.fit_decision(prop.decision, left + plan_resources(a.plan))
-            if d is not None:
-                out[a.plan.job] = d
-                left = left - (plan_resources(d.plan) - plan_resources(a.plan))
-            continue
-        if prop.request is not None:
-            requests.append((a, now, prop.request))
-    if not requests:
-        return out
-    pool = left
-    for _, _, r in requests:
-        pool = pool + plan_resources(r.current)
-    decision = select([r for _, _, r in requests], pool, prices=prices, rho=rho,
-                      overhead=OverheadModel.from_history([p for a, _, _ in requests for p in a.pauses]))
-    accepted: list[tuple[JobAutoscaler, Decision]] = []
-    for (a, now, _), choice in zip(requests, decision.choices, strict=True):
-        d = a.accept(choice, now)
-        if d is not None:
-            accepted.append((a, d))
-    # select() shares the room assuming every choice is taken; a job that declines its (smaller)
-    # choice keeps what it holds, so the growth of the others is taken only while it still fits,
-    # shrinking jobs first.
-    accepted.sort(key=lambda ad: (plan_resources(ad[1].plan) - plan_resources(ad[0].plan)).cpu)
-    for a, d in accepted:
-        extra = plan_resources(d.plan) - plan_resources(a.plan)
-        if extra.fits_in(left):
-            out[d.plan.job] = d
-            left = left - extra
-        else:
-            a.withdraw(d)
-    return out
+    from .round import ReadyJob, cluster_round  # round imports this module
 
+    held = Resources()
+    for a, _, _ in rounds:
+        held = held + plan_resources(a.plan)
+    now = max((t for _, t, _ in rounds), default=0.0)
+    out = cluster_round([ReadyJob(a, stats) for a, _, stats in rounds], total - held, now, prices=prices, rho=rho)
+    return out.decisions

@@ -13,11 +13,12 @@ per resource:
   the whole machine) the status says nothing about S.
 
 Without a CPU amount from either, S is unknown and each job is planned
-within its own quota, as before.  A round over some of the jobs gets S
-minus what the others hold (:func:`round_total`).
+within its own quota, as before.  A round over some of the jobs gets what
+they hold plus what is free, S minus everything held
+(:func:`.round.round_total`).
 
 A round's decisions stay within its total by construction
-(:func:`.autoscaler.plan_cluster`); :func:`status_problem` rejects a
+(:func:`.round.cluster_round`); :func:`status_problem` rejects a
 ClusterStatus whose numbers no planner should use.  Pure: no IO, no clock.
 """
 
@@ -29,7 +30,7 @@ from pacer.contracts.executor import ClusterStatus
 
 from .cluster import Resources
 
-__all__ = ["cluster_capacity", "round_total", "status_problem"]
+__all__ = ["cluster_capacity", "status_problem"]
 
 
 def status_problem(status: ClusterStatus) -> str:
@@ -70,14 +71,3 @@ def cluster_capacity(status: ClusterStatus | None, held: Resources, *, cpu: floa
         memory_mb = (status.free_memory_mb + held.memory_mb
                      if reserved and status is not None and status.total_memory_mb > 0 else math.inf)
     return Resources(cpu, memory_mb)
-
-
-def round_total(capacity: Resources, in_round: Resources, others: Resources) -> Resources:
-    """What the jobs of one round may hold together: S minus what the other jobs hold.
-
-    Never less than what the round's jobs hold already: when S has shrunk
-    under them (the operator lowered it, other tenants grew), the round can
-    still move resources between them and shrink them, but not grow them.
-    """
-    left = capacity - others
-    return Resources(max(left.cpu, in_round.cpu), max(left.memory_mb, in_round.memory_mb))
