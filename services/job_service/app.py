@@ -26,6 +26,20 @@ The job records live in the KV bucket ``pacer-jobs`` (the executor and the
 HTTP API read them) and are rebuilt from it on restart; the inputs come from
 a durable consumer, so events published while the service was down are
 applied when it comes back.
+
+Every write of a record is a compare-and-set (:meth:`pacer.bus.Bus.kv_update`):
+created only if absent, updated only at the revision this service last read.
+A change is a pure function of the record and the job's lifecycle
+(:meth:`JobService._commit`); when another writer got there first (a second
+instance during a rolling update, an operator's fix) the service re-reads the
+record and applies the change again on it, so the change's guards and the
+transition table judge the record as it is now.  After ``CAS_ATTEMPTS`` lost
+writes it gives up with a temporary, counted error (``cas_gave_up``): the
+event is redelivered, the request retried.
+
+Concurrency: one ``asyncio.Lock`` serialises requests and events, so a job's
+messages are applied in order and its in-memory record, revision and
+lifecycle change together.
 """
 
 from __future__ import annotations
@@ -35,7 +49,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -66,8 +80,8 @@ from pacer.contracts.jobs import (
 )
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetSpec, DatasetStatus, ProgressEvent, ShardEvent
-from pacer.errors import Conflict, NotFound, PacerError, ValidationError
-from pacer.jobs.lifecycle import TERMINAL, JobLifecycle, JobTrigger
+from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, ValidationError
+from pacer.jobs.lifecycle import TERMINAL, JobLifecycle, JobTrigger, next_state
 from pacer.jobs.spec import default_plan, parse_job_spec
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.shards.client import ShardAdmin
@@ -75,6 +89,13 @@ from pacer.subjects import BrainOp, JobEventKind, JobOp, NodeEventKind, ShardEve
 from pacer.telemetry import Counters
 
 log = logging.getLogger("pacer.jobs")
+
+#: Lost compare-and-set writes of one change before the service gives up (temporary error).
+CAS_ATTEMPTS = 5
+
+#: One change of a job: (record, trial lifecycle) -> (new record, events of the edges taken).  Pure, so it can
+#: run again on a re-read record after a lost compare-and-set; it takes edges on the trial lifecycle only.
+Change = Callable[[JobRecord, JobLifecycle], tuple[JobRecord, list[JobEvent]]]
 
 
 @dataclass
@@ -103,6 +124,7 @@ class JobService:
         self.clock = clock
         self.counters = Counters(self.name)
         self.records: dict[str, JobRecord] = {}
+        self.revisions: dict[str, int] = {}  # job -> KV revision of self.records[job]
         self.lifecycles: dict[str, JobLifecycle] = {}
         self.lock = asyncio.Lock()
         self.admin = ShardAdmin(bus, timeout=10.0, retry=RetryPolicy(attempts=10))
@@ -138,18 +160,34 @@ class JobService:
             pass
 
     async def _load(self) -> None:
-        for key, value in (await self.bus.kv_items(subjects.JOB_BUCKET)).items():
-            try:
-                rec = decode(JobRecord, value)
-            except PacerError:
-                self.counters.inc("bad_records")
-                log.error("unreadable job record %s; ignored", key)
-                continue
-            self.records[key] = rec
-            lc = JobLifecycle(key, [rec.spec.dataset.name], rec.state)
-            if rec.progress.shards_total and rec.progress.shards_done >= rec.progress.shards_total:
-                lc.done.add(rec.spec.dataset.name)
-            self.lifecycles[key] = lc
+        for key in await self.bus.kv_items(subjects.JOB_BUCKET):
+            # Read again with get: the value and its revision together, the base of the next compare-and-set.
+            with contextlib.suppress(NotFound):
+                await self._reread(key)
+
+    async def _reread(self, job: str) -> JobRecord:
+        """The job's record as stored now, adopted with its revision and a lifecycle in its state."""
+        assert self._kv is not None
+        try:
+            entry = await self._kv.get(job)
+        except nats.js.errors.KeyNotFoundError:
+            raise NotFound(f"job {job}: its record is gone from {subjects.JOB_BUCKET}") from None
+        try:
+            rec = decode(JobRecord, entry.value or b"")
+        except PacerError:
+            self.counters.inc("bad_records")
+            log.error("unreadable job record %s; ignored", job)
+            raise NotFound(f"job {job}: its record is unreadable") from None
+        assert entry.revision is not None
+        old = self.lifecycles.get(job)
+        lc = JobLifecycle(job, [rec.spec.dataset.name], rec.state)
+        if rec.progress.shards_total and rec.progress.shards_done >= rec.progress.shards_total:
+            lc.done.add(rec.spec.dataset.name)
+        if old is not None:  # datasets seen finishing stay finished
+            lc.done |= old.done & lc.datasets
+        lc.reason = rec.reason
+        self.records[job], self.revisions[job], self.lifecycles[job] = rec, entry.revision, lc
+        return rec
 
     async def _resume(self) -> None:
         """After a restart: a job still planning may have lost its plan event; publish it again (idempotent)."""
@@ -158,32 +196,54 @@ class JobService:
                 with contextlib.suppress(PacerError, nats.errors.Error):
                     await self.bus.publish_durable(subjects.job_event(rec.job, JobEventKind.PLAN), rec.plan)
 
-    async def _save(self, rec: JobRecord) -> JobRecord:
+    async def _commit(self, job: str, change: Change) -> JobRecord:
+        """Apply ``change`` to the job's record, store it with a revision check, then publish its events.
+
+        The record is created if this service has no revision for it (a
+        lost creation is a ``conflict``: the job exists), else updated at the
+        revision it read (a lost update re-reads the record and runs
+        ``change`` again on it).  A change that alters nothing writes nothing.  Events are published (at least once) only after the record
+        that reflects them is stored.
+        """
         assert self._kv is not None
-        rec = replace(rec, updated_at=self.clock())
-        await self._kv.put(rec.job, encode(rec))
-        self.records[rec.job] = rec
-        return rec
+        for _ in range(CAS_ATTEMPTS):
+            rec, lc = self.records[job], self.lifecycles[job].copy()
+            new, events = change(rec, lc)
+            if new == rec and not events:
+                self.lifecycles[job] = lc
+                return rec
+            new = replace(new, updated_at=self.clock())
+            try:
+                rev = await self.bus.kv_update(self._kv, job, encode(new), self.revisions.get(job))
+            except StaleRevision as exc:
+                self.counters.inc("cas_conflicts")
+                if job not in self.revisions:  # a creation: another writer stored this job first
+                    await self._reread(job)
+                    raise Conflict(f"name: a job named {job!r} exists ({self.records[job].state.value}); "
+                                   "choose another name") from None
+                log.warning("job record written by another writer; re-reading and applying again",
+                            extra={"fields": {"job": job, "error": exc.message}})
+                await self._reread(job)
+                continue
+            self.records[job], self.revisions[job], self.lifecycles[job] = new, rev, lc
+            for ev in events:
+                await self.bus.publish_durable(subjects.job_event(ev.job, ev.state.value), ev)
+                self.counters.inc("transitions", state=ev.state.value)
+                log.info("job %s", ev.state.value, extra={"fields": {"job": ev.job, "reason": ev.reason}})
+            return new
+        self.counters.inc("cas_gave_up")
+        log.error("job record kept changing under every write; change not applied", extra={"fields": {"job": job}})
+        raise StaleRevision(f"job {job}: its record changed under {CAS_ATTEMPTS} writes in a row; retry",
+                            temporary=True)
+
+    async def _update(self, job: str, fn: Callable[[JobRecord], JobRecord]) -> JobRecord:
+        """A change of the record's data only (progress, restarts, result): no lifecycle edge."""
+        return await self._commit(job, lambda rec, lc: (fn(rec), []))
 
     async def _transition(self, job: str, trigger: JobTrigger, reason: str = "") -> JobRecord:
-        """Take one lifecycle edge: save the record, then publish the event (at least once)."""
-        lc = self.lifecycles[job]
+        """Take one lifecycle edge (the table rejects an illegal one with a ``conflict``)."""
         now = self.clock()
-        ev = lc.apply(trigger, now, reason)
-        await self._apply_event(ev)
-        return self.records[job]
-
-    async def _apply_event(self, ev: JobEvent) -> None:
-        rec = self.records[ev.job]
-        rec = replace(rec, state=ev.state, reason=ev.reason or rec.reason)
-        if ev.state is JobState.RUNNING and not rec.started_at:
-            rec = replace(rec, started_at=ev.ts)
-        if ev.state in TERMINAL:
-            rec = replace(rec, finished_at=ev.ts)
-        await self._save(rec)
-        await self.bus.publish_durable(subjects.job_event(ev.job, ev.state.value), ev)
-        self.counters.inc("transitions", state=ev.state.value)
-        log.info("job %s", ev.state.value, extra={"fields": {"job": ev.job, "reason": ev.reason}})
+        return await self._commit(job, lambda rec, lc: _taken(rec, [lc.apply(trigger, now, reason)]))
 
     # ================================================================ rpc
     async def _on_rpc(self, msg: Msg) -> None:
@@ -219,9 +279,15 @@ class JobService:
             self.lifecycles[job] = lc
             self.records[job] = JobRecord(job, spec, JobState.SUBMITTED, now, plan=plan, data_path=data_path,
                                           eval_path=eval_path, records=records)
-            await self._apply_event(first)
-            rec = await self._transition(job, JobTrigger.ACCEPT, f"plan: {plan.source.value} ({plan.reason})"
-                                         if plan.reason else f"plan: {plan.source.value}")
+            accepted = f"plan: {plan.source.value} ({plan.reason})" if plan.reason else f"plan: {plan.source.value}"
+            try:  # a creation: refused if another writer stored the job meanwhile
+                rec = await self._commit(job, lambda r, lc: _taken(
+                    r, [first, lc.apply(JobTrigger.ACCEPT, now, accepted)]))
+            except PacerError:
+                if job not in self.revisions:  # nothing stored, nothing adopted: forget the job again
+                    self.records.pop(job, None)
+                    self.lifecycles.pop(job, None)
+                raise
             await self.bus.publish_durable(subjects.job_event(job, JobEventKind.PLAN), plan)
             self.counters.inc("submitted")
         await self.bus.respond(msg, rec)
@@ -317,48 +383,87 @@ class JobService:
             elif domain == "node":
                 await self._on_node(job, kind, decode(NodeEvent, m.data))
 
+    # Each handler's guards sit inside its change, so that after a lost compare-and-set they judge the
+    # re-read record, not the one this service held.
     async def _on_shard(self, job: str, kind: str, data: bytes) -> None:
-        rec = self.records[job]
+        dataset = self.records[job].spec.dataset.name
         if kind == ShardEventKind.PROGRESS:
             st = decode(ProgressEvent, data).status
-            if st.dataset == rec.spec.dataset.name:
-                await self._save(replace(rec, progress=_progress(st)))
+            if st.dataset == dataset:
+                progress = _progress(st)
+                await self._update(job, lambda rec: replace(rec, progress=progress))
             return
         ev = decode(ShardEvent, data)
-        if ev.dataset != rec.spec.dataset.name:
+        if ev.dataset != dataset:
             return
-        lc = self.lifecycles[job]
         if kind == ShardEventKind.FINISHED:
             with contextlib.suppress(PacerError):  # the exact final counts
-                st = await self.admin.status(job, ev.dataset)
-                rec = await self._save(replace(rec, progress=_progress(st)))
-            if lc.terminal:
-                return
-            fin = lc.dataset_done(ev.dataset, self.clock())
-            if fin is not None:
-                await self._apply_event(fin)
-        elif kind == ShardEventKind.PARKED and lc.state in (JobState.RUNNING, JobState.PLANNING):
-            await self._transition(job, JobTrigger.FAIL,
-                                   f"shard {ev.shard} of {ev.dataset} failed repeatedly and was parked ({ev.detail})")
+                final = _progress(await self.admin.status(job, ev.dataset))
+                await self._update(job, lambda rec: replace(rec, progress=final))
+            now = self.clock()
+
+            def finished(rec: JobRecord, lc: JobLifecycle) -> tuple[JobRecord, list[JobEvent]]:
+                fin = None if lc.terminal else lc.dataset_done(ev.dataset, now)
+                return _taken(rec, [fin] if fin is not None else [])
+
+            await self._commit(job, finished)
+        elif kind == ShardEventKind.PARKED:
+            await self._fail_unless_done(
+                job, f"shard {ev.shard} of {ev.dataset} failed repeatedly and was parked ({ev.detail})")
+
+    async def _fail_unless_done(self, job: str, reason: str) -> None:
+        """Fail the job if its state has a ``fail`` edge (a report about a job already over changes nothing)."""
+        now = self.clock()
+
+        def fail(rec: JobRecord, lc: JobLifecycle) -> tuple[JobRecord, list[JobEvent]]:
+            if next_state(lc.state, JobTrigger.FAIL) is None:
+                return rec, []
+            return _taken(rec, [lc.apply(JobTrigger.FAIL, now, reason)])
+
+        await self._commit(job, fail)
 
     async def _on_executor(self, job: str, ev: ExecutorEvent) -> None:
-        lc = self.lifecycles[job]
-        if ev.kind is ExecutorEventKind.APPLIED and lc.state is JobState.PLANNING:
-            for e in lc.start(self.clock(), f"plan applied in {ev.overhead_s:.1f}s"):
-                await self._apply_event(e)
-        elif ev.kind is ExecutorEventKind.FAILED and not lc.terminal:
-            await self._transition(job, JobTrigger.FAIL, ev.reason or "the executor failed the job")
+        if ev.kind is ExecutorEventKind.APPLIED:
+            now = self.clock()
+
+            def started(rec: JobRecord, lc: JobLifecycle) -> tuple[JobRecord, list[JobEvent]]:
+                if lc.state is not JobState.PLANNING:
+                    return rec, []
+                return _taken(rec, lc.start(now, f"plan applied in {ev.overhead_s:.1f}s"))
+
+            await self._commit(job, started)
+        elif ev.kind is ExecutorEventKind.FAILED:
+            await self._fail_unless_done(job, ev.reason or "the executor failed the job")
         elif ev.kind is ExecutorEventKind.TORN_DOWN:
-            await self._save(replace(self.records[job], torn_down=True))
+            await self._update(job, lambda rec: replace(rec, torn_down=True))
 
     async def _on_node(self, job: str, kind: str, ev: NodeEvent) -> None:
-        rec = self.records[job]
         if kind == NodeEventKind.DIED and ev.relaunch:
-            # ev.restarts counts the node's relaunches before this one; a redelivered event changes nothing.
-            by_node = {**rec.restarts_by_node, ev.node: max(rec.restarts_by_node.get(ev.node, 0), ev.restarts + 1)}
-            await self._save(replace(rec, restarts_by_node=by_node, node_restarts=sum(by_node.values())))
-        elif kind == NodeEventKind.FINISHED and ev.result and ev.node == "worker-0":
-            await self._save(replace(rec, result=dict(ev.result)))
+            def relaunched(rec: JobRecord) -> JobRecord:
+                # ev.restarts counts the node's relaunches before this one; a redelivered event changes nothing.
+                by_node = {**rec.restarts_by_node,
+                           ev.node: max(rec.restarts_by_node.get(ev.node, 0), ev.restarts + 1)}
+                return replace(rec, restarts_by_node=by_node, node_restarts=sum(by_node.values()))
+
+            await self._update(job, relaunched)
+        elif kind == NodeEventKind.FINISHED and ev.result and ev.node == CHIEF:
+            result = dict(ev.result)
+            await self._update(job, lambda rec: replace(rec, result=result))
+
+
+#: The node whose final report is the job's result (the chief evaluates the model).
+CHIEF = "worker-0"
+
+
+def _taken(rec: JobRecord, events: Sequence[JobEvent]) -> tuple[JobRecord, list[JobEvent]]:
+    """The record after the lifecycle ``events`` (state, reason, start and finish times), with the events."""
+    for ev in events:
+        rec = replace(rec, state=ev.state, reason=ev.reason or rec.reason)
+        if ev.state is JobState.RUNNING and not rec.started_at:
+            rec = replace(rec, started_at=ev.ts)
+        if ev.state in TERMINAL:
+            rec = replace(rec, finished_at=ev.ts)
+    return rec, list(events)
 
 
 def _progress(st: DatasetStatus) -> JobProgress:

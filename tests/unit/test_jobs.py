@@ -363,3 +363,12 @@ def test_fails_with_a_reason_only_on_unretryable_errors() -> None:
     assert ev.reason == "not_found: no dataset train"
     with pytest.raises(IllegalJobTransition, match="terminal"):
         lc.apply(JobTrigger.STOP, 3.0)
+
+
+def test_edges_taken_on_a_copy_leave_the_original_as_it_was() -> None:
+    """The job service takes edges on a trial copy and keeps it only once the record is stored."""
+    lc = JobLifecycle("j", ["train"], state=JobState.RUNNING)
+    trial = lc.copy()
+    assert trial.dataset_done("train", 1.0) is not None
+    assert trial.state is JobState.COMPLETED and trial.done == {"train"}
+    assert lc.state is JobState.RUNNING and lc.done == set()

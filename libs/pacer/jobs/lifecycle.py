@@ -105,6 +105,12 @@ class JobLifecycle:
         lc = cls(job, datasets)
         return lc, JobEvent(job, JobState.SUBMITTED, now)
 
+    def copy(self) -> JobLifecycle:
+        """A trial copy: a caller takes edges on it and keeps it only once the result is stored."""
+        lc = JobLifecycle(self.job, self.datasets, self.state)
+        lc.done, lc.reason = set(self.done), self.reason
+        return lc
+
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL

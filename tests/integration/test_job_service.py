@@ -1,0 +1,150 @@
+"""Job records are written with a revision check, against a real nats-server.
+
+The job service runs in-process (the real runtime) with the shard service
+fixture; "another writer" is a second connection writing the same KV key,
+as a second job-service instance during a rolling update would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import InProcess, InProcessService, read_events
+from pacer import subjects
+from pacer.bus import Bus
+from pacer.codec import decode, encode
+from pacer.contracts.jobs import JobEvent, JobRecord, JobState
+from pacer.data.criteo import generate
+from pacer.embedded import EmbeddedNats
+from pacer.errors import Conflict, StaleRevision
+from pacer.jobs.client import JobClient
+from pacer_services.job_service.app import JobService, JobServiceConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_a_stale_write_is_refused_and_the_loser_re_reads(bus: Bus) -> None:
+    """Two writers read revision r; the first update wins, the second is refused until it re-reads."""
+    kv = await bus.kv("test-cas")
+    first = await Bus.kv_update(kv, "k", b"v0", None)
+    with pytest.raises(StaleRevision):  # a creation of an existing key
+        await Bus.kv_update(kv, "k", b"other", None)
+
+    a_rev = b_rev = first  # both writers read the same revision
+    a_rev = await Bus.kv_update(kv, "k", b"a", a_rev)
+    with pytest.raises(StaleRevision) as lost:
+        await Bus.kv_update(kv, "k", b"b", b_rev)
+    assert lost.value.code == "conflict"
+    assert (await kv.get("k")).value == b"a"  # the loser wrote nothing
+
+    entry = await kv.get("k")  # re-read, re-apply
+    assert entry.revision == a_rev
+    b_rev = await Bus.kv_update(kv, "k", (entry.value or b"") + b"+b", entry.revision)
+    assert (await kv.get("k")).value == b"a+b" and b_rev > a_rev
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "train.rec"
+    generate(path, 2_000, seed=1)
+    return path
+
+
+def spec(name: str, data: Path) -> str:
+    return f"name: {name}\nmodel: wide_deep\ndataset:\n  path: {data}\npolicies:\n  optimizer: none\n"
+
+
+@pytest.fixture
+async def jobs(nats_server: EmbeddedNats, shard_service: InProcessService,
+               tmp_path: Path) -> AsyncIterator[InProcess[JobService]]:
+    svc = InProcess(nats_server.url, lambda b: JobService(b, JobServiceConfig(data_dir=tmp_path / "jobs")))
+    await svc.start()
+    yield svc
+    await svc.stop()
+
+
+async def other_writer(bus: Bus, job: str, change: Callable[[JobRecord], JobRecord]) -> JobRecord:
+    """Another writer: read the record with its revision and store ``change(record)`` at that revision."""
+    kv = await bus.kv(subjects.JOB_BUCKET)
+    entry = await kv.get(job)
+    assert entry.value is not None and entry.revision is not None
+    rec = change(decode(JobRecord, entry.value))
+    await Bus.kv_update(kv, job, encode(rec), entry.revision)
+    return rec
+
+
+async def stored(bus: Bus, job: str) -> JobRecord:
+    kv = await bus.kv(subjects.JOB_BUCKET)
+    entry = await kv.get(job)
+    assert entry.value is not None
+    return decode(JobRecord, entry.value)
+
+
+async def test_the_service_re_applies_its_change_on_a_record_another_writer_moved(
+        bus: Bus, jobs: InProcess[JobService], data: Path) -> None:
+    client = JobClient(bus, timeout=10.0)
+    rec = await client.submit("cas-1", spec("cas-1", data))
+    assert rec.state is JobState.PLANNING
+    svc = jobs.svc
+    assert svc is not None
+
+    await other_writer(bus, "cas-1", lambda r: replace(r, result={"note": "written elsewhere"}))
+    stopped = await client.stop("cas-1", "enough")
+
+    assert svc.counters.values["cas_conflicts"] == 1
+    assert stopped.state is JobState.STOPPED
+    assert stopped.result == {"note": "written elsewhere"}  # the other writer's change survives
+    assert await stored(bus, "cas-1") == stopped
+
+
+async def test_a_transition_the_re_read_record_no_longer_allows_is_refused(
+        bus: Bus, jobs: InProcess[JobService], data: Path, nats_server: EmbeddedNats) -> None:
+    client = JobClient(bus, timeout=10.0)
+    await client.submit("cas-2", spec("cas-2", data))
+    failed = await other_writer(bus, "cas-2", lambda r: replace(r, state=JobState.FAILED, reason="elsewhere"))
+
+    with pytest.raises(Conflict, match="cannot stop a failed job"):
+        await client.stop("cas-2")
+
+    assert await stored(bus, "cas-2") == failed  # not overwritten
+    planning = await read_events(nats_server.url, subjects.job_event("cas-2", "planning"), JobEvent, idle_s=0.5)
+    assert [e.state for e in planning] == [JobState.PLANNING]
+    assert await read_events(nats_server.url, subjects.job_event("cas-2", "stopped"), JobEvent, idle_s=0.5) == []
+
+
+async def test_a_job_another_writer_created_first_is_a_conflict(
+        bus: Bus, jobs: InProcess[JobService], data: Path) -> None:
+    client = JobClient(bus, timeout=10.0)
+    theirs = await client.submit("cas-3", spec("cas-3", data))
+    kv = await bus.kv(subjects.JOB_BUCKET)
+    await kv.delete("cas-3")
+    svc = jobs.svc
+    assert svc is not None
+    svc.records.pop("cas-3")  # this instance forgot the job; another one creates it
+    svc.revisions.pop("cas-3")
+    svc.lifecycles.pop("cas-3")
+    await Bus.kv_update(kv, "cas-3", encode(replace(theirs, reason="the other instance's")), None)
+
+    with pytest.raises(Conflict, match="a job named 'cas-3' exists"):
+        await client.submit("cas-3", spec("cas-3", data))
+
+    assert (await stored(bus, "cas-3")).reason == "the other instance's"
+    assert (await client.get("cas-3")).reason == "the other instance's"  # adopted, not overwritten
+
+
+async def test_a_restarted_service_writes_at_the_revisions_it_loaded(
+        bus: Bus, jobs: InProcess[JobService], data: Path, nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    client = JobClient(bus, timeout=10.0)
+    await client.submit("cas-4", spec("cas-4", data))
+    await jobs.stop()
+    again = InProcess(nats_server.url, lambda b: JobService(b, JobServiceConfig(data_dir=tmp_path / "jobs")))
+    svc = await again.start()
+    try:
+        stopped = await client.stop("cas-4")
+        assert stopped.state is JobState.STOPPED
+        assert svc.counters.values["cas_conflicts"] == 0
+    finally:
+        await again.stop()
