@@ -7,7 +7,7 @@ ideal_jct_s, speedup_vs_native_pct}``), ``decision_ms_1000_workers``,
 ``overhead_pct`` and the details behind them.  PNG plots are written to
 ``--out`` (default ``bench/out/stragglers/``) when matplotlib is importable.
 
-1. AntDT Table III / Fig. 10-11 in the cluster simulator (``pacer_services.simulator``)
+1. AntDT Table III / Fig. 10-11 in the cluster simulator (``pacer_services.simulator.stragglers``)
     Setup of AntDT §VII-A: 20 workers, 8 PS, xDeepFM on Criteo (45,840,617
     records, 3 epochs), global batch 81920 (local 4096), M = 100 batches per
     shard, the agent reports every 10 iterations, monitor every 5 min, lambda
@@ -114,7 +114,7 @@ from typing import Any
 from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StragglerKind
 from pacer.contracts.policy import PolicyRequest
 from pacer_services.controller.policies import registry
-from pacer_services.simulator import Scenario, parse, run
+from pacer_services.simulator.stragglers import Scenario, parse, run
 
 # AntDT Table III: JCT (s) of BSP and AntDT-ND, and the speedup, per straggler intensity.
 PAPER_TABLE3: dict[str, dict[float, tuple[float, float, float]]] = {

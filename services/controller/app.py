@@ -9,22 +9,27 @@ For every running job, on the monitor's statistics
    batch sizes, the nodes in KILL_RESTART cool-down);
 2. the job's policy service answers on ``pacer.policy.<name>.decide``
    (``spec.policies.straggler``; the built-ins are services too);
-3. the core reviews the decision (AntDT §V-E2, time cost vs gain):
-   KILL_RESTART only when the cluster is not busy, not twice for one node
-   within the cool-down, at most one per window; batch sizes must cover the
-   live workers and sum to B; a malformed or missing reply -> ``none`` for
-   this round (``fallback``);
-4. the actions are carried out: global actions (ADJUST_BS, ADJUST_LR,
+3. the core plans the round (``ControllerCore.round``): it reviews the
+   decision (AntDT §V-E2, time cost vs gain): KILL_RESTART only when the
+   cluster is not busy, not twice for one node within the cool-down, at most
+   one per window; batch sizes must cover the live workers and sum to B; a
+   malformed or missing reply -> ``none`` for this round (``fallback``);
+   and it puts first a re-send of the batch sizes to a relaunched worker;
+4. this service carries the planned actions out: global actions (ADJUST_BS, ADJUST_LR,
    BACKUP_WORKERS) through the job's primary agent, which applies them in one
    iteration on every worker; KILL_RESTART of a worker through the
    pod-executor's ``restart`` (the node's shards go back at once, the pod
    comes back fresh); KILL_RESTART of a PS through a seamless ``migrate`` to a
    fresh pod with the same resources (DLRover-RM §5.2: a bare PS restart
    would lose its variables);
-5. the round is published as ``pacer.events.controller.<job>.decision``
-   with every executed, refused and failed action and its reason.
+5. the core records what was done (``ControllerCore.applied``: cool-downs,
+   the job's setup) and the round is published as
+   ``pacer.events.controller.<job>.decision`` with every executed, refused
+   and failed action and its reason.
 
-State (cool-downs, current batch sizes) is in memory: after a restart the
+This module is the IO shell: the same core drives the cluster simulator
+(``pacer_services.simulator.stragglers``).  State (cool-downs, current batch
+sizes) is in memory, in each job's core: after a restart the
 controller starts from the job's spec (batch sizes B/n) and an empty
 cool-down; the executor's relaunch budget still bounds restarts.  Run one
 instance (statistics arrive in a queue group, so a second instance would
@@ -51,16 +56,11 @@ from pacer import subjects
 from pacer.bus import NO_RETRY, Bus
 from pacer.codec import decode
 from pacer.contracts.agent import GLOBAL_KINDS, ActionKind, ActionResult, GlobalAction
+from pacer.contracts.common import Role
 from pacer.contracts.executor import CommandKind, CommandResult, ExecutorCommand
 from pacer.contracts.jobs import JobRecord, JobState
-from pacer.contracts.monitor import JobStatistics, NodeState
-from pacer.contracts.policy import (
-    ControllerDecision,
-    PolicyAction,
-    PolicyDecision,
-    PolicyRequest,
-    RefusedAction,
-)
+from pacer.contracts.monitor import JobStatistics
+from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 from pacer.errors import PacerError
 from pacer.runtime import RuntimeConfig
 from pacer.telemetry import Counters
@@ -87,14 +87,11 @@ class ControllerServiceConfig:
 
 @dataclass
 class JobControl:
+    """The service's bookkeeping of one job; the job's setup and cool-downs live in its core."""
+
     core: ControllerCore
-    setup: JobSetup
-    policy: str
     last: float = 0.0  # when the last round ran
     busy: bool = False  # a round is in flight
-    # A worker relaunched by KILL_RESTART starts with the spec's B/n, not the B_i an ADJUST_BS gave
-    # it: once it runs again, the current batch sizes are sent to every worker once more.
-    resync: bool = False
 
 
 class ControllerService:
@@ -150,12 +147,8 @@ class ControllerService:
     def _control(self, rec: JobRecord) -> JobControl:
         ctl = self.jobs.get(rec.job)
         if ctl is None:
-            workers = rec.plan.workers if rec.plan else 1
-            per = max(1, rec.spec.batch_size // workers)
-            setup = JobSetup(global_batch=per * workers, mode=rec.spec.mode.value,
-                             backup_workers=rec.spec.backup_workers, min_batch=max(1, per // 8))
-            ctl = JobControl(ControllerCore(rec.job, self.cfg.core), setup, rec.spec.policies.straggler)
-            self.jobs[rec.job] = ctl
+            core = ControllerCore(rec.job, JobSetup.of_record(rec), self.cfg.core, policy=rec.spec.policies.straggler)
+            ctl = self.jobs[rec.job] = JobControl(core)
         return ctl
 
     async def _round(self, stats: JobStatistics) -> None:
@@ -182,46 +175,18 @@ class ControllerService:
             ctl.busy = False
 
     async def _decide(self, rec: JobRecord, ctl: JobControl, stats: JobStatistics, t0: float) -> None:
+        """IO around the core's round: ask the policy, carry the planned actions out, publish the outcome."""
         now = self.clock()
-        req = ctl.core.request(stats, ctl.setup, now)
-        policy, fallback, why = ctl.policy, False, ""
-        decision = await self._ask(policy, req)
-        if isinstance(decision, str):
-            fallback, why = True, decision
-            decision = PolicyDecision(rec.job, "none", [], reason=f"fallback to none: {why}")
-        review = ctl.core.review(req, decision, now)
-        if review.fallback:
-            fallback, why = True, review.reason
-        executed: list[PolicyAction] = []
-        failed: list[RefusedAction] = []
-        todo = [] if review.fallback else list(review.execute)
-        if ctl.resync and ctl.setup.batch_sizes and _all_running(stats) and not any(
-                a.kind is ActionKind.ADJUST_BS for a in todo):
-            todo.insert(0, PolicyAction(ActionKind.ADJUST_BS, payload={
-                "batch_sizes": dict(ctl.setup.batch_sizes), "accumulations": dict(ctl.setup.accumulations)},
-                reason="re-send the batch sizes to a worker relaunched since they were set"))
-            ctl.resync = False
-        for action in todo:
-            err = await self._execute(rec, stats, action)
-            if err:
-                failed.append(RefusedAction(action.kind.value, action.node, err))
-                self.counters.inc("actions_failed", kind=action.kind.value)
-                continue
-            executed.append(action)
-            ctl.core.applied(action, now)
-            ctl.setup = ctl.setup.apply(action)
-            if action.kind is ActionKind.KILL_RESTART and ctl.setup.mode == "bsp" and ctl.setup.batch_sizes:
-                ctl.resync = True
+        req = ctl.core.request(stats, now)
+        rnd = ctl.core.round(req, await self._ask(ctl.core.policy, req), now)
+        errors = [await self._execute(rec, stats, action) for action in rnd.execute]
+        out = ctl.core.applied(rnd, errors, now, round_ms=(time.perf_counter() - t0) * 1e3)
+        for action in out.executed:
             self.counters.inc("actions", kind=action.kind.value)
-        refused = [RefusedAction(getattr(r.action, "kind", ActionKind.NONE).value
-                                 if isinstance(getattr(r.action, "kind", None), ActionKind) else str(r.action),
-                                 getattr(r.action, "node", ""), r.reason) for r in review.refused]
-        if fallback:
+        for failed in out.failed:
+            self.counters.inc("actions_failed", kind=failed.kind)
+        if out.fallback:
             self.counters.inc("fallbacks")
-        out = ControllerDecision(
-            rec.job, now, policy, executed, refused, failed, fallback,
-            reason=(f"policy {policy} unusable, none used: {why}" if fallback else decision.reason),
-            decision_ms=decision.decision_ms, round_ms=(time.perf_counter() - t0) * 1e3)
         await self.bus.publish_durable(subjects.controller_decision(rec.job), out)
         self.counters.inc("rounds")
 
@@ -249,7 +214,7 @@ class ControllerService:
                 return "" if res.applied else f"not applied: {res.detail}"
             if action.kind is ActionKind.KILL_RESTART:
                 role = next((n.role for n in stats.nodes if n.node == action.node), "")
-                kind = CommandKind.MIGRATE if role == "ps" else CommandKind.RESTART
+                kind = CommandKind.MIGRATE if role == Role.PS else CommandKind.RESTART
                 cmd = ExecutorCommand(job, action.node, kind, action.reason or "KILL_RESTART",
                                       command_id=f"{job}-c{next(self._ids)}-{int(self.clock())}")
                 out = await self.bus.request(subjects.executor_rpc(job, subjects.ExecutorOp.COMMAND), cmd,
@@ -258,11 +223,6 @@ class ControllerService:
             return f"unsupported action {action.kind.value}"
         except PacerError as exc:
             return f"{exc.code}: {exc.message}"
-
-
-def _all_running(stats: JobStatistics) -> bool:
-    workers = [n for n in stats.nodes if n.role != "ps"]
-    return bool(workers) and all(n.state is NodeState.RUNNING and n.bpt_short_s > 0 for n in workers)
 
 
 async def create(bus: Bus, rc: RuntimeConfig) -> ControllerService:

@@ -18,6 +18,21 @@ at least one gradient per step.  A decision that is not a decision for this
 job (wrong job, unknown action kinds, wrong types) is refused as a whole
 with ``fallback=True``: the service then runs ``none`` and emits an event.
 
+A round, the same for the live service and the cluster simulator::
+
+    req = core.request(stats, now)            # what the policy is asked
+    rnd = core.round(req, decision_or_error, now)   # what to carry out, in order
+    ...                                       # the caller executes rnd.execute (NATS / simulation)
+    out = core.applied(rnd, errors, now)      # cool-downs, setup, re-send flag; the ControllerDecision
+
+The core owns the job's setup as the controller knows it (:class:`JobSetup`:
+batch sizes, accumulations, backup workers) and follows it from executed
+actions only.  A worker relaunched by KILL_RESTART (or every worker, after a
+PS migration) starts from the job spec's B / n, not from the B_i an
+ADJUST_BS gave it: in BSP the core then plans a re-send of the current batch
+sizes once every worker runs again, and keeps planning it until one is
+executed.
+
 One :class:`ControllerCore` per job.  No IO, no clock: ``now`` comes in as an
 argument (controller time, seconds).  Not thread-safe.
 """
@@ -25,12 +40,21 @@ argument (controller time, seconds).  Not thread-safe.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pacer.contracts.agent import ActionKind
+from pacer.contracts.common import Role
+from pacer.contracts.jobs import JobRecord
 from pacer.contracts.monitor import JobStatistics, NodeState
-from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
+from pacer.contracts.policy import (
+    ControllerDecision,
+    PolicyAction,
+    PolicyDecision,
+    PolicyRequest,
+    RefusedAction,
+)
 
 from .policies import even_split, live_workers
 
@@ -61,6 +85,14 @@ class JobSetup:
     max_batch: int = 0  # 0: unbounded
     device_groups: dict[str, str] = field(default_factory=dict)  # worker -> device group (AntDT-DD)
     params: dict[str, Any] = field(default_factory=dict)  # the policy's parameters from the job spec
+
+    @classmethod
+    def of_record(cls, rec: JobRecord) -> JobSetup:
+        """The setup a job starts with: the spec's B split evenly over the plan's workers (as launched)."""
+        workers = rec.plan.workers if rec.plan else 1
+        per = max(1, rec.spec.batch_size // workers)
+        return cls(global_batch=per * workers, mode=rec.spec.mode.value,
+                   backup_workers=rec.spec.backup_workers, min_batch=max(1, per // 8))
 
     def apply(self, action: PolicyAction) -> JobSetup:
         """The setup after ``action`` was executed (ADJUST_BS, BACKUP_WORKERS; others change nothing here)."""
@@ -138,13 +170,50 @@ def check_adjust_bs(req: PolicyRequest, payload: dict[str, Any]) -> str:
     return ""
 
 
-class ControllerCore:
-    """The controller's rules for one job: build the policy request, review the decision, track restarts."""
+def all_workers_running(stats: JobStatistics) -> bool:
+    """Every worker runs and has reported a step: an ADJUST_BS now reaches each of them."""
+    workers = [n for n in stats.nodes if n.role != Role.PS]
+    return bool(workers) and all(n.state is NodeState.RUNNING and n.bpt_short_s > 0 for n in workers)
 
-    def __init__(self, job: str, cfg: ControllerConfig | None = None) -> None:
+
+def _refused(r: Refusal) -> RefusedAction:
+    kind = getattr(r.action, "kind", None)
+    node = getattr(r.action, "node", "")
+    return RefusedAction(kind.value if isinstance(kind, ActionKind) else str(r.action),
+                         node if isinstance(node, str) else str(node), r.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One round as the core planned it: the actions to carry out, in this order, and why.
+
+    ``execute`` holds the reviewed actions of the policy (none on a fallback),
+    preceded by the re-send of the batch sizes when one is due (``resync``).
+    """
+
+    request: PolicyRequest
+    policy: str
+    execute: tuple[PolicyAction, ...]
+    refused: tuple[RefusedAction, ...]
+    fallback: bool  # the policy's answer was unusable: ``none`` was used
+    reason: str  # the decision event's reason
+    decision_ms: float  # the policy's own decision time
+    resync: bool  # execute[0] re-sends the batch sizes to a relaunched worker
+    all_running: bool  # every worker ran when the round was planned
+
+
+class ControllerCore:
+    """The controller's rules for one job: the policy request, the review, the job's setup and cool-downs."""
+
+    def __init__(self, job: str, setup: JobSetup, cfg: ControllerConfig | None = None, *,
+                 policy: str = "none") -> None:
         self.job = job
+        self.setup = setup
         self.cfg = cfg or ControllerConfig()
+        self.policy = policy  # the job's straggler policy (its name, for the decision event)
         self.restarts: list[tuple[str, float]] = []  # (node, when) of executed KILL_RESTARTs, oldest first
+        # A relaunched worker runs with the spec's B / n until the batch sizes are sent again (BSP).
+        self.resync = False
 
     def _recent(self, now: float) -> list[tuple[str, float]]:
         horizon = now - self.cfg.cooldown_s
@@ -158,10 +227,11 @@ class ControllerCore:
             return sorted({n.node for n in stats.nodes} | {n for n, _ in recent})
         return sorted({n for n, _ in recent})
 
-    def request(self, stats: JobStatistics, setup: JobSetup, now: float) -> PolicyRequest:
+    def request(self, stats: JobStatistics, now: float) -> PolicyRequest:
         """The :class:`PolicyRequest` for this round: statistics, the setup of the live workers, the cool-down."""
         if stats.job != self.job:
             raise ValueError(f"statistics of job {stats.job!r} given to the controller of {self.job!r}")
+        setup = self.setup
         workers = [w.node for w in live_workers(stats)]
         even = even_split(setup.global_batch, len(workers), setup.min_batch)
         return PolicyRequest(
@@ -178,8 +248,7 @@ class ControllerCore:
             params=dict(setup.params),
             restart_blocked=self.restart_blocked(stats, now),
         )
-
-    def review(self, req: PolicyRequest, decision: PolicyDecision, now: float) -> Review:
+    def review(self, req: PolicyRequest, decision: object, now: float) -> Review:
         """Split ``decision`` into actions to execute and refused ones, each refusal with its reason."""
         why = _malformed(req, decision)
         if why:
@@ -187,6 +256,7 @@ class ControllerCore:
             items = list(actions) if isinstance(actions, list) else [decision]
             bad = [Refusal(a, f"malformed decision: {why}") for a in items]
             return Review(refused=bad, fallback=True, reason=f"malformed decision ({why}): falling back to none")
+        assert isinstance(decision, PolicyDecision)  # _malformed checked it
 
         stats = req.stats
         nodes = {n.node: n for n in stats.nodes}
@@ -252,7 +322,54 @@ class ControllerCore:
         reason = f"{len(execute)} to execute, {len(refused)} refused"
         return Review(execute=execute, refused=refused, reason=reason)
 
-    def applied(self, action: PolicyAction, now: float) -> None:
-        """Record an executed action: a KILL_RESTART starts its node's cool-down."""
-        if action.kind is ActionKind.KILL_RESTART:
-            self.restarts.append((action.node, now))
+    def round(self, req: PolicyRequest, answer: object, now: float) -> Round:
+        """Plan the round: the policy's ``answer`` (a :class:`PolicyDecision`, or the text of why
+        there is none) reviewed, falling back to ``none`` when unusable, plus the batch-size re-send."""
+        fallback, why = False, ""
+        if isinstance(answer, str):
+            fallback, why = True, answer
+            answer = PolicyDecision(self.job, "none", [], reason=f"fallback to none: {why}")
+        review = self.review(req, answer, now)
+        if review.fallback:
+            fallback, why = True, review.reason
+        todo = [] if review.fallback else list(review.execute)
+        running = all_workers_running(req.stats)
+        resync = (self.resync and bool(self.setup.batch_sizes) and running
+                  and not any(a.kind is ActionKind.ADJUST_BS for a in todo))
+        if resync:
+            todo.insert(0, PolicyAction(ActionKind.ADJUST_BS, payload={
+                "batch_sizes": dict(self.setup.batch_sizes), "accumulations": dict(self.setup.accumulations)},
+                reason="re-send the batch sizes to a worker relaunched since they were set"))
+        ms = getattr(answer, "decision_ms", 0.0)
+        return Round(
+            request=req, policy=self.policy, execute=tuple(todo),
+            refused=tuple(_refused(r) for r in review.refused), fallback=fallback,
+            reason=(f"policy {self.policy} unusable, none used: {why}" if fallback
+                    else str(getattr(answer, "reason", ""))),
+            decision_ms=float(ms) if isinstance(ms, int | float) else 0.0,
+            resync=resync, all_running=running,
+        )
+
+    def applied(self, rnd: Round, errors: Sequence[str], now: float, round_ms: float = 0.0) -> ControllerDecision:
+        """Record what was carried out of ``rnd`` (``errors[i]`` for ``rnd.execute[i]``, "" = done):
+        cool-downs, the setup, the re-send flag; returns the round's :class:`ControllerDecision`."""
+        if len(errors) != len(rnd.execute):
+            raise ValueError(f"{len(errors)} results for {len(rnd.execute)} actions")
+        executed: list[PolicyAction] = []
+        failed: list[RefusedAction] = []
+        for action, err in zip(rnd.execute, errors, strict=True):
+            if err:
+                failed.append(RefusedAction(action.kind.value, action.node, err))
+                continue
+            executed.append(action)
+            if action.kind is ActionKind.KILL_RESTART:
+                self.restarts.append((action.node, now))
+            self.setup = self.setup.apply(action)
+        kinds = {a.kind for a in executed}
+        if ActionKind.ADJUST_BS in kinds and rnd.all_running:
+            self.resync = False  # every worker has the current batch sizes again
+        if ActionKind.KILL_RESTART in kinds and self.setup.mode == "bsp" and self.setup.batch_sizes:
+            self.resync = True  # the relaunched node (a PS: every worker) comes back with B / n
+        return ControllerDecision(
+            self.job, now, rnd.policy, executed, list(rnd.refused), failed, rnd.fallback,
+            reason=rnd.reason, decision_ms=rnd.decision_ms, round_ms=round_ms)

@@ -1,13 +1,14 @@
 """``pacer sim``: run one scenario file and print what happened.
 
-Human lines first, then, as the last line, one JSON object (``--json`` prints
+A straggler scenario (:mod:`.stragglers.scenario`) runs one job under a
+straggler policy.  Human lines first, then, as the last line, one JSON object (``--json`` prints
 only that line) with ``method``, ``jct_s``, ``ideal_jct_s``, ``actions``,
 ``shards_done``, ``records_duplicated``, ``steps``, ``restarts``, ``seed``,
 ``scenario`` and more.  Exit codes: 0 ok, 2 bad scenario or arguments,
 1 the simulation failed.
 
 A scenario with a top-level ``autoscale`` key is an autoscaling run instead
-(:mod:`.autoscale_scenario`): ``--scaler`` picks the scaler (default the
+(:mod:`.autoscale.scenario`): ``--scaler`` picks the scaler (default the
 scenario's) and the JSON line carries ``scaler``, ``jct_s``,
 ``oracle_jct_s``, ``jct_vs_oracle_pct`` and the run's figures (or, for a
 cluster scenario, ``mean_jct_s``, ``makespan_s`` and per-job results).
@@ -26,8 +27,8 @@ from pacer.errors import PacerError
 
 from .autoscale import ClusterRun, time_to_fraction_of
 from .autoscale import scenario as autoscale_scenario
-from .engine import run
-from .scenario import ScenarioError, load
+from .fields import ScenarioError
+from .stragglers import load, run
 
 
 def build_parser() -> argparse.ArgumentParser:

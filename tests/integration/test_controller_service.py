@@ -198,3 +198,29 @@ async def test_jobs_that_are_not_running_are_left_alone(env: Doubles, bus: Bus) 
     await asyncio.sleep(1.0)
     assert not [x for x in env.decisions if x.job in ("j9", "nojob")]
     assert not env.commands
+
+
+async def test_batch_sizes_go_again_to_a_relaunched_worker_once_every_worker_runs(env: Doubles, bus: Bus) -> None:
+    """The core's re-send (BSP): ADJUST_BS, then KILL_RESTART of worker-1, then the sizes again."""
+    script = [
+        [PolicyAction(ActionKind.ADJUST_BS, payload={"batch_sizes": {"worker-0": 384, "worker-1": 128}})],
+        [PolicyAction(ActionKind.KILL_RESTART, node="worker-1", reason="slow")],
+        [],
+    ]
+
+    def decide(req: PolicyRequest) -> PolicyDecision:
+        return PolicyDecision(req.job, "scripted", script.pop(0) if script else [])
+
+    subs = await serve_policies(bus, {"scripted": decide})
+    await add_job(bus, "j10", "scripted")
+    nodes = [node("worker-0", 0.1), node("worker-1", 0.1), node("ps-0", 0.1, "ps")]
+    for rounds in (1, 2, 3):
+        await publish(bus, stats("j10", nodes))
+        await env.wait(lambda n=rounds: len([x for x in env.decisions if x.job == "j10"]) >= n or None)
+    d = [x for x in env.decisions if x.job == "j10"]
+    assert [a.kind for a in d[1].executed] == [ActionKind.KILL_RESTART]
+    assert [a.kind for a in d[2].executed] == [ActionKind.ADJUST_BS] and "re-send" in d[2].executed[0].reason
+    sent = [g for g in env.global_actions if g.job == "j10"]
+    assert [g.payload["batch_sizes"] for g in sent] == [{"worker-0": 384, "worker-1": 128}] * 2
+    for s in subs:
+        await s.unsubscribe()

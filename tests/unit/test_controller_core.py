@@ -1,4 +1,5 @@
-"""Controller core: the policy request, the review of decisions (AntDT §V-E2 guards), the restart cool-down.
+"""Controller core: the policy request, the review of decisions (AntDT §V-E2 guards), the restart cool-down,
+and the round (fallback, batch-size re-send, what was applied) that the service and the simulator share.
 
 Every test injects ``now``; nothing reads a clock.
 """
@@ -11,7 +12,7 @@ import pytest
 from pacer.contracts.agent import ActionKind
 from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StragglerKind
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
-from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup
+from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup, Round
 from pacer_services.controller.policies import antdt_nd
 
 JOB = "job1"
@@ -52,9 +53,19 @@ def adjust(sizes: dict[str, Any], accs: dict[str, Any] | None = None) -> PolicyA
     return PolicyAction(kind=ActionKind.ADJUST_BS, payload=payload)
 
 
-def review(core: ControllerCore, d: PolicyDecision, now: float = T0, busy: bool = False,
-           setup: JobSetup = SETUP) -> Any:
-    return core.review(core.request(stats(busy), setup, now), d, now)
+def core_of(setup: JobSetup = SETUP, cfg: ControllerConfig | None = None) -> ControllerCore:
+    return ControllerCore(JOB, setup, cfg, policy="test")
+
+
+def review(core: ControllerCore, d: PolicyDecision, now: float = T0, busy: bool = False) -> Any:
+    return core.review(core.request(stats(busy), now), d, now)
+
+
+def execute(core: ControllerCore, *actions: PolicyAction, now: float = T0) -> None:
+    """Record ``actions`` as carried out (a round whose plan is exactly them)."""
+    req = core.request(stats(), now)
+    rnd = Round(req, core.policy, tuple(actions), (), False, "", 0.0, False, True)
+    core.applied(rnd, [""] * len(actions), now)
 
 
 # ---------------------------------------------------------------- request
@@ -63,7 +74,7 @@ def review(core: ControllerCore, d: PolicyDecision, now: float = T0, busy: bool 
 def test_request_carries_the_setup_of_the_live_workers_only() -> None:
     setup = JobSetup(global_batch=300, batch_sizes={"worker-0": 150, "worker-3": 50}, accumulations={"worker-0": 2},
                      device_groups={"worker-1": "v100", "worker-3": "p100"}, params={"lambda": 2.0})
-    req = ControllerCore(JOB).request(stats(), setup, T0)
+    req = core_of(setup).request(stats(), T0)
     assert isinstance(req, PolicyRequest)
     assert req.batch_sizes == {"worker-0": 150, "worker-1": 100, "worker-2": 100}  # even split B/n for new ones
     assert req.accumulations == {"worker-0": 2, "worker-1": 1, "worker-2": 1}
@@ -73,82 +84,82 @@ def test_request_carries_the_setup_of_the_live_workers_only() -> None:
 
 def test_request_of_another_job_is_an_error() -> None:
     with pytest.raises(ValueError):
-        ControllerCore("other").request(stats(), SETUP, T0)
+        ControllerCore("other", SETUP).request(stats(), T0)
 
 
 # ---------------------------------------------------------------- KILL_RESTART guards
 
 
 def test_cooldown_blocks_a_second_restart_of_the_same_node_until_it_expires() -> None:
-    core = ControllerCore(JOB, ControllerConfig(cooldown_s=600, max_restarts_per_window=5))
+    core = core_of(cfg=ControllerConfig(cooldown_s=600, max_restarts_per_window=5))
     r = review(core, decision(restart("worker-1")))
     assert r.execute == [restart("worker-1")] and r.refused == []
-    core.applied(r.execute[0], T0)
+    execute(core, r.execute[0])
 
-    assert "worker-1" in core.request(stats(), SETUP, T0 + 100).restart_blocked
+    assert "worker-1" in core.request(stats(), T0 + 100).restart_blocked
     r = review(core, decision(restart("worker-1")), now=T0 + 100)
     assert r.execute == [] and "cool-down" in r.refused[0].reason
     # Another node is not in cool-down.
     assert review(core, decision(restart("worker-2")), now=T0 + 100).execute == [restart("worker-2")]
 
     later = T0 + 601
-    assert core.request(stats(), SETUP, later).restart_blocked == []
+    assert core.request(stats(), later).restart_blocked == []
     assert review(core, decision(restart("worker-1")), now=later).execute == [restart("worker-1")]
 
 
 def test_at_most_max_restarts_per_window() -> None:
-    core = ControllerCore(JOB, ControllerConfig(cooldown_s=600, max_restarts_per_window=1))
+    core = core_of(cfg=ControllerConfig(cooldown_s=600, max_restarts_per_window=1))
     r = review(core, decision(restart("worker-1"), restart("ps-0")))
     assert r.execute == [restart("worker-1")]
     assert "at most 1" in r.refused[0].reason
-    core.applied(r.execute[0], T0)
+    execute(core, r.execute[0])
     # The job's budget is spent: every node is blocked for the policy, and the review agrees.
-    assert set(core.request(stats(), SETUP, T0 + 10).restart_blocked) >= {"ps-0", "worker-0", "worker-2"}
+    assert set(core.request(stats(), T0 + 10).restart_blocked) >= {"ps-0", "worker-0", "worker-2"}
     assert review(core, decision(restart("ps-0")), now=T0 + 10).execute == []
 
 
 def test_busy_cluster_refuses_restarts() -> None:
-    r = review(ControllerCore(JOB), decision(restart("worker-1")), busy=True)
+    r = review(core_of(), decision(restart("worker-1")), busy=True)
     assert r.execute == [] and "busy" in r.refused[0].reason and not r.fallback
-    permissive = ControllerCore(JOB, ControllerConfig(refuse_restart_when_busy=False))
+    permissive = core_of(cfg=ControllerConfig(refuse_restart_when_busy=False))
     assert review(permissive, decision(restart("worker-1")), busy=True).execute == [restart("worker-1")]
 
 
 @pytest.mark.parametrize(("target", "why"), [("worker-3", "dead"), ("worker-77", "unknown")])
 def test_restart_of_dead_or_unknown_nodes_is_refused(target: str, why: str) -> None:
-    r = review(ControllerCore(JOB), decision(restart(target)))
+    r = review(core_of(), decision(restart(target)))
     assert r.execute == [] and why in r.refused[0].reason
 
 
 def test_applied_ignores_other_actions() -> None:
-    core = ControllerCore(JOB)
-    core.applied(adjust({"worker-0": 300}), T0)
-    assert core.request(stats(), SETUP, T0).restart_blocked == []
+    core = core_of()
+    execute(core, adjust({"worker-0": 100, "worker-1": 100, "worker-2": 100}))
+    assert core.request(stats(), T0).restart_blocked == []
 
 
 # ---------------------------------------------------------------- malformed decisions
 
 
 def test_decision_for_another_job_falls_back() -> None:
-    r = review(ControllerCore(JOB), decision(restart("worker-1"), job="other"))
+    r = review(core_of(), decision(restart("worker-1"), job="other"))
     assert r.fallback and r.execute == [] and len(r.refused) == 1
     assert "malformed" in r.refused[0].reason and "other" in r.reason
 
 
 def test_unknown_action_kind_falls_back_for_the_whole_decision() -> None:
     bogus = PolicyAction(kind="SPEED_UP", node="worker-1")  # type: ignore[arg-type]
-    r = review(ControllerCore(JOB), decision(restart("worker-1"), bogus))
+    r = review(core_of(), decision(restart("worker-1"), bogus))
     assert r.fallback and r.execute == [] and len(r.refused) == 2
     assert all("SPEED_UP" in x.reason for x in r.refused)
 
 
 def test_not_a_decision_falls_back() -> None:
-    r = review(ControllerCore(JOB), {"job": JOB, "actions": []})  # type: ignore[arg-type]
+    r = review(core_of(), {"job": JOB, "actions": []})  # type: ignore[arg-type]
     assert r.fallback and r.execute == [] and r.refused and r.refused[0].reason
 
 
 def test_none_actions_are_dropped_silently() -> None:
-    r = review(ControllerCore(JOB), decision(PolicyAction(kind=ActionKind.NONE)))
+    r = review(core_of(), decision(PolicyAction(kind=ActionKind.NONE)))
     assert r.execute == [] and r.refused == [] and not r.fallback
 
 
@@ -175,35 +186,37 @@ GOOD = {"worker-0": 150, "worker-1": 100, "worker-2": 50}
     ],
 )
 def test_adjust_bs_is_refused_unless_it_names_the_live_workers_and_sums_to_B(action: PolicyAction, why: str) -> None:
-    r = review(ControllerCore(JOB), decision(action))
+    r = review(core_of(), decision(action))
     assert r.execute == [] and not r.fallback
     assert why in r.refused[0].reason
 
 
 def test_adjust_bs_accepted_and_applied_to_the_setup() -> None:
-    core = ControllerCore(JOB)
+    core = core_of()
     good = adjust({"worker-0": 100, "worker-1": 50, "worker-2": 50}, {"worker-0": 2})
     r = review(core, decision(good))
     assert r.execute == [good]
-    setup = SETUP.apply(good)
-    req = core.request(stats(), setup, T0)
+    assert core.setup == SETUP  # reviewed is not executed
+    execute(core, good)
+    assert core.setup == SETUP.apply(good)
+    req = core.request(stats(), T0)
     assert req.batch_sizes == {"worker-0": 100, "worker-1": 50, "worker-2": 50}
     assert req.accumulations == {"worker-0": 2, "worker-1": 1, "worker-2": 1}
 
 
 def test_adjust_bs_respects_max_batch_and_one_per_decision() -> None:
     setup = JobSetup(global_batch=300, max_batch=120)
-    r = review(ControllerCore(JOB), decision(adjust(GOOD)), setup=setup)
+    r = review(core_of(setup), decision(adjust(GOOD)))
     assert "max batch 120" in r.refused[0].reason
     ok = adjust({"worker-0": 100, "worker-1": 100, "worker-2": 100})
-    r = review(ControllerCore(JOB), decision(ok, ok), setup=setup)
+    r = review(core_of(setup), decision(ok, ok))
     assert r.execute == [ok] and "only one" in r.refused[0].reason
 
 
 @pytest.mark.parametrize(("b", "ok"), [(0, True), (2, True), (3, False), (-1, False), ("1", False), (True, False)])
 def test_backup_workers_must_keep_one_live_gradient(b: Any, ok: bool) -> None:
     a = PolicyAction(kind=ActionKind.BACKUP_WORKERS, payload={"backup": b})
-    r = review(ControllerCore(JOB), decision(a))
+    r = review(core_of(), decision(a))
     assert (r.execute == [a]) is ok
     if not ok:
         assert "backup" in r.refused[0].reason
@@ -211,32 +224,138 @@ def test_backup_workers_must_keep_one_live_gradient(b: Any, ok: bool) -> None:
 
 def test_backup_workers_refused_in_asp_and_applied_to_the_setup() -> None:
     a = PolicyAction(kind=ActionKind.BACKUP_WORKERS, payload={"backup": 1})
-    r = review(ControllerCore(JOB), decision(a), setup=JobSetup(global_batch=300, mode="asp"))
+    r = review(core_of(JobSetup(global_batch=300, mode="asp")), decision(a))
     assert r.execute == [] and "BSP" in r.refused[0].reason
     assert SETUP.apply(a).backup_workers == 1
-    assert ControllerCore(JOB).request(stats(), SETUP.apply(a), T0).backup_workers == 1
+    core = core_of()
+    execute(core, a)
+    assert core.request(stats(), T0).backup_workers == 1
 
 
 @pytest.mark.parametrize(("scale", "ok"), [(0.5, True), (2, True), (0, False), (float("nan"), False), (None, False)])
 def test_adjust_lr_needs_a_positive_scale(scale: Any, ok: bool) -> None:
     a = PolicyAction(kind=ActionKind.ADJUST_LR, payload={"scale": scale})
-    assert (review(ControllerCore(JOB), decision(a)).execute == [a]) is ok
+    assert (review(core_of(), decision(a)).execute == [a]) is ok
 
 
 # ---------------------------------------------------------------- policy and core agree
 
 
 def test_antdt_nd_decisions_pass_review() -> None:
-    core = ControllerCore(JOB)
+    core = core_of()
     s = stats(extra=[node("worker-4", bpt=3.0, kind=StragglerKind.PERSISTENT),
                      node("worker-5", bpt=2.0, kind=StragglerKind.TRANSIENT)])
-    req = core.request(s, SETUP, T0)
+    req = core.request(s, T0)
     d = antdt_nd.decide(req)
     r = core.review(req, d, T0)
     assert r.refused == [] and {a.kind for a in r.execute} == {ActionKind.KILL_RESTART, ActionKind.ADJUST_BS}
-    for a in r.execute:
-        core.applied(a, T0)
+    rnd = core.round(req, d, T0)
+    assert list(rnd.execute) == r.execute and not rnd.fallback
+    core.applied(rnd, [""] * len(rnd.execute), T0)
     # Next round, worker-4 is in cool-down: AntDT-ND does not even propose it.
-    req2 = core.request(s, SETUP, T0 + 60)
+    req2 = core.request(s, T0 + 60)
     assert "worker-4" in req2.restart_blocked
     assert ActionKind.KILL_RESTART not in {a.kind for a in antdt_nd.decide(req2).actions}
+
+
+# ---------------------------------------------------------------- the round (shared by the service and the simulator)
+
+
+def all_running() -> JobStatistics:
+    nodes = [node("ps-0", role="ps"), node("worker-0"), node("worker-1"), node("worker-2")]
+    return JobStatistics(job=JOB, ts=T0, window_short_s=300.0, window_long_s=600.0,
+                         throughput_samples_per_s=0.0, nodes=nodes)
+
+
+def test_an_unusable_answer_falls_back_to_none_and_says_why() -> None:
+    core = core_of()
+    req = core.request(stats(), T0)
+    rnd = core.round(req, "timeout: nobody answered", T0)
+    assert rnd.fallback and rnd.execute == () and rnd.refused == ()
+    assert rnd.reason == "policy test unusable, none used: timeout: nobody answered"
+    out = core.applied(rnd, [], T0, round_ms=3.0)
+    assert out.fallback and out.policy == "test" and out.executed == [] and out.round_ms == 3.0 and out.ts == T0
+    # A malformed decision: every action refused, none executed.
+    rnd = core.round(req, decision(restart("worker-1"), job="other"), T0)
+    assert rnd.fallback and rnd.execute == () and [r.kind for r in rnd.refused] == ["KILL_RESTART"]
+    assert "malformed" in rnd.reason
+
+
+def test_round_carries_the_policy_reason_and_time_and_records_refusals() -> None:
+    core = core_of(cfg=ControllerConfig(max_restarts_per_window=1))
+    d = PolicyDecision(JOB, "test", [restart("worker-1"), restart("worker-2")], reason="two slow", decision_ms=1.5)
+    rnd = core.round(core.request(stats(), T0), d, T0)
+    assert rnd.execute == (restart("worker-1"),) and rnd.reason == "two slow" and rnd.decision_ms == 1.5
+    assert [(r.kind, r.node) for r in rnd.refused] == [("KILL_RESTART", "worker-2")]
+    out = core.applied(rnd, [""], T0)
+    assert out.executed == [restart("worker-1")] and out.refused == list(rnd.refused) and not out.failed
+    assert out.reason == "two slow" and out.decision_ms == 1.5
+
+
+def test_a_failed_action_is_reported_and_not_recorded() -> None:
+    core = core_of(cfg=ControllerConfig(max_restarts_per_window=5))
+    good = adjust({"worker-0": 100, "worker-1": 50, "worker-2": 150})
+    rnd = core.round(core.request(stats(), T0), decision(restart("worker-1"), good), T0)
+    out = core.applied(rnd, ["executor: timeout", "not applied: busy"], T0)
+    assert out.executed == [] and [(f.kind, f.node, f.reason) for f in out.failed] == [
+        ("KILL_RESTART", "worker-1", "executor: timeout"), ("ADJUST_BS", "", "not applied: busy")]
+    assert core.setup == SETUP and core.request(stats(), T0 + 1).restart_blocked == []
+    with pytest.raises(ValueError):
+        core.applied(rnd, [""], T0)
+
+
+def test_batch_sizes_are_sent_again_to_a_worker_relaunched_since_adjust_bs_bsp() -> None:
+    core = core_of(cfg=ControllerConfig(cooldown_s=60, max_restarts_per_window=5))
+    sizes = {"worker-0": 150, "worker-1": 50, "worker-2": 100}
+    rnd = core.round(core.request(all_running(), T0), decision(adjust(sizes)), T0)
+    core.applied(rnd, [""], T0)
+    assert not core.resync
+    rnd = core.round(core.request(all_running(), T0 + 10), decision(restart("worker-1")), T0 + 10)
+    assert not rnd.resync and rnd.execute == (restart("worker-1"),)
+    core.applied(rnd, [""], T0 + 10)
+    assert core.resync  # worker-1 comes back with B / n
+    # While worker-1 is not running, nothing is re-sent (it would not reach it).
+    down = stats()  # worker-3 is dead
+    rnd = core.round(core.request(down, T0 + 20), decision(), T0 + 20)
+    assert rnd.execute == () and not rnd.resync
+    core.applied(rnd, [], T0 + 20)
+    # Every worker runs: the current sizes go first, whatever the policy says; a failure keeps the flag.
+    lr = PolicyAction(ActionKind.ADJUST_LR, payload={"scale": 0.5})
+    rnd = core.round(core.request(all_running(), T0 + 30), decision(lr), T0 + 30)
+    assert rnd.resync and rnd.execute[0].kind is ActionKind.ADJUST_BS and rnd.execute[1] == lr
+    assert rnd.execute[0].payload == {"batch_sizes": sizes, "accumulations": dict.fromkeys(sizes, 1)}
+    core.applied(rnd, ["not applied: timeout", ""], T0 + 30)
+    assert core.resync
+    # Also on a fallback round; once executed, no more re-sends.
+    rnd = core.round(core.request(all_running(), T0 + 40), "no reply", T0 + 40)
+    assert rnd.fallback and rnd.resync and len(rnd.execute) == 1
+    core.applied(rnd, [""], T0 + 40)
+    assert not core.resync
+    assert core.round(core.request(all_running(), T0 + 50), decision(), T0 + 50).execute == ()
+
+
+def test_the_policy_adjust_bs_replaces_the_resend_and_asp_never_resends() -> None:
+    core = core_of(cfg=ControllerConfig(max_restarts_per_window=5))
+    core.setup = SETUP.apply(adjust({"worker-0": 150, "worker-1": 50, "worker-2": 100}))
+    core.resync = True
+    new = adjust({"worker-0": 100, "worker-1": 100, "worker-2": 100})
+    rnd = core.round(core.request(all_running(), T0), decision(new), T0)
+    assert rnd.execute == (new,) and not rnd.resync
+    core.applied(rnd, [""], T0)
+    assert not core.resync and core.setup.batch_sizes == new.payload["batch_sizes"]
+    asp = core_of(JobSetup(global_batch=300, mode="asp", batch_sizes={"worker-0": 100}))
+    rnd = asp.round(asp.request(all_running(), T0), decision(restart("worker-1")), T0)
+    asp.applied(rnd, [""], T0)
+    assert not asp.resync
+
+
+def test_setup_of_a_job_record_splits_the_spec_batch_over_the_plan() -> None:
+    from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
+    from pacer.jobs.spec import parse_job_spec
+
+    spec = parse_job_spec("name: j\nmodel: wide_deep\ndataset:\n  path: /d.rec\nbatch_size: 512\nmode: bsp\n"
+                          "backup_workers: 1\n")
+    rec = JobRecord("j", spec, JobState.RUNNING, 0.0, plan=ResourcePlan("j", 3, 1, 1.0, 2048, 1.0, 2048,
+                                                                           PlanSource.DEFAULT))
+    setup = JobSetup.of_record(rec)
+    assert (setup.global_batch, setup.mode, setup.backup_workers, setup.min_batch) == (510, "bsp", 1, 21)

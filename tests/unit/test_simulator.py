@@ -15,11 +15,18 @@ import pytest
 from pacer.contracts.agent import ActionKind
 from pacer.contracts.monitor import StragglerKind
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
+from pacer_services.controller.core import ControllerConfig
 from pacer_services.shard_service.core import ShardState
-from pacer_services.simulator import ScenarioError, load, parse, run
-from pacer_services.simulator.autoscale_scenario import is_autoscale
+from pacer_services.simulator.autoscale.scenario import is_autoscale
 from pacer_services.simulator.cli import main
-from pacer_services.simulator.engine import Simulation, none_policy
+from pacer_services.simulator.stragglers import (
+    ScenarioError,
+    Simulation,
+    load,
+    none_policy,
+    parse,
+    run,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sim"
 
@@ -45,6 +52,11 @@ def scenario(**over: Any) -> Any:
         else:
             raw[key] = val
     return parse(raw)
+
+
+# The controller's round without its guards (no cool-down, no restart budget): a test policy's
+# actions are carried out as it asks, through the same core as live.
+UNGUARDED = ControllerConfig(cooldown_s=0.0, max_restarts_per_window=1_000_000)
 
 
 def restart_stragglers(req: PolicyRequest) -> PolicyDecision:
@@ -132,7 +144,7 @@ def test_persistent_ps_straggler_slows_every_step() -> None:
 def test_kill_restart_brings_jct_closer_to_ideal() -> None:
     sc = scenario(stragglers=[SLOW])
     none = run(sc, policy=none_policy, ideal=False)
-    sim = Simulation(sc, restart_stragglers, "test-restart", controller=False)
+    sim = Simulation(sc, restart_stragglers, "test-restart", UNGUARDED)
     res = sim.run()
     assert res.actions == {"KILL_RESTART": 1}
     assert res.restarts == 1
@@ -151,8 +163,8 @@ def test_kill_restart_brings_jct_closer_to_ideal() -> None:
 
 def test_restart_does_not_cure_a_straggler_that_follows_the_node() -> None:
     sc = scenario(stragglers=[{**SLOW, "follows_restart": True}])
-    res = run(sc, policy=restart_stragglers, ideal=False, controller=False)
-    cured = run(scenario(stragglers=[SLOW]), policy=restart_stragglers, ideal=False, controller=False)
+    res = run(sc, policy=restart_stragglers, ideal=False, controller=UNGUARDED)
+    cured = run(scenario(stragglers=[SLOW]), policy=restart_stragglers, ideal=False, controller=UNGUARDED)
     assert res.restarts >= 2
     assert res.jct_s > cured.jct_s
 
@@ -161,7 +173,7 @@ def test_ps_kill_restart_pauses_then_recovers() -> None:
     slow_ps = [{"node": "ps-0", "pattern": "persistent", "sleep_s": 2.0, "intensity": 1.0}]
     sc = scenario(cluster={"ps_migration": "restart"}, stragglers=slow_ps)
     none = run(sc, policy=none_policy)
-    res = run(sc, policy=restart_stragglers, controller=False)
+    res = run(sc, policy=restart_stragglers, controller=UNGUARDED)
     assert res.actions == {"KILL_RESTART": 1}
     assert res.jct_s < none.jct_s / 2
     assert res.records_duplicated == 0  # a PS restart loses no data
@@ -178,7 +190,7 @@ def test_seamless_ps_migration_trades_slow_service_for_a_shorter_pause() -> None
         # a long queue (pending 30 s) and a quick PS start (10 s): restart pauses 40 s, seamless 10 s
         cluster = {"ps_migration": "", "ps_start_s": 10, "pending_s": 30}
         return tuple(run(scenario(cluster={**cluster, "ps_migration": mode}, stragglers=slow_ps),
-                         policy=restart_stragglers, controller=False) for mode in ("restart", "seamless"))
+                         policy=restart_stragglers, controller=UNGUARDED) for mode in ("restart", "seamless"))
 
     restart, seamless = both(0.2)  # a step of 0.5 s instead of 0.3
     assert seamless.restarts == restart.restarts == 1  # requests while the replacement starts change nothing
@@ -207,7 +219,7 @@ def test_adjust_bs_is_applied() -> None:
     # worker-1 computes at 1000 samples/s + 0.2 s: with B_1 = 40 its step matches worker-0's.
     slow = {"node": "worker-1", "pattern": "persistent", "sleep_s": 0.2, "intensity": 1.0}
     base = run(scenario(stragglers=[slow]), policy=none_policy, ideal=False)
-    res = run(scenario(stragglers=[slow]), policy=rebalance, ideal=False, controller=False)
+    res = run(scenario(stragglers=[slow]), policy=rebalance, ideal=False, controller=UNGUARDED)
     assert res.actions == {"ADJUST_BS": 1}
     assert res.jct_s < base.jct_s
 
@@ -218,7 +230,7 @@ def test_adjust_bs_is_applied() -> None:
 @pytest.mark.parametrize("mode", ["bsp", "asp"])
 def test_every_shard_done_exactly_once(mode: str) -> None:
     sc = scenario(job={"mode": mode, "epochs": 2, "records": 123_457}, stragglers=[SLOW])
-    sim = Simulation(sc, restart_stragglers, "test-restart", controller=False)
+    sim = Simulation(sc, restart_stragglers, "test-restart", UNGUARDED)
     res = sim.run()
     ds = sim.shards.datasets["train"]
     assert all(s.state is ShardState.DONE for s in ds.shards.values())
@@ -318,3 +330,47 @@ def test_device_groups_must_cover_the_workers() -> None:
     raw["cluster"]["device_groups"] = [{"name": "a", "count": 4, "speed": 100.0, "memory": 1}]
     with pytest.raises(ScenarioError, match=r"device_groups\[0\]\.memory"):
         parse(raw)
+
+
+# ------------------------------------------------------------------ shared with the live system
+
+
+def test_stragglers_are_the_trainers_patterns_seeded_by_the_run() -> None:
+    from pacer.trainer.straggler import PatternKind, StragglerSpec
+
+    pats = [{"node": "worker-1", "pattern": "transient", "sleep_s": 1.0, "intensity": 0.5, "period_s": 20,
+             "on_s": 10, "probability": 0.5, "start_s": 5},
+            {"node": "worker-1", "pattern": "persistent", "sleep_s": 1.0, "intensity": 1.0, "start_s": 50}]
+    sc = replace(scenario(stragglers=pats), seed=7)
+    sim = Simulation(sc, none_policy, "none")
+    spec = StragglerSpec(kind=PatternKind.TRANSIENT, sleep_s=1.0, intensity=0.5, period_s=20, on_s=10,
+                         probability=0.5, seed=7, start_s=5)
+    first, second = (p.pattern for p in sim.wpat[1])
+    assert first == spec.on("worker-1")  # what a real worker-1 with this spec would sleep
+    assert second.node == "worker-1#1" and second.spec.kind is PatternKind.PERSISTENT
+    for t in (0.0, 5.0, 14.9, 15.0, 25.0, 60.0, 333.0):
+        sim.t, sim.next_change = t, -1.0
+        sim._refresh_delays()
+        assert sim.wd[1] == first.delay_at(t) + second.delay_at(t)
+        assert sim.next_change == min(first.next_change(t), second.next_change(t))
+
+
+def test_a_relaunched_worker_restarts_at_b_over_n_until_the_controller_resends() -> None:
+    sizes = {"worker-0": 130, "worker-1": 70, "worker-2": 100, "worker-3": 100}
+    asked: list[PolicyRequest] = []
+
+    def adjust_then_restart(req: PolicyRequest) -> PolicyDecision:
+        asked.append(req)
+        acts = {1: [PolicyAction(ActionKind.ADJUST_BS, payload={"batch_sizes": sizes})],
+                2: [PolicyAction(ActionKind.KILL_RESTART, node="worker-1")]}.get(len(asked), [])
+        return PolicyDecision(job=req.job, policy="t", actions=acts)
+
+    sim = Simulation(scenario(), adjust_then_restart, "t", UNGUARDED)
+    res = sim.run()
+    assert res.actions == {"ADJUST_BS": 2, "KILL_RESTART": 1}  # the second ADJUST_BS is the core's re-send
+    resend = [e for e in res.timeline if e["actions"] == ["ADJUST_BS"]][-1]
+    restart = next(e for e in res.timeline if e["actions"] == ["KILL_RESTART worker-1"])
+    # worker-1 is back after pending + init (15 s) and reports; the next round re-sends.
+    assert restart["t"] + 15 < resend["t"]
+    assert dict(zip(sim.wnames, sim.B.tolist(), strict=True)) == sizes
+    assert not sim.controller.resync

@@ -66,7 +66,8 @@ from typing import Any
 
 import yaml
 
-from ..scenario import ScenarioError, _Fields
+from ..fields import Fields as _Fields
+from ..fields import ScenarioError
 from .runner import run_cluster, run_job
 from .scalers import CLUSTER_SCALERS, SCALERS
 from .truth import PROFILES, JobTruth

@@ -1,15 +1,20 @@
 """Deterministic discrete-event simulator of a parameter-server job, driving Pacer's real decision code.
 
-What is real (imported, never copied): the shard service's :class:`JobShards`
-(every lease, progress report, DONE and node death goes through it, so
+What is real (imported, never copied; only cores, policies and pure libs,
+never a service's IO module): the shard service's :class:`JobShards` (every
+lease, progress report, DONE and node death goes through it, so
 ``records_duplicated`` and the DONE counts are the core's own), the monitor's
 :class:`MonitorCore` (fed :class:`AgentMetrics`, heartbeats, node events,
 cluster and shard information; it computes the BPT windows and straggler
 kinds), the pod-executor core (``reconcile`` makes the initial nodes,
-``on_exit`` answers each KILL_RESTART), and the straggler policy (any
-``decide(PolicyRequest) -> PolicyDecision``; the built-in ones come from the
-controller's policy registry when it exists) plus an optional reviewer (the
-controller's ``review``) that turns a decision into the actions executed.
+``on_exit`` answers each KILL_RESTART), the controller's
+:class:`ControllerCore` (the same round as the live controller: request,
+review with its cool-downs and fallback, the batch-size re-send after a
+relaunch, what was applied), the straggler policy (any
+``decide(PolicyRequest) -> PolicyDecision``; the built-in ones from the
+controller's registry) and the straggler patterns
+(:class:`pacer.trainer.straggler.Pattern`, the generator of the real
+trainer's injected sleep).
 
 The model (all times are simulated seconds from 0; no wall clock anywhere):
 
@@ -19,11 +24,13 @@ The model (all times are simulated seconds from 0; no wall clock anywhere):
   1 unless a policy sets them), ``T_s = max_j (ps_time_s + d_j(t))`` (the
   slowest PS, AntDT §III: max_j T_ij^s) and ``T_m = comm_s``.
 * Stragglers (AntDT §VII-A4): ``d(t) = sleep_s * intensity`` while the pattern
-  is on.  Persistent: on from ``start_s``.  Transient: time from ``start_s`` is
-  cut into ``period_s`` periods; in each, one draw of a per-(seed, node, spec)
-  ``random.Random`` with ``probability`` decides whether the node is slow for
-  the first ``on_s`` seconds.  A KILL_RESTART lands the node on a healthy
-  machine: its patterns end unless ``follows_restart``.
+  is on, from :class:`~pacer.trainer.straggler.Pattern` on simulated time.
+  Persistent: on from ``start_s``.  Transient: time from ``start_s`` is cut
+  into ``period_s`` periods; in each, one draw seeded by (scenario seed, node,
+  period) with ``probability`` decides whether the node is slow for the first
+  ``on_s`` seconds (a second pattern on the same node is named
+  ``<node>#<n>``).  A KILL_RESTART lands the node on a healthy machine: its
+  patterns end unless ``follows_restart``.
 * BSP: all live workers that hold data start a step together; it ends when the
   slowest of the n - b kept workers finishes (b backup workers: the b slowest
   gradients are dropped; their shard position does not advance, so those
@@ -53,47 +60,53 @@ The model (all times are simulated seconds from 0; no wall clock anywhere):
   BPT ``ps_time_s + d_j`` every ``report_span_s``.  At each monitor tick all up
   nodes heartbeat (an idle worker waiting for data is alive, not dead).
 * Monitor ticks every ``interval_s``: cluster info (``busy`` -> one queued
-  pod), shard status, ``statistics``, then the policy and the reviewer; the
-  actions apply at once (BSP: from the next step):
-  ADJUST_BS sets B_i (and C_i), BACKUP_WORKERS sets b, ADJUST_LR and NONE only
-  count, KILL_RESTART stops the node now.
+  pod), shard status, ``statistics``, then one controller round
+  (``ControllerCore.request`` -> the policy -> ``ControllerCore.round`` ->
+  execute -> ``ControllerCore.applied``); the actions apply at once (BSP:
+  from the next step): ADJUST_BS sets B_i (and C_i), BACKUP_WORKERS sets b,
+  ADJUST_LR only counts, KILL_RESTART stops the node now.
 * KILL_RESTART of a worker: the executor core's ``on_exit`` with exit code 75
   decides the relaunch; the shard core's ``node_died`` requeues its DOING
   shard; the monitor sees ``died`` and ``created``; the worker is back after
   ``pending_s + init_s`` (``running``) and asks for a shard.  Meanwhile the
-  other workers go on with their own B_i (the step's batch is smaller).
+  other workers go on with their own B_i (the step's batch is smaller).  The
+  relaunched worker starts, like a live pod, with the job's B / n and C = 1,
+  until the controller re-sends the current batch sizes.
   KILL_RESTART of a PS pauses every worker for ``pending_s + init_s`` (they
-  cannot push or pull); no data is lost (the shard log and flash checkpoints
-  keep the state, DESIGN.md).
+  cannot push or pull; they restart on the new cluster, so every worker is
+  back at B / n, C = 1); no data is lost (the shard log and flash
+  checkpoints keep the state, DESIGN.md).
 * Determinism: events are a heap of (time, seq, kind, payload); every random
-  draw comes from ``random.Random`` instances seeded from the scenario seed.
+  draw is seeded from the scenario seed.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from pacer.contracts.agent import ActionKind, AgentMetrics, Heartbeat
+from pacer.contracts.common import Role
+from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
-from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
+from pacer.contracts.policy import PolicyAction
 from pacer.contracts.shards import DatasetSpec, LeaseReply, LeaseRequest, ShardLease, ShardProgress
 from pacer.errors import PacerError
+from pacer.trainer.straggler import Pattern
+from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup
 from pacer_services.monitor.core import MonitorConfig, MonitorCore
 from pacer_services.pod_executor.core import EXIT_RESTART, ExitInfo, Node, Plan, on_exit, reconcile
 from pacer_services.shard_service.core import JobShards, Outcome, ShardState
 
-from .scenario import Scenario, StragglerSpec
-
-Policy = Callable[[PolicyRequest], PolicyDecision]
-Reviewer = Callable[[PolicyRequest, PolicyDecision, float], Sequence[PolicyAction]]
+from .policy import Policy, none_policy, resolve_policy
+from .result import Result
+from .scenario import Scenario
 
 JOB = "sim"
 DATASET = "train"
@@ -107,134 +120,42 @@ class SimulationError(PacerError):
     code = "simulation"
 
 
-def none_policy(req: PolicyRequest) -> PolicyDecision:
-    """The dummy policy: never acts (AntDT's NONE)."""
-    return PolicyDecision(job=req.job, policy="none", actions=[], reason="no mitigation")
+@dataclass(slots=True)
+class _Injected:
+    """A straggler pattern as placed in the run: on which node, and whether a relaunch left it behind."""
 
-
-def pass_through(req: PolicyRequest, decision: PolicyDecision, now: float) -> Sequence[PolicyAction]:
-    """Reviewer used when none is given: execute what the policy decided."""
-    return decision.actions
-
-
-def _controller_core() -> Any:
-    """A ControllerCore for the simulated job, or None while the controller does not exist (lazy import)."""
-    try:
-        from pacer_services.controller.core import ControllerCore
-    except ImportError:
-        return None
-    return ControllerCore(JOB)
-
-
-def resolve_policy(method: str) -> Policy:
-    """A policy by name: the controller's registry when present, else only ``none``."""
-    try:
-        from pacer_services.controller.policies import registry  # lazy: written separately
-    except ImportError:
-        registry = None
-    if registry is not None:
-        builtins: dict[str, Any] = getattr(registry, "BUILTINS", {})
-        if method in builtins:
-            found: Policy = builtins[method]
-            return found
-    if method == "none":
-        return none_policy
-    known = ["none"] if registry is None else sorted(getattr(registry, "BUILTINS", {}))
-    raise PacerError(f"method: unknown policy {method!r} (known: {', '.join(known)})", code="invalid")
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """What one simulated run produced."""
-
-    scenario: str
-    method: str
-    seed: int
-    mode: str
-    jct_s: float
-    ideal_jct_s: float | None
-    actions: dict[str, int]
-    steps: int  # BSP: global steps; ASP: worker steps summed
-    restarts: int
-    shards_total: int
-    shards_done: int
-    records_done: int
-    records_duplicated: int  # the shard core's count: re-granted records
-    records_recomputed: int  # consumed since the last progress report when a worker died
-    records_dropped: int  # BSP samples whose gradient a backup-worker step dropped
-    decisions: int
-    refused: int  # actions the controller refused (cool-down, busy cluster, inconsistent batch sizes)
-    events: int
-    wall_s: float
-    timeline: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "scenario": self.scenario,
-            "method": self.method,
-            "seed": self.seed,
-            "mode": self.mode,
-            "jct_s": round(self.jct_s, 3),
-            "ideal_jct_s": None if self.ideal_jct_s is None else round(self.ideal_jct_s, 3),
-            "slowdown": None if not self.ideal_jct_s else round(self.jct_s / self.ideal_jct_s, 4),
-            "actions": dict(sorted(self.actions.items())),
-            "steps": self.steps,
-            "restarts": self.restarts,
-            "shards_total": self.shards_total,
-            "shards_done": self.shards_done,
-            "records_done": self.records_done,
-            "records_duplicated": self.records_duplicated,
-            "records_recomputed": self.records_recomputed,
-            "records_dropped": self.records_dropped,
-            "decisions": self.decisions,
-            "refused": self.refused,
-            "events": self.events,
-        }
-
-
-class _Pattern:
-    """One straggler pattern of one node: d(t) and when it next changes."""
-
-    def __init__(self, spec: StragglerSpec, seed: int, idx: int) -> None:
-        self.spec = spec
-        self.active = spec.pattern != "none" and spec.delay_s > 0
-        # String seeds are hashed with sha512 by random.Random: stable across runs and processes.
-        self.rng = random.Random(f"{seed}/{spec.node}/{idx}")
-        self.draws: list[bool] = []
-
-    def _slow_in(self, period: int) -> bool:
-        while len(self.draws) <= period:
-            self.draws.append(self.rng.random() < self.spec.probability)
-        return self.draws[period]
+    pattern: Pattern
+    follows_restart: bool
+    cured: bool = False  # the node was relaunched onto a healthy machine
 
     def at(self, t: float) -> tuple[float, float]:
-        """(delay at t, the next time the delay may change)."""
-        s = self.spec
-        if not self.active:
-            return 0.0, math.inf
-        if t < s.start_s:
-            return 0.0, s.start_s
-        if s.pattern == "persistent":
-            return s.delay_s, math.inf
-        p = int((t - s.start_s) // s.period_s)
-        begin = s.start_s + p * s.period_s
-        if t < begin + s.on_s:
-            return (s.delay_s if self._slow_in(p) else 0.0), begin + s.on_s
-        return 0.0, begin + s.period_s
+        return (0.0, math.inf) if self.cured else self.pattern.at(t)
+
+
+def job_setup(sc: Scenario) -> JobSetup:
+    """What the controller knows of the simulated job at its start (the live one reads it from the job spec)."""
+    c, j = sc.cluster, sc.job
+    limits = {g.name: g.max_batch for g in c.device_groups if g.max_batch}
+    return JobSetup(
+        global_batch=j.global_batch, mode=j.mode, backup_workers=j.backup_workers, min_batch=j.min_batch,
+        max_batch=j.max_batch, device_groups=c.groups(),
+        params={**({"max_batch_per_group": limits} if c.device_groups else {}), **sc.params},
+    )
 
 
 class Simulation:
-    """One run of one scenario under one policy.  Use :func:`run`."""
+    """One run of one scenario under one policy.  Use :func:`run`.
 
-    def __init__(
-        self, sc: Scenario, policy: Policy, method: str, reviewer: Reviewer | None = None, controller: bool = True
-    ) -> None:
+    ``controller`` configures the controller's guards (default: the live
+    service's, :class:`ControllerConfig`); tests pass a permissive one to see
+    a test policy's actions carried out unguarded.
+    """
+
+    def __init__(self, sc: Scenario, policy: Policy, method: str, controller: ControllerConfig | None = None) -> None:
         self.sc = sc
         self.policy = policy
         self.method = method
-        self.reviewer: Reviewer = reviewer or pass_through
-        # The controller's core (request + review + cool-downs) when it exists and no reviewer was given.
-        self.controller: Any = _controller_core() if controller and reviewer is None else None
+        self.controller = ControllerCore(JOB, job_setup(sc), controller, policy=method)
         self.refused = 0
         c, j = sc.cluster, sc.job
         self.n, self.m = c.workers, c.ps
@@ -262,6 +183,7 @@ class Simulation:
         # ---- workers (numpy state; index i is worker-i)
         base, extra = divmod(j.global_batch, self.n)
         self.B = np.array([base + (1 if i < extra else 0) for i in range(self.n)], dtype=np.int64)
+        self.B0 = self.B.copy()  # what a (re)launched pod starts with: the job spec's B / n
         self.C = np.ones(self.n, dtype=np.int64)
         self.speed = np.array(c.speeds(), dtype=np.float64)  # per worker (device groups, AntDT-DD)
         self.alive = np.ones(self.n, dtype=bool)
@@ -281,11 +203,12 @@ class Simulation:
         self.ps_down_until = 0.0
         self.migrating: set[str] = set()  # PS whose seamless replacement is starting
         # ---- stragglers
-        self.wpat: list[list[_Pattern]] = [[] for _ in range(self.n)]
-        self.ppat: list[list[_Pattern]] = [[] for _ in range(self.m)]
-        for k, s in enumerate(sc.stragglers):
-            pat = _Pattern(s, sc.seed, k)
-            (self.wpat[self.windex[s.node]] if s.side == "worker" else self.ppat[self.pindex[s.node]]).append(pat)
+        self.wpat: list[list[_Injected]] = [[] for _ in range(self.n)]
+        self.ppat: list[list[_Injected]] = [[] for _ in range(self.m)]
+        for s in sc.stragglers:
+            on = self.wpat[self.windex[s.node]] if s.side is Role.WORKER else self.ppat[self.pindex[s.node]]
+            name = s.node if not on else f"{s.node}#{len(on)}"  # several patterns on one node draw apart
+            on.append(_Injected(s.spec(sc.seed).on(name), s.follows_restart))
         self.wd = np.zeros(self.n)
         self.pd = np.zeros(self.m)
         self.next_change = -1.0  # forces a first refresh
@@ -297,7 +220,6 @@ class Simulation:
         self.dropped = 0
         self.decisions = 0
         self.actions: Counter[str] = Counter()
-        self.restarting: set[str] = set()
         self.timeline: list[dict[str, Any]] = []
         # ASP: the in-flight leg of each worker (generation guards stale events)
         self.gen = np.zeros(self.n, dtype=np.int64)
@@ -389,7 +311,7 @@ class Simulation:
         steps = int(self.acc_steps[i])
         busy = float(self.acc_busy[i])
         m = AgentMetrics(
-            job=JOB, node=self.wnames[i], role="worker", ts=self.t,
+            job=JOB, node=self.wnames[i], role=Role.WORKER, ts=self.t,
             local_step=int(self.local_steps[i]), iteration=self.steps,
             bpt_s=busy / steps, batch_size=int(self.B[i]),
             samples_per_s=float(self.acc_samples[i]) / busy if busy > 0 else 0.0,
@@ -441,7 +363,7 @@ class Simulation:
         for j in np.flatnonzero(self.ps_up).tolist():
             bpt = self.sc.cluster.ps_time_s + float(self.pd[j])
             self.monitor.observe_metrics(AgentMetrics(
-                job=JOB, node=self.pnames[j], role="ps", ts=self.t, local_step=self.steps, iteration=self.steps,
+                job=JOB, node=self.pnames[j], role=Role.PS, ts=self.t, local_step=self.steps, iteration=self.steps,
                 bpt_s=bpt, batch_size=0, samples_per_s=0.0, samples_total=0, cpu_percent=100.0, rss_bytes=0,
                 last_action_seq=0, last_action_iteration=-1, primary=False, steps=k,
             ), self.t)
@@ -449,63 +371,29 @@ class Simulation:
     def _tick(self) -> None:
         sc, t = self.sc, self.t
         for i in np.flatnonzero(self.alive).tolist():
-            self.monitor.observe_heartbeat(Heartbeat(JOB, self.wnames[i], "worker", t, "sim", i == 0, True), t)
+            self.monitor.observe_heartbeat(Heartbeat(JOB, self.wnames[i], Role.WORKER, t, "sim", i == 0, True), t)
         for j in np.flatnonzero(self.ps_up).tolist():
-            self.monitor.observe_heartbeat(Heartbeat(JOB, self.pnames[j], "ps", t, "sim", False, True), t)
+            self.monitor.observe_heartbeat(Heartbeat(JOB, self.pnames[j], Role.PS, t, "sim", False, True), t)
         self.monitor.observe_cluster(1 if sc.cluster.busy else 0, t)
         self.monitor.observe_shards(self.shards.status(DATASET), t)
-        stats = self.monitor.statistics(JOB, t)
-        live = np.flatnonzero(self.alive).tolist()
-        if self.controller is not None:
-            self._controlled_tick(stats)
-            return
-        req = PolicyRequest(
-            job=JOB, stats=stats, mode=sc.job.mode, global_batch=sc.job.global_batch,
-            batch_sizes={self.wnames[i]: int(self.B[i]) for i in live},
-            accumulations={self.wnames[i]: int(self.C[i]) for i in live if self.C[i] != 1},
-            backup_workers=self.backup, min_batch=sc.job.min_batch, max_batch=sc.job.max_batch,
-            params=dict(sc.params), restart_blocked=sorted(self.restarting),
-        )
-        decision = self.policy(req)
+        self._decide(self.monitor.statistics(JOB, t))
+
+    def _decide(self, stats: JobStatistics) -> None:
+        """One controller round, as live: the core plans it, the simulation carries it out."""
+        t, ctl = self.t, self.controller
+        req = ctl.request(stats, t)
+        rnd = ctl.round(req, self.policy(req), t)
+        out = ctl.applied(rnd, [self._apply(a) for a in rnd.execute], t)
         self.decisions += 1
-        acts = list(self.reviewer(req, decision, t))
-        for a in acts:
-            self._apply(a)
-        if acts:
-            self.timeline.append({"t": round(t, 3), "actions": [f"{a.kind.value}{' ' + a.node if a.node else ''}" for a in acts]})
+        self.refused += len(out.refused)
+        if out.executed:
+            self.timeline.append({"t": round(t, 3), "actions": [
+                f"{a.kind.value}{' ' + a.node if a.node else ''}" for a in out.executed]})
         if self.sc.job.mode == "asp":
             self._wake_idle()
 
-    def _controlled_tick(self, stats: Any) -> None:
-        """The live path: ControllerCore.request -> policy -> ControllerCore.review -> execute -> applied."""
-        from pacer_services.controller.core import JobSetup
-
-        sc, t, ctl = self.sc, self.t, self.controller
-        setup = JobSetup(
-            global_batch=sc.job.global_batch, mode=sc.job.mode,
-            batch_sizes={self.wnames[i]: int(self.B[i]) for i in range(self.n)},
-            accumulations={self.wnames[i]: int(self.C[i]) for i in range(self.n)},
-            backup_workers=self.backup, min_batch=sc.job.min_batch, max_batch=sc.job.max_batch,
-            device_groups=sc.cluster.groups(),
-            params={**({"max_batch_per_group": {g.name: g.max_batch for g in sc.cluster.device_groups
-                                                if g.max_batch}} if sc.cluster.device_groups else {}),
-                    **sc.params},
-        )
-        req = ctl.request(stats, setup, t)
-        decision = self.policy(req)
-        self.decisions += 1
-        review = ctl.review(req, decision, t)
-        self.refused += len(review.refused)
-        acts = [] if review.fallback else list(review.execute)
-        for a in acts:
-            self._apply(a)
-            ctl.applied(a, t)
-        if acts:
-            self.timeline.append({"t": round(t, 3), "actions": [f"{a.kind.value}{' ' + a.node if a.node else ''}" for a in acts]})
-        if sc.job.mode == "asp":
-            self._wake_idle()
-
-    def _apply(self, a: PolicyAction) -> None:
+    def _apply(self, a: PolicyAction) -> str:
+        """Carry one planned action out ("" = done; the simulation cannot fail one)."""
         self.actions[a.kind.value] += 1
         if a.kind is ActionKind.ADJUST_BS:
             for name, b in dict(a.payload.get("batch_sizes", {})).items():
@@ -521,8 +409,9 @@ class Simulation:
                 self._kill_worker(self.windex[a.node])
             elif a.node in self.pindex:
                 self._kill_ps(self.pindex[a.node])
+        return ""
 
-    def _relaunch(self, name: str, role: str, pats: list[_Pattern]) -> float:
+    def _relaunch(self, name: str, role: Role, pats: list[_Injected]) -> float:
         """The executor core decides; the monitor sees died + created; returns when the node is back."""
         c = self.sc.cluster
         node = self.nodes[name]
@@ -535,10 +424,9 @@ class Simulation:
                                                   exit_code=EXIT_RESTART, relaunch=True, generation=gen - 1), self.t)
         self.monitor.observe_node_event(NodeEvent(JOB, name, "created", self.t, role=role, generation=gen), self.t)
         for p in pats:
-            if not p.spec.follows_restart:
-                p.active = False  # the relaunched node runs on a healthy machine
+            if not p.follows_restart:
+                p.cured = True  # the relaunched node runs on a healthy machine
         self.next_change = -1.0
-        self.restarting.add(name)
         self.restarts += 1
         return self.t + c.pending_s + c.init_s
 
@@ -557,7 +445,8 @@ class Simulation:
         self.acc_steps[i] = 0
         self.acc_busy[i] = 0.0
         self.acc_samples[i] = 0.0
-        back = self._relaunch(name, "worker", self.wpat[i])
+        self.B[i], self.C[i] = self.B0[i], 1  # the new pod's launch config: the spec's B / n
+        back = self._relaunch(name, Role.WORKER, self.wpat[i])
         self._account(self.shards.node_died(name))
         self.push(back, "return", i)
         if self.sc.job.mode == "asp":
@@ -567,9 +456,8 @@ class Simulation:
         name = self.wnames[i]
         self.alive[i] = True
         self.last_prog[i] = self.t
-        self.restarting.discard(name)
         self.nodes[name] = replace(self.nodes[name], state="running")
-        self.monitor.observe_node_event(NodeEvent(JOB, name, "running", self.t, role="worker",
+        self.monitor.observe_node_event(NodeEvent(JOB, name, "running", self.t, role=Role.WORKER,
                                                   pending_s=self.sc.cluster.pending_s), self.t)
         if self._get_shard(i) and self.sc.job.mode == "asp":
             self._start_leg(i)
@@ -585,18 +473,19 @@ class Simulation:
             self.migrating.add(name)
             self.push(self.t + c.pending_s + c.ps_start_s, "ps_swap", j)
             return
-        self._ps_down(j, self._relaunch(name, "ps", self.ppat[j]))
+        self._ps_down(j, self._relaunch(name, Role.PS, self.ppat[j]))
 
     def _ps_swap(self, j: int) -> None:
         """The new PS runs: checkpoint, the workers restart on the new cluster (init_s), old PS stops."""
         name = self.pnames[j]
         self.migrating.discard(name)
-        self._relaunch(name, "ps", self.ppat[j])  # executor decision + died/created; the new PS is healthy
+        self._relaunch(name, Role.PS, self.ppat[j])  # executor decision + died/created; the new PS is healthy
         self._ps_down(j, self.t + self.sc.cluster.init_s)
 
     def _ps_down(self, j: int, back: float) -> None:
-        """PS j is out until ``back``: training pauses until then."""
+        """PS j is out until ``back``: training pauses until then; the workers restart on the new cluster."""
         self.ps_up[j] = False
+        self.B[:], self.C[:] = self.B0, 1  # relaunched workers: the spec's B / n until the controller re-sends
         pause = back - max(self.t, self.ps_down_until)
         self.ps_down_until = max(self.ps_down_until, back)
         self.push(back, "ps_return", j)
@@ -610,9 +499,8 @@ class Simulation:
     def _ps_return(self, j: int) -> None:
         name = self.pnames[j]
         self.ps_up[j] = True
-        self.restarting.discard(name)
         self.nodes[name] = replace(self.nodes[name], state="running")
-        self.monitor.observe_node_event(NodeEvent(JOB, name, "running", self.t, role="ps",
+        self.monitor.observe_node_event(NodeEvent(JOB, name, "running", self.t, role=Role.PS,
                                                   pending_s=self.sc.cluster.pending_s), self.t)
 
     def _run_due(self) -> None:
@@ -770,21 +658,19 @@ def run(
     method: str | None = None,
     *,
     policy: Policy | None = None,
-    reviewer: Reviewer | None = None,
     ideal: bool = True,
-    controller: bool = True,
+    controller: ControllerConfig | None = None,
 ) -> Result:
     """Simulate ``scenario`` under ``method`` (default: the scenario's), or under ``policy`` if given.
 
     With ``ideal`` the same job is run again with every straggler removed and
-    no policy, and its JCT is returned as ``ideal_jct_s``.  With ``controller``
-    (and no ``reviewer``) decisions go through the controller's core exactly as
-    live: ``ControllerCore.request`` builds the request, ``review`` guards it
-    (cool-downs, busy cluster, consistent batch sizes), ``applied`` records it.
+    no policy, and its JCT is returned as ``ideal_jct_s``.  Decisions go
+    through the controller's core exactly as live, with ``controller`` as its
+    guards (default: the live default).
     """
     name = method or scenario.method
     pol = policy if policy is not None else resolve_policy(name)
-    res = Simulation(scenario, pol, name, reviewer, controller).run()
+    res = Simulation(scenario, pol, name, controller).run()
     if not ideal:
         return res
     base = Simulation(replace(scenario, stragglers=()), none_policy, "none").run()

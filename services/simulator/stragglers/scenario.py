@@ -1,4 +1,4 @@
-"""Scenario files of the cluster simulator: schema, defaults and validation.
+"""Scenario files of the straggler simulator: schema, defaults and validation.
 
 A scenario is a YAML mapping.  Every field, its unit and its default
 (defaults follow AntDT §VII-A: 100 batches per shard, agent reports every 10
@@ -91,6 +91,12 @@ iterations, monitor every 5 min, lambda 1.5, L_trans 5 min, L_per 10 min):
 
 Unknown fields and bad values raise :class:`ScenarioError` naming the field
 by its dotted path (``cluster.workers``, ``stragglers[0].intensity``).
+
+Names: a scenario's :class:`SimCluster` (machines), :class:`Workload` (the
+training job) and :class:`InjectedStraggler` (one straggler pattern on one
+node; its delays come from :class:`pacer.trainer.straggler.Pattern`, the
+generator of the real trainer's injection) are distinct from the live
+system's ``Workload`` and ``StragglerSpec``.
 """
 
 from __future__ import annotations
@@ -101,17 +107,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pacer.errors import ValidationError
+from pacer.contracts.common import Role
+from pacer.trainer.straggler import PatternKind, StragglerSpec
 
+from ..fields import Fields, ScenarioError
 
-class ScenarioError(ValidationError):
-    """A scenario field is unknown, missing or has a bad value (the message names it)."""
-
-    code = "bad_scenario"
+__all__ = ["InjectedStraggler", "MonitorSpec", "Scenario", "ScenarioError", "SimCluster", "SimDeviceGroup",
+           "Workload", "load", "parse"]
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceGroup:
+class SimDeviceGroup:
+    """``cluster.device_groups[i]``: workers of one device type (AntDT-DD)."""
+
     name: str
     count: int
     speed: float
@@ -119,7 +127,9 @@ class DeviceGroup:
 
 
 @dataclass(frozen=True, slots=True)
-class ClusterSpec:
+class SimCluster:
+    """``cluster``: the simulated machines, their speeds and the costs of a relaunch."""
+
     workers: int
     worker_speed: float
     ps: int = 1
@@ -133,7 +143,7 @@ class ClusterSpec:
     report_steps: int = 10
     report_span_s: float = 30.0
     progress_s: float = 30.0
-    device_groups: tuple[DeviceGroup, ...] = ()
+    device_groups: tuple[SimDeviceGroup, ...] = ()
 
     def speeds(self) -> list[float]:
         """Compute speed of each worker (worker-0 first)."""
@@ -148,7 +158,9 @@ class ClusterSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class JobSpec:
+class Workload:
+    """``job``: the training job that runs on the cluster (its data, batch and mode)."""
+
     global_batch: int
     records: int
     mode: str = "bsp"
@@ -160,10 +172,12 @@ class JobSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class StragglerSpec:
+class InjectedStraggler:
+    """One straggler pattern on one node of the simulated job (the fields of ``stragglers[i]``)."""
+
     node: str
-    side: str
-    pattern: str = "persistent"
+    side: Role
+    pattern: PatternKind = PatternKind.PERSISTENT
     sleep_s: float = 1.5
     intensity: float = 0.8
     start_s: float = 0.0
@@ -172,14 +186,17 @@ class StragglerSpec:
     probability: float = 0.3
     follows_restart: bool = False
 
-    @property
-    def delay_s(self) -> float:
-        """AntDT §VII-A4: T_delay = SleepDuration x Intensity."""
-        return self.sleep_s * self.intensity
+    def spec(self, seed: int) -> StragglerSpec:
+        """The trainer's straggler spec of this pattern in a run seeded ``seed`` (the run's seed, not the file's)."""
+        return StragglerSpec(kind=self.pattern, sleep_s=self.sleep_s, intensity=self.intensity,
+                             period_s=self.period_s, on_s=self.on_s, probability=self.probability,
+                             seed=seed, start_s=self.start_s)
 
 
 @dataclass(frozen=True, slots=True)
 class MonitorSpec:
+    """``monitor``: how often statistics and decisions come, and the monitor's windows."""
+
     interval_s: float = 300.0
     window_short_s: float = 300.0
     window_long_s: float = 600.0
@@ -188,12 +205,14 @@ class MonitorSpec:
 
 @dataclass(frozen=True, slots=True)
 class Scenario:
+    """One scenario file: a cluster, a job on it, its stragglers and the policy (``method``)."""
+
     name: str
-    cluster: ClusterSpec
-    job: JobSpec
+    cluster: SimCluster
+    job: Workload
     seed: int = 0
     method: str = "none"
-    stragglers: tuple[StragglerSpec, ...] = ()
+    stragglers: tuple[InjectedStraggler, ...] = ()
     monitor: MonitorSpec = field(default_factory=MonitorSpec)
     params: dict[str, Any] = field(default_factory=dict)
 
@@ -209,73 +228,9 @@ class Scenario:
 # ---------------------------------------------------------------- parsing helpers
 
 
-class _Fields:
-    """Reads one mapping, remembering which keys were used (the rest are unknown)."""
-
-    def __init__(self, raw: Any, path: str) -> None:
-        if not isinstance(raw, Mapping):
-            raise ScenarioError(f"{path or 'scenario'}: must be a mapping, got {type(raw).__name__}")
-        self.raw = raw
-        self.path = path
-        self.used: set[str] = set()
-
-    def _name(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def get(self, key: str, default: Any = ..., *, required: bool = False) -> Any:
-        self.used.add(key)
-        if key not in self.raw or self.raw[key] is None:
-            if required or default is ...:
-                raise ScenarioError(f"{self._name(key)}: required field is missing")
-            return default
-        return self.raw[key]
-
-    def int_(self, key: str, default: Any = ..., *, lo: int | None = None) -> int:
-        v = self.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ScenarioError(f"{self._name(key)}: must be an integer, got {v!r}")
-        if lo is not None and v < lo:
-            raise ScenarioError(f"{self._name(key)}: must be >= {lo}, got {v}")
-        return v
-
-    def float_(
-        self, key: str, default: Any = ..., *, lo: float | None = None, hi: float | None = None, strict: bool = False
-    ) -> float:
-        v = self.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ScenarioError(f"{self._name(key)}: must be a number, got {v!r}")
-        f = float(v)
-        if f != f or f in (float("inf"), float("-inf")):
-            raise ScenarioError(f"{self._name(key)}: must be finite, got {v!r}")
-        if lo is not None and (f <= lo if strict else f < lo):
-            raise ScenarioError(f"{self._name(key)}: must be {'>' if strict else '>='} {lo}, got {v}")
-        if hi is not None and f > hi:
-            raise ScenarioError(f"{self._name(key)}: must be <= {hi}, got {v}")
-        return f
-
-    def bool_(self, key: str, default: Any = ...) -> bool:
-        v = self.get(key, default)
-        if not isinstance(v, bool):
-            raise ScenarioError(f"{self._name(key)}: must be true or false, got {v!r}")
-        return v
-
-    def str_(self, key: str, default: Any = ..., *, choices: tuple[str, ...] = ()) -> str:
-        v = self.get(key, default)
-        if not isinstance(v, str) or not v:
-            raise ScenarioError(f"{self._name(key)}: must be a non-empty string, got {v!r}")
-        if choices and v not in choices:
-            raise ScenarioError(f"{self._name(key)}: must be one of {', '.join(choices)}, got {v!r}")
-        return v
-
-    def done(self) -> None:
-        unknown = sorted(str(k) for k in self.raw if k not in self.used)
-        if unknown:
-            raise ScenarioError(f"{self._name(unknown[0])}: unknown field")
-
-
-def _cluster(raw: Any) -> ClusterSpec:
-    f = _Fields(raw, "cluster")
-    c = ClusterSpec(
+def _cluster(raw: Any) -> SimCluster:
+    f = Fields(raw, "cluster")
+    c = SimCluster(
         workers=f.int_("workers", lo=1),
         worker_speed=f.float_("worker_speed", lo=0.0, strict=True),
         ps=f.int_("ps", 1, lo=1),
@@ -298,13 +253,13 @@ def _cluster(raw: Any) -> ClusterSpec:
     return c
 
 
-def _device_groups(raw: Any) -> tuple[DeviceGroup, ...]:
+def _device_groups(raw: Any) -> tuple[SimDeviceGroup, ...]:
     if not isinstance(raw, list):
         raise ScenarioError("cluster.device_groups: must be a list")
     out = []
     for i, item in enumerate(raw):
-        f = _Fields(item, f"cluster.device_groups[{i}]")
-        out.append(DeviceGroup(name=f.str_("name"), count=f.int_("count", lo=1),
+        f = Fields(item, f"cluster.device_groups[{i}]")
+        out.append(SimDeviceGroup(name=f.str_("name"), count=f.int_("count", lo=1),
                                speed=f.float_("speed", lo=0.0, strict=True), max_batch=f.int_("max_batch", 0, lo=0)))
         f.done()
     if len({g.name for g in out}) != len(out):
@@ -312,9 +267,9 @@ def _device_groups(raw: Any) -> tuple[DeviceGroup, ...]:
     return tuple(out)
 
 
-def _job(raw: Any, workers: int) -> JobSpec:
-    f = _Fields(raw, "job")
-    j = JobSpec(
+def _job(raw: Any, workers: int) -> Workload:
+    f = Fields(raw, "job")
+    j = Workload(
         mode=f.str_("mode", "bsp", choices=("bsp", "asp")),
         global_batch=f.int_("global_batch", lo=1),
         records=f.int_("records", lo=1),
@@ -334,22 +289,22 @@ def _job(raw: Any, workers: int) -> JobSpec:
     return j
 
 
-def _straggler(raw: Any, i: int, cluster: ClusterSpec) -> StragglerSpec:
+def _straggler(raw: Any, i: int, cluster: SimCluster) -> InjectedStraggler:
     path = f"stragglers[{i}]"
-    f = _Fields(raw, path)
+    f = Fields(raw, path)
     node = f.str_("node")
     role, _, idx = node.rpartition("-")
     count = {"worker": cluster.workers, "ps": cluster.ps}.get(role)
     if count is None or not idx.isdigit() or int(idx) >= count or str(int(idx)) != idx:
         raise ScenarioError(f"{path}.node: no such node {node!r} (worker-0..worker-{cluster.workers - 1}, ps-0..ps-{cluster.ps - 1})")
-    side = f.str_("side", role, choices=("worker", "ps"))
+    side = f.str_("side", role, choices=tuple(r.value for r in Role))
     if side != role:
         raise ScenarioError(f"{path}.side: {side!r} does not match node {node!r}")
-    pattern = f.str_("pattern", "persistent", choices=("persistent", "transient", "none"))
+    pattern = PatternKind(f.str_("pattern", "persistent", choices=tuple(k.value for k in PatternKind)))
     period = f.float_("period_s", 1800.0, lo=0.0, strict=True)
-    s = StragglerSpec(
+    s = InjectedStraggler(
         node=node,
-        side=side,
+        side=Role(side),
         pattern=pattern,
         sleep_s=f.float_("sleep_s", 1.5, lo=0.0),
         intensity=f.float_("intensity", 0.8, lo=0.0, hi=1.0),
@@ -357,14 +312,14 @@ def _straggler(raw: Any, i: int, cluster: ClusterSpec) -> StragglerSpec:
         period_s=period,
         on_s=f.float_("on_s", 900.0, lo=0.0, hi=period, strict=True),
         probability=f.float_("probability", 0.3, lo=0.0, hi=1.0),
-        follows_restart=f.bool_("follows_restart", pattern == "transient"),
+        follows_restart=f.bool_("follows_restart", pattern is PatternKind.TRANSIENT),
     )
     f.done()
     return s
 
 
 def _monitor(raw: Any) -> MonitorSpec:
-    f = _Fields(raw, "monitor")
+    f = Fields(raw, "monitor")
     m = MonitorSpec(
         interval_s=f.float_("interval_s", 300.0, lo=0.0, strict=True),
         window_short_s=f.float_("window_short_s", 300.0, lo=0.0, strict=True),
@@ -379,7 +334,7 @@ def _monitor(raw: Any) -> MonitorSpec:
 
 def parse(raw: Any) -> Scenario:
     """A validated :class:`Scenario` from plain data (a loaded YAML document)."""
-    f = _Fields(raw, "")
+    f = Fields(raw, "")
     name = f.str_("name")
     seed = f.int_("seed", 0)
     method = f.str_("method", "none")
