@@ -52,7 +52,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -73,6 +73,7 @@ from pacer.contracts.jobs import (
 )
 from pacer.errors import ValidationError
 from pacer.ids import MAX_TOKEN_LEN, is_token
+from pacer.jobs.limits import LimitsError, clamp
 
 OPTIMIZERS = ("adagrad", "adam", "sgd")  # as pacer.models.common.OPTIMIZERS (which imports TensorFlow)
 
@@ -440,7 +441,6 @@ def default_plan(spec: JobSpec, defaults: DefaultPlan = DEFAULT_PLAN) -> Resourc
     the user's own resources leave no way to fit it.
     """
     req = spec.resources or ResourceRequest()
-    lim = spec.limits or ResourceLimits()
     user = {f for f in RESOURCE_FIELDS if getattr(req, f) is not None}
     min_workers = spec.backup_workers + 1
     plan = ResourcePlan(
@@ -453,72 +453,13 @@ def default_plan(spec: JobSpec, defaults: DefaultPlan = DEFAULT_PLAN) -> Resourc
         ps_memory_mb=req.ps_memory_mb if req.ps_memory_mb is not None else defaults.ps_memory_mb,
         source=PlanSource.USER if user else PlanSource.DEFAULT,
     )
-    notes: list[str] = []
-    if lim.max_workers is not None and plan.workers > lim.max_workers and "workers" not in user:
-        plan = replace(plan, workers=max(lim.max_workers, 1))
-        notes.append(f"workers clamped to limits.max_workers={lim.max_workers}")
-    if lim.max_ps is not None and plan.ps > lim.max_ps and "ps" not in user:
-        plan = replace(plan, ps=lim.max_ps)
-        notes.append(f"ps clamped to limits.max_ps={lim.max_ps}")
-    if plan.workers < min_workers:
-        raise JobSpecError([f"backup_workers: must be < the plan's {plan.workers} workers, got {spec.backup_workers}"])
-    if lim.max_cpu is not None:
-        plan = _fit(plan, lim.max_cpu, "cpu", user, min_workers, defaults.min_cpu, notes)
-    if lim.max_memory_mb is not None:
-        plan = _fit(plan, lim.max_memory_mb, "memory_mb", user, min_workers, defaults.min_memory_mb, notes)
+    try:
+        clamped = clamp(plan, spec.limits, user=user, min_workers=min_workers, min_cpu=defaults.min_cpu,
+                        min_memory_mb=defaults.min_memory_mb)
+    except LimitsError as exc:
+        raise JobSpecError(exc.problems) from None
+    plan, notes = clamped.plan, list(clamped.notes)
     given = ", ".join(f for f in RESOURCE_FIELDS if f in user)
     head = f"user resources ({given}), the rest default" if user else "default plan"
     return replace(plan, reason="; ".join([head, *notes]))
 
-
-def _total(plan: ResourcePlan, unit: str) -> float:
-    return float(plan.workers * getattr(plan, f"worker_{unit}") + plan.ps * getattr(plan, f"ps_{unit}"))
-
-
-def _fit(plan: ResourcePlan, limit: float, unit: str, user: set[str], min_workers: int,
-         floor: float, notes: list[str]) -> ResourcePlan:
-    """Shrink what was defaulted until the job's total ``unit`` is within ``limit``."""
-    if _total(plan, unit) <= limit:
-        return plan
-    limit_name = "max_cpu" if unit == "cpu" else "max_memory_mb"
-    before = (plan.workers, plan.ps)
-    steps: list[Callable[[ResourcePlan], ResourcePlan | None]] = []
-    if "workers" not in user:
-        steps.append(lambda p: replace(p, workers=p.workers - 1) if p.workers > min_workers else None)
-    if "ps" not in user:
-        steps.append(lambda p: replace(p, ps=p.ps - 1) if p.ps > 1 else None)
-    for step in steps:
-        while _total(plan, unit) > limit:
-            nxt = step(plan)
-            if nxt is None:
-                break
-            plan = nxt
-    if (plan.workers, plan.ps) != before:
-        notes.append(f"workers/ps reduced to {plan.workers}/{plan.ps} to fit limits.{limit_name}={limit:g}")
-    if _total(plan, unit) > limit:
-        # Scale the defaulted per-node amounts into what the user's amounts leave over.
-        roles = [r for r in ("worker", "ps") if f"{r}_{unit}" not in user]
-        fixed = sum(_count(plan, r) * getattr(plan, f"{r}_{unit}") for r in ("worker", "ps") if r not in roles)
-        scalable = sum(_count(plan, r) * getattr(plan, f"{r}_{unit}") for r in roles)
-        room = limit - fixed
-        if roles and room > 0:
-            factor = room / scalable
-            for r in roles:
-                cur = getattr(plan, f"{r}_{unit}")
-                if unit == "cpu":
-                    new: float | int = max(floor, math.floor(cur * factor * 10) / 10)
-                else:
-                    new = max(int(floor), int(cur * factor))
-                change: dict[str, Any] = {f"{r}_{unit}": new}
-                plan = replace(plan, **change)
-            notes.append(f"{'/'.join(f'{r}_{unit}' for r in roles)} scaled down to fit limits.{limit_name}={limit:g}")
-    if _total(plan, unit) > limit + 1e-9:
-        raise JobSpecError([
-            f"limits.{limit_name}: {limit:g} is below the {_total(plan, unit):g} the plan needs "
-            f"({plan.workers} workers, {plan.ps} PS) with the resources given"
-        ])
-    return plan
-
-
-def _count(plan: ResourcePlan, role: str) -> int:
-    return plan.workers if role == "worker" else plan.ps

@@ -33,8 +33,8 @@ The paper leaves K undefined; here sqrt(K) is a ceiling on the worker count
 (:attr:`StageConfig.idle_k`, default 1024, i.e. at most 32 workers).
 
 Every plan goes through :func:`fit_to_spec`: the user's own ``resources``
-win and ``limits`` clamp the rest, by the same rules as
-:func:`pacer.jobs.spec.default_plan` (whose helper this module reuses).
+win and ``limits`` clamp the rest by :func:`pacer.jobs.limits.clamp`, the
+clamp :func:`pacer.jobs.spec.default_plan` uses too.
 
 Units: CPU in cores (the monitor's ``cpu_percent`` / 100), memory in MiB,
 throughput in whatever unit the caller feeds in (the monitor gives samples/s;
@@ -55,7 +55,8 @@ from pacer.contracts.jobs import (
     ResourceRequest,
 )
 from pacer.contracts.monitor import JobStatistics, NodeState
-from pacer.jobs.spec import DEFAULT_PLAN, RESOURCE_FIELDS, JobSpecError, _fit
+from pacer.jobs.limits import LimitsError, clamp
+from pacer.jobs.spec import DEFAULT_PLAN, RESOURCE_FIELDS, JobSpecError
 
 from .calibration import skew
 
@@ -151,36 +152,27 @@ def job_cpu_quota(spec: JobSpec, config: StageConfig = DEFAULT_STAGES) -> float:
 def fit_to_spec(plan: ResourcePlan, spec: JobSpec) -> ResourcePlan:
     """``plan`` with the user's ``resources`` applied and clamped to ``limits``.
 
-    The rules of :func:`pacer.jobs.spec.default_plan`: user values win and are
-    never changed; counts are clamped to ``max_workers`` / ``max_ps``; then
-    non-user workers, PS and per-node amounts shrink to fit ``max_cpu`` and
-    ``max_memory_mb``.  Raises :class:`~pacer.jobs.spec.JobSpecError` when the
+    User values win and are never changed; the rest is clamped by
+    :func:`pacer.jobs.limits.clamp` (counts to ``max_workers`` /
+    ``max_ps``, then non-user workers, PS and per-node amounts shrink to fit
+    ``max_cpu`` and ``max_memory_mb``), as the default plan is.  Raises :class:`~pacer.jobs.spec.JobSpecError` when the
     user's own values leave no way to fit (the spec's validation rejects such
     specs already).
     """
     req = spec.resources or ResourceRequest()
-    lim = spec.limits or ResourceLimits()
     user = {f for f in RESOURCE_FIELDS if getattr(req, f) is not None}
     given: dict[str, Any] = {f: getattr(req, f) for f in user}
     plan = replace(plan, **given)
     notes: list[str] = [plan.reason] if plan.reason else []
     if user:
         notes.append(f"user resources kept ({', '.join(f for f in RESOURCE_FIELDS if f in user)})")
-    min_workers = spec.backup_workers + 1
-    if "workers" not in user and plan.workers < min_workers:
-        plan = replace(plan, workers=min_workers)
-    if lim.max_workers is not None and plan.workers > lim.max_workers and "workers" not in user:
-        plan = replace(plan, workers=max(lim.max_workers, 1))
-        notes.append(f"workers clamped to limits.max_workers={lim.max_workers}")
-    if lim.max_ps is not None and plan.ps > lim.max_ps and "ps" not in user:
-        plan = replace(plan, ps=max(lim.max_ps, 1))
-        notes.append(f"ps clamped to limits.max_ps={lim.max_ps}")
-    if plan.workers < min_workers:
-        raise JobSpecError([f"backup_workers: must be < the plan's {plan.workers} workers, got {spec.backup_workers}"])
-    if lim.max_cpu is not None:
-        plan = _fit(plan, lim.max_cpu, "cpu", user, min_workers, DEFAULT_PLAN.min_cpu, notes)
-    if lim.max_memory_mb is not None:
-        plan = _fit(plan, lim.max_memory_mb, "memory_mb", user, min_workers, DEFAULT_PLAN.min_memory_mb, notes)
+    try:
+        clamped = clamp(plan, spec.limits, user=user, min_workers=spec.backup_workers + 1,
+                        min_cpu=DEFAULT_PLAN.min_cpu, min_memory_mb=DEFAULT_PLAN.min_memory_mb)
+    except LimitsError as exc:
+        raise JobSpecError(exc.problems) from None
+    plan = clamped.plan
+    notes.extend(clamped.notes)
     return replace(plan, source=PlanSource.BRAIN, reason="; ".join(notes))
 
 
