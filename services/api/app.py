@@ -60,7 +60,7 @@ from pacer import codec, subjects
 from pacer.bus import Bus, RetryPolicy
 from pacer.contracts.agent import ActionResult, AgentMetrics, Heartbeat
 from pacer.contracts.executor import ExecutorEvent
-from pacer.contracts.jobs import JobEvent, JobRecord, ResourcePlan
+from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import ProgressEvent, ShardEvent
@@ -293,8 +293,7 @@ class ApiService:
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         limit = _int_param(request, "limit", 100, 1, 1000)
-        state = request.query.get("state", "")
-        jobs = await self.jobs.list(limit, state)
+        jobs = await self.jobs.list(limit, _state_param(request))
         self.counters.inc("requests", op="list")
         return web.json_response(to_json(jobs))
 
@@ -497,6 +496,16 @@ def _int_param(request: web.Request, key: str, default: int, lo: int, hi: int) -
     if not lo <= value <= hi:
         raise ValidationError(f"{key}: {value} is out of range {lo}..{hi}")
     return value
+
+
+def _state_param(request: web.Request) -> JobState | None:
+    raw = request.query.get("state", "")
+    if not raw:
+        return None
+    try:
+        return JobState(raw)
+    except ValueError:
+        raise ValidationError(f"state: must be one of {', '.join(s.value for s in JobState)}, got {raw!r}") from None
 
 
 async def create(bus: Bus, cfg: RuntimeConfig) -> ApiService:

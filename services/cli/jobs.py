@@ -331,7 +331,7 @@ async def _wait(c: JobClient, rec: JobRecord, timeout: float | None, interval: f
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     async def body(c: JobClient) -> int:
-        jl = await c.list(limit=args.limit, state=args.state or "")
+        jl = await c.list(limit=args.limit, state=JobState(args.state) if args.state else None)
         if args.json:
             print(_dump([to_dict(r) for r in jl.jobs]))
         elif not jl.jobs:

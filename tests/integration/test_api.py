@@ -363,6 +363,7 @@ async def test_malformed_input_is_400_and_unknown_is_404(http: Client, peers: Pe
         ("POST", "/api/jobs/x/stop", {"json": {"reason": 42}}, 400),
         ("GET", "/api/jobs?limit=lots", {}, 400),
         ("GET", "/api/jobs?limit=0", {}, 400),
+        ("GET", "/api/jobs?state=sleeping", {}, 400),
         ("GET", "/api/jobs/bad.id", {}, 400),
         ("GET", "/api/jobs/x/logs", {}, 400),  # no node
         ("GET", "/api/jobs/x/logs?node=worker-0&tail=-1", {}, 400),
@@ -381,6 +382,8 @@ async def test_malformed_input_is_400_and_unknown_is_404(http: Client, peers: Pe
         assert body["error"]["message"]
     status, body = await http.call("GET", "/api/jobs/nope")
     assert body["error"]["code"] == "not_found" and "nope" in body["error"]["message"]
+    status, body = await http.call("GET", "/api/jobs?state=sleeping")
+    assert body["error"]["code"] == "invalid" and body["error"]["message"].startswith("state: must be one of")
     assert api_service.counters.snapshot().get("errors", 0) >= len(cases)
     status, health = await http.call("GET", "/healthz")
     assert status == 200 and health["status"] == "ok"  # nothing above hurt the service

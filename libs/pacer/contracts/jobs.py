@@ -221,7 +221,7 @@ class ListRequest:
     """``pacer.rpc.jobs._all.list`` -> :class:`JobList`, newest first."""
 
     limit: int = field(default=100, metadata=doc("at most this many jobs, 1..1000"))
-    state: str = field(default="", metadata=doc("only jobs in this state (\"\": all)"))
+    state: JobState | None = field(default=None, metadata=doc("only jobs in this state (absent: all)"))
 
 
 @message("job.JobProgress")

@@ -10,6 +10,7 @@ from pacer.contracts.jobs import (
     JobList,
     JobQuery,
     JobRecord,
+    JobState,
     ListRequest,
     StopRequest,
     SubmitRequest,
@@ -35,7 +36,7 @@ class JobClient:
         return await self.bus.request(subjects.job_rpc(job, JobOp.GET), JobQuery(job), JobRecord,
                                       timeout=self.timeout, retry=self.retry)
 
-    async def list(self, limit: int = 100, state: str = "") -> JobList:
+    async def list(self, limit: int = 100, state: JobState | None = None) -> JobList:
         return await self.bus.request(subjects.job_rpc(subjects.ALL_JOBS, JobOp.LIST), ListRequest(limit, state),
                                       JobList, timeout=self.timeout, retry=self.retry)
 
