@@ -372,10 +372,10 @@ class BrainService:
         plan = await self.placed(replace(d.plan, job=job, source=PlanSource.BRAIN))
         await self.bus.publish_durable(subjects.job_event(job, subjects.JobEventKind.PLAN), plan)
         await self.bus.publish_durable(subjects.brain_decision(job), BrainDecision(
-            job, ts, d.stage.value, d.rule, plan, before,
+            job, ts, d.stage, d.rule, plan, before,
             measured.throughput if measured is not None else 0.0, d.predicted_throughput))
-        self.counters.inc("replans", rule=d.rule)
-        log.info("re-plan", extra={"fields": {"job": job, "rule": d.rule, "reason": plan.reason}})
+        self.counters.inc("replans", rule=d.rule.value)
+        log.info("re-plan", extra={"fields": {"job": job, "rule": d.rule.value, "reason": plan.reason}})
         return plan
 
     # ---------------------------------------------------------------- the cluster: rounds and placement

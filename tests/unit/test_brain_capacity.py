@@ -8,7 +8,7 @@ import pytest
 from pacer.contracts.executor import ClusterStatus, MachineInfo
 from pacer.contracts.jobs import PlanSource, ResourcePlan
 from pacer_services.brain.app import BrainConfig
-from pacer_services.brain.core.autoscaler import Decision, Proposal, Stage
+from pacer_services.brain.core.autoscaler import Decision, Proposal, Rule, Stage
 from pacer_services.brain.core.capacity import cluster_capacity, status_problem
 from pacer_services.brain.core.cluster import JobChoice, JobRequest, Resources
 from pacer_services.brain.core.pareto import Candidate
@@ -39,7 +39,7 @@ class Job:
     def accept(self, choice: JobChoice, now: float) -> Decision | None:
         if self.declines or choice.plan is None or choice.scored is None:
             return None
-        return Decision(choice.plan, Stage.ADJUST, "model", choice.scored.candidate.throughput)
+        return Decision(choice.plan, Stage.ADJUST, Rule.MODEL, choice.scored.candidate.throughput)
 
     def withdraw(self, d: Decision) -> None:
         self.withdrawn.append(d)

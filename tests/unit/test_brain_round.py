@@ -6,7 +6,7 @@ import math
 from dataclasses import replace
 
 from pacer.contracts.jobs import PlanSource, ResourcePlan
-from pacer_services.brain.core.autoscaler import Decision, JobAutoscaler, Proposal, Stage
+from pacer_services.brain.core.autoscaler import Decision, JobAutoscaler, Proposal, Rule, Stage
 from pacer_services.brain.core.cluster import JobChoice, JobRequest, Resources, plan_resources
 from pacer_services.brain.core.pareto import Candidate
 from pacer_services.brain.core.round import ReadyJob, cluster_round, round_total
@@ -32,7 +32,7 @@ class Job:
     def propose(self, now: float, stats: object) -> Proposal:
         self.fed.append(now)
         if self.rule is not None:
-            return Proposal(Decision(self.rule, Stage.ADJUST, "oom"))
+            return Proposal(Decision(self.rule, Stage.ADJUST, Rule.OOM))
         return Proposal(request=JobRequest(self.plan.job, self.candidates, 1e9, self.plan, 100.0))
 
     def fit_decision(self, d: Decision, room: Resources) -> Decision | None:
@@ -44,7 +44,7 @@ class Job:
     def accept(self, choice: JobChoice, now: float) -> Decision | None:
         if choice.plan is None or choice.scored is None:
             return None
-        return Decision(choice.plan, Stage.ADJUST, "model", choice.scored.candidate.throughput)
+        return Decision(choice.plan, Stage.ADJUST, Rule.MODEL, choice.scored.candidate.throughput)
 
     def withdraw(self, d: Decision) -> None:
         self.withdrawn.append(d)

@@ -10,10 +10,52 @@ zero-config job is re-planned by the brain: each re-plan is a plan event
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from pacer.codec import doc, message
 from pacer.contracts.jobs import JobSpec, ResourcePlan
+
+
+class BrainStage(str, enum.Enum):
+    """Where a zero-config job's resources are in their life (DLRover 2023 §4.2).
+
+    ``sample``: a cold job runs the sample plan (one worker and a few PS with
+    C_max CPUs) to measure what a worker and the PS need; the sample-stage
+    rules (``sample-oom``, ``sample-saturated``) keep it in ``sample``.
+    -> ``adjust``: the sample was measured and the ``optimize`` rule (Eq.
+    10-11) decided the job's plan, or the job started warm (DLRover-RM
+    Alg. 1: no sample).  ``adjust`` is where the job stays until it ends
+    (rules ``oom``, ``hot-ps``, ``idle-ps``, ``model``); the only way back
+    is an ``optimize`` plan that the cluster round could not carry out
+    (withdrawn: the sample goes on and optimize is decided again).
+    """
+
+    SAMPLE = "sample"
+    ADJUST = "adjust"
+
+
+class BrainRule(str, enum.Enum):
+    """Why the brain re-planned a running job (``BrainDecision.rule``); each rule belongs to a stage.
+
+    In ``sample``: ``sample-oom`` (a node died of OOM: a worker's memory, or
+    the PS count, doubled) and ``sample-saturated`` (the PS ran at their
+    CPU limit: more PS CPU, sample on).  From ``sample`` to ``adjust``:
+    ``optimize`` (DLRover 2023 Eq. 10-11).  In ``adjust``: ``oom``
+    (DLRover-RM §5.3: memory raised before a predicted OOM), ``hot-ps``
+    and ``idle-ps`` (DLRover 2023 §4.2's rules while the model cannot be
+    fitted) and ``model`` (DLRover-RM Eq. 1-14: the fitted model's Pareto
+    candidates and the cluster's weighted greedy choice).  Every rule but
+    ``model`` is decided first in a cluster round.
+    """
+
+    SAMPLE_OOM = "sample-oom"
+    SAMPLE_SATURATED = "sample-saturated"
+    OPTIMIZE = "optimize"
+    OOM = "oom"
+    HOT_PS = "hot-ps"
+    IDLE_PS = "idle-ps"
+    MODEL = "model"
 
 
 @message("brain.PlanRequest")
@@ -64,8 +106,8 @@ class BrainDecision:
 
     job: str
     ts: float = field(metadata=doc("monitor time (s) of the statistics the decision was made on"))
-    stage: str = field(metadata=doc("sample | adjust (DLRover 2023 §4.2)"))
-    rule: str = field(metadata=doc("sample-oom | sample-saturated | optimize | oom | hot-ps | model | idle-ps"))
+    stage: BrainStage = field(metadata=doc("sample | adjust (DLRover 2023 §4.2), after the decision"))
+    rule: BrainRule = field(metadata=doc("sample-oom | sample-saturated | optimize | oom | hot-ps | idle-ps | model"))
     plan: ResourcePlan
     previous: ResourcePlan | None = field(default=None, metadata=doc("the plan in force before"))
     measured_throughput: float = field(default=0.0, metadata=doc("samples/s measured under the previous plan (0: not measured)"))

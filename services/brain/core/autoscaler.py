@@ -67,12 +67,13 @@ Pure: no IO and no clock; ``now`` is whatever clock the caller uses.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from pacer.contracts.brain import BrainRule as Rule
+from pacer.contracts.brain import BrainStage as Stage
 from pacer.contracts.jobs import JobSpec, ResourceLimits, ResourcePlan
 from pacer.contracts.monitor import JobStatistics, NodeState
 from pacer.jobs.spec import JobSpecError
@@ -123,15 +124,11 @@ __all__ = [
     "Decision",
     "JobAutoscaler",
     "Proposal",
+    "Rule",
     "Stage",
     "plan_cluster",
     "same_resources",
 ]
-
-
-class Stage(str, enum.Enum):
-    SAMPLE = "sample"
-    ADJUST = "adjust"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +164,7 @@ class Decision:
 
     plan: ResourcePlan
     stage: Stage
-    rule: str  # sample-oom | sample-saturated | optimize | oom | hot-ps | model | idle-ps
+    rule: Rule
     predicted_throughput: float = 0.0  # 0: not predicted
 
 
@@ -311,7 +308,7 @@ class JobAutoscaler:
         if self.stage is not Stage.SAMPLE or self.plan is None:
             return None
         out = on_sample_oom(self.plan, role, self.spec, self.config.stages)
-        self.decisions.append(Decision(out, Stage.SAMPLE, "sample-oom"))
+        self.decisions.append(Decision(out, Stage.SAMPLE, Rule.SAMPLE_OOM))
         return out
 
     def _observe(self, now: float, stats: JobStatistics) -> SampleProfile | None:
@@ -381,7 +378,7 @@ class JobAutoscaler:
                 and remaining > 0):
             raised = self.memory.plan_for(plan, now + remaining / stats.throughput_samples_per_s, roles=ALL_ROLES)
             if raised is not None:
-                return Proposal(self._decide(now, Decision(replace(raised, job=plan.job), self.stage, "oom")))
+                return Proposal(self._decide(now, Decision(replace(raised, job=plan.job), self.stage, Rule.OOM)))
         if profile is None:
             return None
         if self.stage is Stage.SAMPLE and self._pending is None:
@@ -440,7 +437,7 @@ class JobAutoscaler:
             self.decisions.pop()
         self._pending = None
         self._predicted.pop(_key(d.plan), None)
-        if d.rule == "optimize":  # the sample is over only once its successor runs
+        if d.rule is Rule.OPTIMIZE:  # the sample is over only once its successor runs
             self.stage = Stage.SAMPLE
 
     def _sample_done(self, now: float, sampled: ResourcePlan, profile: SampleProfile,
@@ -448,7 +445,7 @@ class JobAutoscaler:
         cfg = self.config.stages
         more = on_sample_saturated(sampled, profile, self.spec, cfg)
         if more is not None:  # s-hat measured at 100 % is only a lower bound: sample on
-            return self._decide(now, Decision(more, Stage.SAMPLE, "sample-saturated"))
+            return self._decide(now, Decision(more, Stage.SAMPLE, Rule.SAMPLE_SATURATED))
         self.sample_profile = profile
         self.stage = Stage.ADJUST
         opt = optimize(profile, self.spec, cfg)
@@ -467,7 +464,7 @@ class JobAutoscaler:
             need = memory_for(cfg.process_base_mb + grown * min(1.0, share), cfg)
             if need > plan.ps_memory_mb:
                 plan = replace(plan, ps_memory_mb=need)
-        return self._decide(now, Decision(plan, Stage.ADJUST, "optimize", opt.predicted_throughput))
+        return self._decide(now, Decision(plan, Stage.ADJUST, Rule.OPTIMIZE, opt.predicted_throughput))
 
     def _memory_skew(self, profile: SampleProfile) -> float:
         if self.calibration is not None:
@@ -516,9 +513,9 @@ class JobAutoscaler:
             if (plan_resources(hot).fits_in(self.quota) and hot.workers == plan.workers
                     and not same_resources(hot, plan)
                     and (tried is None or tried.throughput > self.measured[_key(plan)].throughput)):
-                return Proposal(self._decide(now, Decision(hot, Stage.ADJUST, "hot-ps")))
+                return Proposal(self._decide(now, Decision(hot, Stage.ADJUST, Rule.HOT_PS)))
         if adj.added_workers > 0:
-            return Proposal(self._decide(now, Decision(adj.plan, Stage.ADJUST, "idle-ps")))
+            return Proposal(self._decide(now, Decision(adj.plan, Stage.ADJUST, Rule.IDLE_PS)))
         self._last_decision = now
         return None
 
@@ -552,7 +549,7 @@ class JobAutoscaler:
             # how good the model is, judged where it has seen more than one configuration (a model of
             # one configuration, e.g. the sample's, knows nothing of scaling: its miss says little)
             self._predicted[_key(new)] = self._raw[_key(choice.plan)]
-        return self._decide(now, Decision(new, Stage.ADJUST, "model", predicted))
+        return self._decide(now, Decision(new, Stage.ADJUST, Rule.MODEL, predicted))
 
     def learnt(self) -> Coefficients | None:
         """The coefficients this job's model ended with, for the config DB (a similar job's warm start)."""
@@ -579,7 +576,7 @@ class JobAutoscaler:
             return None
         new = fit_to_spec(replace(best.plan, job=plan.job, reason=f"converged: back to the best measured plan "
                                   f"({best.throughput:.1f} samples/s)"), self.spec)
-        return self._decide(now, Decision(new, Stage.ADJUST, "model", best.throughput))
+        return self._decide(now, Decision(new, Stage.ADJUST, Rule.MODEL, best.throughput))
 
     # ------------------------------------------------------------ the model
     def _fit(self) -> Model | None:

@@ -17,8 +17,9 @@ Inputs
 
 The round, in this order (each step within what the previous ones left):
 
-1. **Rules** (``Rule.is_rule``: sample-stage answers, optimize, OOM
-   prevention, hot PS, idle PS, DLRover 2023 §4.2 and DLRover-RM §5.3):
+1. **Rules** (every :class:`~pacer.contracts.brain.BrainRule` but ``model``:
+   sample-stage answers, optimize, OOM prevention, hot PS, idle PS,
+   DLRover 2023 §4.2 and DLRover-RM §5.3):
    each job's rule decision is fitted to its plan plus what is left
    (:meth:`~.autoscaler.JobAutoscaler.fit_decision`), in ``ready`` order.
    They come first because they fix a job that is sampling or about to
