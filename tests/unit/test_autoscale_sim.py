@@ -12,6 +12,7 @@ import pytest
 from pacer.contracts.jobs import PlanSource, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer_services.brain.core.cluster import Resources, ScalingKind, ScalingRecord
+from pacer_services.pod_executor.core import ExecutorPolicy
 from pacer_services.cli.main import main
 from pacer_services.simulator.autoscale import (
     PROFILES,
@@ -38,7 +39,7 @@ from pacer_services.simulator.autoscale.scalers import (
     oracle_plan,
 )
 from pacer_services.simulator.autoscale.scenario import parse
-from pacer_services.simulator.scenario import ScenarioError
+from pacer_services.simulator.fields import ScenarioError
 
 REPO = Path(__file__).resolve().parents[2]
 WD = PROFILES["wide_deep"].truth
@@ -121,10 +122,15 @@ def test_same_seed_same_run_other_seed_other_draws() -> None:
 # ------------------------------------------------------------------ runtime costs
 
 
-def test_added_workers_join_while_the_others_train_and_ps_changes_pause() -> None:
+def test_added_workers_join_ps_changes_migrate_and_new_worker_sizes_roll() -> None:
+    """What the executor's plan_change does: start only the new workers, migrate PS beside training, resize
+    workers a batch at a time (a quarter, the chief last)."""
     cfg = SimConfig(noise=0.0)
-    a = plan(4, 2, 4, 8)
-    sc = Scripted(a, {180.0: replace(a, workers=8), 540.0: replace(a, workers=8, ps=3)})
+    a = plan(4, 2, 4, 8, pm=10**6)  # no OOM
+    b = replace(a, workers=8)
+    c = replace(b, ps=3)
+    d = replace(c, worker_cpu=2)
+    sc = Scripted(a, {180.0: b, 540.0: c, 1260.0: d})
     run = run_job("wide_deep", sc, seed=0, samples_total=200_000_000, config=cfg)
     tl = run.timeline
     restart = cfg.pending_s + cfg.init_s
@@ -135,12 +141,20 @@ def test_added_workers_join_while_the_others_train_and_ps_changes_pause() -> Non
     assert psi_at(restart - 1) == 0.0 and psi_at(restart) > 0.0  # the first plan pays the start too
     assert psi_at(180 + restart - 10) == psi_at(170) > 0.0  # the old workers go on training
     assert psi_at(180 + restart) > psi_at(170) * 1.5  # the new ones join after pending + init
-    assert psi_at(540) == 0.0 and psi_at(540 + restart - 10) == 0.0  # a PS change stops the job
-    assert psi_at(540 + restart) > 0.0
+    # a PS change is a seamless migration: the new PS start while the job trains on the old ones ...
+    assert psi_at(540 + restart - 10) == psi_at(530) > 0.0
+    # ... then every worker restarts once from the chief's checkpoint, and the job trains on the new PS
+    assert psi_at(540 + restart) == 0.0 and psi_at(540 + 2 * restart - 10) == 0.0
+    assert psi_at(540 + 2 * restart) > 0.0
+    # a new worker size: 8 workers replaced 2 at a time, the others train throughout
+    before, after = psi_at(1250), psi_at(1260 + 4 * restart)
+    during = [psi_at(1260 + k * restart + 10) for k in range(4)]
+    assert after < before and all(0.0 < p < before for p in during), (before, during, after)
+    assert sorted(set(during)) != [after]  # the job ran with both sizes for a while
     kinds = [(t, r.kind, r.pause_s) for t, r in sc.records]
     assert kinds == [(0.0, ScalingKind.PS, restart), (180.0, ScalingKind.WORKERS, restart),
-                     (540.0, ScalingKind.PS, restart)]
-    assert run.scalings == 2 and run.pause_s == 2 * restart
+                     (540.0, ScalingKind.PS, 2 * restart), (1260.0, ScalingKind.WORKERS, 4 * restart)]
+    assert run.scalings == 3 and run.pause_s == 2 * restart  # the first start and the migration's restart
 
 
 def test_oom_loses_progress_since_the_checkpoint_and_doubles_memory() -> None:
@@ -161,13 +175,26 @@ def test_oom_loses_progress_since_the_checkpoint_and_doubles_memory() -> None:
     assert sim.done == ckpt_samples and sim.oom_failures == 1
 
     sc = Scripted(first)
-    run = run_job(truth, sc, seed=0, samples_total=100_000_000, config=cfg, draw=False)
-    assert run.oom_failures >= 1 and sc.ooms[0] == ("ps-0", "ps")
+    run = run_job(truth, sc, seed=0, samples_total=30_000_000, config=cfg, draw=False)
+    assert run.oom_failures >= 1 and sc.ooms[0] == ("ps-0", "ps") and not run.failed
     assert run.final_plan is not None and run.final_plan.ps_memory_mb == 8192 * 2**run.oom_failures
-    no_oom = run_job(truth, Scripted(plan(8, 2, 4, 8, pm=10**6)), seed=0, samples_total=100_000_000,
+    no_oom = run_job(truth, Scripted(plan(8, 2, 4, 8, pm=10**6)), seed=0, samples_total=30_000_000,
                      config=cfg, draw=False)
     assert run.jct_s is not None and no_oom.jct_s is not None
     assert run.jct_s > no_oom.jct_s + run.oom_failures * cfg.restart_s  # lost work on top of the pauses
+
+
+def test_the_executor_core_caps_oom_relaunches_and_fails_the_job_past_its_budget() -> None:
+    """on_exit: memory x2 up to the executor's cap, at most relaunch_budget relaunches of a node."""
+    truth = replace(WD, growth_mb_per_hour=20_000.0)
+    cfg = SimConfig(noise=0.0, checkpoint_s=600.0)
+    sc = Scripted(plan(8, 2, 4, 8, pm=8192))
+    run = run_job(truth, sc, seed=0, samples_total=100_000_000, config=cfg, draw=False)
+    policy = ExecutorPolicy()
+    assert run.oom_failures == policy.relaunch_budget + 1 and run.jct_s is None
+    assert "budget" in run.failed and run.to_dict()["failed"] == run.failed
+    assert run.final_plan is not None
+    assert run.final_plan.ps_memory_mb == min(policy.max_memory_mb, 8192 * 2**policy.relaunch_budget)
 
 
 # ------------------------------------------------------------------ baselines

@@ -2,14 +2,39 @@
 
 Runtime (DLRover-RM §6 setup): a 200-CPU quota per job, pods of at most 32
 CPUs, a decision every 3 minutes, a new pod pending ~20 s and initialising
-~100 s.  Time advances in fixed ticks.  Adding workers lets the running ones
-go on training (the new ones join after ``pending_s + init_s``); removing
-workers is immediate; any change of the PS (count, CPU, memory) or of the
-worker pod size restarts the job from a checkpoint taken at that moment
-(pause ``pending_s + init_s``, progress kept).  An OOM loses the progress
-since the last periodic checkpoint and relaunches with double memory (as
-:mod:`pacer_services.pod_executor.core` does, DLRover 2023 §4.2) unless the
-scaler says otherwise.
+~100 s (``restart_s`` = pending + init).  Time advances in fixed ticks.
+
+A plan change costs what the executor really does, because the executor's
+own decision says what that is (:func:`pacer_services.pod_executor.core.plan_change`,
+the function behind the live executor's ``apply_plan``):
+
+* new workers start (``restart_s``) while the others go on training;
+  removed workers stop at once;
+* workers that stay but get another size are replaced by the rolling
+  replacement's batches (``resize_batches``, DLRover-RM §5.1: a quarter at a
+  time, the chief last): each batch is down ``restart_s`` while the rest
+  train, then the next batch goes;
+* a change of the PS (count, CPU or memory) is a seamless migration
+  (DLRover-RM §5.2): the new PS start beside the old ones while training
+  goes on (``restart_s``), then every worker restarts once from the chief's
+  checkpoint (taken then, nothing lost) with its new size, and the job
+  trains on the new PS.  A PS change asked for during a migration waits
+  for it to end (``ps_deferred``), then migrates again.
+
+A job whose workers have two sizes (during a replacement) runs at the
+worker-weighted mean of the two sizes' throughputs (:func:`.truth.throughput`
+is for one size).
+
+An OOM (a node over its memory) kills the job's training: it restarts from
+the last periodic checkpoint (the progress since is lost) once the executor
+relaunches the node.  The relaunch is the executor core's answer
+(:func:`pacer_services.pod_executor.core.on_exit`: the memory times the
+policy's factor, capped, within the node's relaunch budget; past the cap or
+the budget the job fails), given to the whole role's plan.
+
+The record of a change (:class:`ScalingRecord`) carries what the live
+executor reports as its overhead: the time from the plan until every node
+of it trains.  CPU allocated is the plan's.
 
 Pure: no IO, no clock; measurement noise comes from the job's own seeded
 generator.
@@ -18,35 +43,86 @@ generator.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
+import numpy.typing as npt
+from pacer.contracts.common import Role
+from pacer.contracts.executor import NodeState as ExecutorNodeState
 from pacer.contracts.jobs import ResourcePlan
 from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
 from pacer_services.brain.core.cluster import ScalingKind, ScalingRecord, plan_resources
+from pacer_services.pod_executor.core import (
+    ExecutorPolicy,
+    ExitDecision,
+    ExitInfo,
+    Node,
+    NodeSpec,
+    Plan,
+    on_exit,
+    plan_change,
+)
 
 from .truth import JobTruth, cpu_used, ps_rss_mb, throughput
 from .types import JobRun, SimConfig, SimJob, plan_summary
 
-__all__ = ["JobSim"]
+__all__ = ["JobSim", "executor_plan"]
 
 _SHARD = 100  # batches per shard, for the shard counts of the statistics
+_OOM_EXIT = ExitInfo(code=137, oom=True)  # what a backend reports of a node killed over its memory limit
+
+
+def executor_plan(plan: ResourcePlan) -> Plan:
+    """The executor core's view of a resource plan."""
+    return Plan(plan.workers, plan.ps, NodeSpec(Role.WORKER.value, 0, plan.worker_cpu, plan.worker_memory_mb),
+                NodeSpec(Role.PS.value, 0, plan.ps_cpu, plan.ps_memory_mb))
+
+
+@dataclass(frozen=True, slots=True)
+class _PsSet:
+    """The PS that serve the model: how many, their size, and when they came up (trainers running)."""
+
+    count: int
+    cpu: float
+    memory_mb: int
+    up_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Migration:
+    """A PS migration under way: at ``switch_at`` the new PS take over and every worker restarts."""
+
+    switch_at: float
+    ps: _PsSet
+    worker_cpu: dict[int, float]  # slot -> the size it restarts with
+    worker_memory_mb: dict[int, int]
 
 
 class JobSim:
     """The state of one running job; advanced tick by tick by the runners."""
 
-    def __init__(self, job: SimJob, truth: JobTruth, cfg: SimConfig, noise_rng: np.random.Generator) -> None:
+    def __init__(self, job: SimJob, truth: JobTruth, cfg: SimConfig, noise_rng: np.random.Generator,
+                 policy: ExecutorPolicy | None = None) -> None:
         self.job, self.truth, self.cfg, self.rng = job, truth, cfg, noise_rng
+        self.policy = policy or ExecutorPolicy()
         self.plan: ResourcePlan | None = None
-        self.paused_until = 0.0
-        self.ready = np.zeros(0)  # per worker: time it starts training
+        # per worker slot (index = slot): size, and its current outage [down, ready) (trains outside it)
+        self.w_cpu = np.zeros(0)
+        self.w_mem = np.zeros(0, dtype=np.int64)
+        self.w_down = np.zeros(0)
+        self.ready = np.zeros(0)
+        self.w_oom_mb = np.zeros(0, dtype=np.int64)  # memory an OOM relaunch gave the slot (Node.oom_memory_mb)
         self.worker_samples = np.zeros(0)  # per worker: samples since its (re)start
         self.worker_interval = np.zeros(0)  # per worker: samples since the last statistics
+        self.ps: _PsSet | None = None
+        self.migration: _Migration | None = None
+        self.node_restarts: dict[str, int] = {}  # relaunches after failures, per node (the executor's budget)
         self.done = 0.0
         self.trained_s = 0.0
         self.ckpt = (0.0, 0.0)  # (samples, trained_s) of the last checkpoint
         self.last_ckpt_t = 0.0
         self.finished_at: float | None = None
+        self.failed = ""  # why the executor failed the job ("" while it has not)
         self.started_at: float | None = None
         self.interval_t0 = 0.0
         self.interval_samples = 0.0
@@ -61,6 +137,11 @@ class JobSim:
         self.last_psi = -1.0
         self.last_stats: JobStatistics | None = None
 
+    @property
+    def over(self) -> bool:
+        """Finished or failed: nothing more happens to it."""
+        return self.finished_at is not None or bool(self.failed)
+
     # -- plans
 
     def valid(self, plan: ResourcePlan, quota_cpu: float | None = None) -> bool:
@@ -72,64 +153,166 @@ class JobSim:
                 and res.cpu <= quota + 1e-9
                 and (c.quota_memory_mb is None or res.memory_mb <= c.quota_memory_mb + 1e-9))
 
+    def nodes(self, now: float) -> dict[str, Node]:
+        """The job's nodes as the executor tracks them."""
+        out: dict[str, Node] = {}
+        for i in range(len(self.ready)):
+            spec = NodeSpec(Role.WORKER.value, i, float(self.w_cpu[i]), int(self.w_mem[i]))
+            state = ExecutorNodeState.RUNNING if now >= self.w_down[i] + self.cfg.pending_s or now >= self.ready[i] \
+                else ExecutorNodeState.PENDING
+            out[f"worker-{i}"] = Node(spec, restarts=self.node_restarts.get(f"worker-{i}", 0), state=state.value,
+                                      oom_memory_mb=int(self.w_oom_mb[i]))
+        if self.ps is not None:
+            for j in range(self.ps.count):
+                spec = NodeSpec(Role.PS.value, j, self.ps.cpu, self.ps.memory_mb)
+                out[f"ps-{j}"] = Node(spec, restarts=self.node_restarts.get(f"ps-{j}", 0),
+                                      state=ExecutorNodeState.RUNNING.value)
+        return out
+
+    def _resize_workers(self, n: int) -> None:
+        """Keep the first ``n`` worker slots (new ones empty)."""
+        have = len(self.ready)
+        if n <= have:
+            for a in ("w_cpu", "w_mem", "w_down", "ready", "w_oom_mb", "worker_samples", "worker_interval"):
+                setattr(self, a, getattr(self, a)[:n])
+            return
+        extra = n - have
+        self.w_cpu = np.concatenate([self.w_cpu, np.zeros(extra)])
+        self.w_mem = np.concatenate([self.w_mem, np.zeros(extra, dtype=np.int64)])
+        self.w_down = np.concatenate([self.w_down, np.zeros(extra)])
+        self.ready = np.concatenate([self.ready, np.zeros(extra)])
+        self.w_oom_mb = np.concatenate([self.w_oom_mb, np.zeros(extra, dtype=np.int64)])
+        self.worker_samples = np.concatenate([self.worker_samples, np.zeros(extra)])
+        self.worker_interval = np.concatenate([self.worker_interval, np.zeros(extra)])
+
+    def _down(self, i: int, at: float) -> None:
+        """Worker slot ``i`` stops at ``at`` and trains again ``restart_s`` later (a new pod)."""
+        self.w_down[i] = at
+        self.ready[i] = at + self.cfg.restart_s
+        self.worker_samples[i] = 0.0
+
     def apply(self, plan: ResourcePlan, now: float, *, restart: bool = False) -> ScalingRecord | None:
-        """Apply a plan; the record of what it cost (None when nothing changed)."""
+        """Apply a plan; the record of what it cost (None when nothing changed).
+
+        ``restart``: an OOM relaunch (:meth:`oom`): every node restarts and
+        the job resumes from its last checkpoint.
+        """
         old = self.plan
         kind = ScalingKind.between(old, plan)
         if kind is ScalingKind.NONE and not restart:
             return None
-        if old is not None and not restart and kind is ScalingKind.WORKERS and (
-            (old.worker_cpu, old.worker_memory_mb) == (plan.worker_cpu, plan.worker_memory_mb)
-        ):
-            # only the worker count changes: the running workers keep training
-            if plan.workers > old.workers:
-                start = max(now, self.paused_until) + self.cfg.restart_s
-                extra = plan.workers - old.workers
-                self.ready = np.concatenate([self.ready, np.full(extra, start)])
-                self.worker_samples = np.concatenate([self.worker_samples, np.zeros(extra)])
-                self.worker_interval = np.concatenate([self.worker_interval, np.zeros(extra)])
-                pause = start - now
-            else:
-                self.ready = self.ready[: plan.workers]
-                self.worker_samples = self.worker_samples[: plan.workers]
-                self.worker_interval = self.worker_interval[: plan.workers]
-                pause = 0.0
-        else:
-            # a restart of the whole job from a checkpoint (taken now, unless an OOM lost it)
-            if not restart and old is not None:
-                self.ckpt = (self.done, self.trained_s)
-                self.last_ckpt_t = now
-            self.paused_until = now + self.cfg.restart_s
-            self.ready = np.full(plan.workers, self.paused_until)
-            self.worker_samples = np.zeros(plan.workers)
-            self.worker_interval = np.zeros(plan.workers)
-            pause = self.cfg.restart_s
-            self.pause_total_s += pause
+        cfg = self.cfg
+        if old is None or restart:
+            # the first start, or a relaunch after an OOM: every node (re)starts
+            self._resize_workers(plan.workers)
+            self.w_cpu[:] = plan.worker_cpu
+            self.w_mem[:] = np.maximum(plan.worker_memory_mb, self.w_oom_mb)
+            self.w_down[:] = now
+            self.ready[:] = now + cfg.restart_s
+            self.worker_samples[:] = 0.0
+            self.ps = _PsSet(plan.ps, plan.ps_cpu, plan.ps_memory_mb, now + cfg.restart_s)
+            self.migration = None
+            done_at = now + cfg.restart_s
             if old is not None:
                 self.restarts += 1
             if kind is ScalingKind.NONE:
                 kind = ScalingKind.PS
+        else:
+            done_at = self._change(old, plan, now)
         self.plan = plan
-        return ScalingRecord(kind=kind, pause_s=pause)
+        return ScalingRecord(kind=kind, pause_s=done_at - now)
 
-    # -- time
+    def _change(self, old: ResourcePlan, plan: ResourcePlan, now: float) -> float:
+        """What the executor does for a re-plan (:func:`plan_change`); when every node of ``plan`` trains."""
+        cfg = self.cfg
+        ch = plan_change(executor_plan(old), executor_plan(plan), self.nodes(now), self.policy,
+                         migrating=self.migration is not None)
+        done_at = now
+        # scale-down stops the highest slots, scale-up fills the next ones
+        self._resize_workers(plan.workers)
+        for spec in ch.start:
+            if spec.role == Role.WORKER:
+                self.w_cpu[spec.index], self.w_mem[spec.index] = spec.cpu, spec.memory_mb
+                self.w_oom_mb[spec.index] = 0
+                self._down(spec.index, now)
+                done_at = max(done_at, now + cfg.restart_s)
+        sizes = {s.index: s for s in ch.resize}
+        # the rolling replacement: a batch at a time, each down restart_s while the others train
+        for k, batch in enumerate(ch.resize_batches):
+            at = now + k * cfg.restart_s
+            for i in batch:
+                self.w_cpu[i], self.w_mem[i] = sizes[i].cpu, sizes[i].memory_mb
+                self._down(i, at)
+            done_at = max(done_at, at + cfg.restart_s)
+        if ch.migrate_ps:
+            done_at = max(done_at, self._migrate(plan, now, {s.index: s for s in ch.resize}))
+        return done_at
 
-    def running_workers(self, now: float) -> int:
-        if self.plan is None or now < self.paused_until:
-            return 0
-        return int(np.count_nonzero(self.ready <= now))
+    def _migrate(self, plan: ResourcePlan, now: float, sizes: dict[int, NodeSpec]) -> float:
+        """Start a seamless PS migration to ``plan``'s PS; when its workers train again."""
+        cfg = self.cfg
+        switch = now + cfg.restart_s  # the new PS start beside the old ones
+        cpu = {i: s.cpu for i, s in sizes.items()}  # plan_change's sizes for the workers that differ
+        mem = {i: s.memory_mb for i, s in sizes.items()}
+        self.migration = _Migration(switch, _PsSet(plan.ps, plan.ps_cpu, plan.ps_memory_mb, switch), cpu, mem)
+        return switch + cfg.restart_s
+
+    def _advance(self, now: float) -> None:
+        """A migration whose new PS are up switches: checkpoint, every worker restarts on the new PS."""
+        mig = self.migration
+        if mig is None or now + 1e-9 < mig.switch_at:
+            return
+        self.migration = None
+        self.ckpt = (self.done, self.trained_s)  # the chief's checkpoint: nothing is lost
+        self.last_ckpt_t = now
+        self.ps = mig.ps
+        for i in range(len(self.ready)):
+            self.w_cpu[i] = mig.worker_cpu.get(i, self.w_cpu[i])
+            self.w_mem[i] = mig.worker_memory_mb.get(i, self.w_mem[i])
+            self._down(i, mig.switch_at)
+        plan = self.plan
+        if plan is not None and (plan.ps, plan.ps_cpu, plan.ps_memory_mb) != (
+                self.ps.count, self.ps.cpu, self.ps.memory_mb):
+            self._migrate(plan, now, {})  # a PS change that waited for this migration (ps_deferred)
+
+    # -- OOM
 
     def oom_node(self, now: float) -> tuple[str, str] | None:
-        """The first node over its memory limit, if any (only running processes can OOM)."""
-        plan = self.plan
-        if plan is None or now < self.paused_until:
+        """The first node over its memory limit, if any (only training processes can OOM)."""
+        if self.plan is None or self.ps is None:
             return None
-        if self.truth.worker_base_mb > plan.worker_memory_mb and self.running_workers(now) > 0:
-            return "worker-0", "worker"
-        for j, rss in enumerate(ps_rss_mb(self.truth, plan.ps, self.trained_s)):
-            if rss > plan.ps_memory_mb:
-                return f"ps-{j}", "ps"
+        mask = self._training(now)
+        if not mask.any():
+            return None
+        over = np.nonzero(mask & (self.w_mem < self.truth.worker_base_mb))[0]
+        if len(over):
+            return f"worker-{int(over[0])}", Role.WORKER.value
+        for j, rss in enumerate(ps_rss_mb(self.truth, self.ps.count, self.trained_s)):
+            if rss > self.ps.memory_mb:
+                return f"ps-{j}", Role.PS.value
         return None
+
+    def on_exit(self, node: str, now: float) -> ExitDecision:
+        """The executor core's answer to ``node`` dying of OOM (its relaunch budget spent by one)."""
+        n = self.nodes(now)[node]
+        decision = on_exit(n, _OOM_EXIT, self.policy)
+        if decision.relaunch is not None:
+            self.node_restarts[node] = n.restarts + 1
+            if n.spec.role == Role.WORKER:
+                self.w_oom_mb[n.spec.index] = decision.relaunch.memory_mb
+        return decision
+
+    def relaunch_plan(self, node: str, now: float) -> ResourcePlan | None:
+        """The plan after the executor relaunches OOM-killed ``node`` (its role's memory as
+        :meth:`on_exit` says), or None when the executor fails the job instead (:attr:`failed`)."""
+        assert self.plan is not None
+        d = self.on_exit(node, now)
+        if d.relaunch is None:
+            self.failed = d.detail or f"{node}: {d.reason.value}"
+            return None
+        if d.relaunch.role == Role.PS:
+            return replace(self.plan, ps_memory_mb=d.relaunch.memory_mb, reason=f"OOM relaunch: {d.detail}")
+        return replace(self.plan, worker_memory_mb=d.relaunch.memory_mb, reason=f"OOM relaunch: {d.detail}")
 
     def oom(self, now: float) -> None:
         """An OOM: back to the last checkpoint (the caller applies the relaunch plan)."""
@@ -137,13 +320,36 @@ class JobSim:
         self.done, self.trained_s = self.ckpt
         self.last_ckpt_t = now
 
+    # -- time
+
+    def _training(self, now: float) -> npt.NDArray[np.bool_]:
+        out: npt.NDArray[np.bool_] = (self.ready <= now) | (now < self.w_down)
+        return out
+
+    def running_workers(self, now: float) -> int:
+        if self.plan is None:
+            return 0
+        return int(np.count_nonzero(self._training(now)))
+
+    def _psi(self, mask: npt.NDArray[np.bool_]) -> float:
+        """True throughput of the training workers ``mask`` on the serving PS."""
+        n = int(np.count_nonzero(mask))
+        ps = self.ps
+        if n == 0 or ps is None:
+            return 0.0
+        cpus, counts = np.unique(self.w_cpu[mask], return_counts=True)
+        return float(sum(int(k) / n * float(throughput(self.truth, n, ps.count, float(c), ps.cpu))
+                         for c, k in zip(cpus, counts, strict=True)))
+
     def step(self, now: float, dt: float) -> None:
         """Train from ``now`` for ``dt`` seconds (or until the job finishes)."""
         plan = self.plan
-        if plan is None or self.finished_at is not None:
+        if plan is None or self.over:
             return
-        n = self.running_workers(now)
-        psi = float(throughput(self.truth, n, plan.ps, plan.worker_cpu, plan.ps_cpu)) if n else 0.0
+        self._advance(now)
+        mask = self._training(now)
+        n = int(np.count_nonzero(mask))
+        psi = self._psi(mask)
         if psi != self.last_psi:
             self.timeline.append((now - self.job.submitted_at, psi, plan_summary(plan)))
             self.last_psi = psi
@@ -156,26 +362,42 @@ class JobSim:
             self.done = min(float(self.job.samples_total), self.done + psi * span)
             self.trained_s += span
             self.interval_samples += psi * span
-            mask = self.ready <= now
             self.worker_samples[mask] += psi * span / n
             self.worker_interval[mask] += psi * span / n
             if now + span - self.last_ckpt_t >= self.cfg.checkpoint_s:
                 self.ckpt = (self.done, self.trained_s)
                 self.last_ckpt_t = now + span
-        worker, ps = cpu_used(self.truth, plan, n, psi)
+        else:
+            self.pause_total_s += span
+        w_used, ps_used = self._cpu_used(mask, psi)
+        used = sum(w_used) + sum(ps_used)
         self.core_h_alloc += plan_resources(plan).cpu * span / 3600.0
-        self.core_h_used += (worker * n + sum(ps)) * span / 3600.0
+        self.core_h_used += used * span / 3600.0
+
+    def _cpu_used(self, mask: npt.NDArray[np.bool_], psi: float) -> tuple[list[float], list[float]]:
+        """(cores used by each training worker, cores used by each serving PS) at throughput ``psi``."""
+        ps, plan = self.ps, self.plan
+        n = int(np.count_nonzero(mask))
+        if ps is None or plan is None:
+            return [], []
+        view = replace(plan, ps=ps.count, ps_cpu=ps.cpu)
+        ps_cores = cpu_used(self.truth, view, n, psi)[1]
+        per_size = {float(c): cpu_used(self.truth, replace(view, worker_cpu=float(c)), n, psi)[0]
+                    for c in np.unique(self.w_cpu[mask])}
+        return [per_size[float(c)] for c in self.w_cpu[mask]], ps_cores
 
     # -- what the monitor would publish
 
     def stats(self, now: float) -> JobStatistics:
-        plan = self.plan
-        assert plan is not None
+        self._advance(now)
+        plan, ps = self.plan, self.ps
+        assert plan is not None and ps is not None
         cfg, t, job = self.cfg, self.truth, self.job
         span = max(now - self.interval_t0, 1e-9)
-        n = self.running_workers(now)
-        psi = float(throughput(t, n, plan.ps, plan.worker_cpu, plan.ps_cpu)) if n else 0.0
-        w_cores, ps_cores = cpu_used(t, plan, n, psi)
+        mask = self._training(now)
+        psi = self._psi(mask)
+        w_used, ps_cores = self._cpu_used(mask, psi)
+        used = iter(w_used)
 
         def noisy(x: float) -> float:
             return x * float(self.rng.lognormal(0.0, cfg.noise)) if cfg.noise > 0 else x
@@ -183,31 +405,32 @@ class JobSim:
         worker_speed = self.worker_interval / span
         nodes: list[NodeStats] = []
         pending = 0
-        for i in range(plan.workers):
-            ready = float(self.ready[i])
-            is_pending = now < ready - cfg.init_s
+        for i in range(len(self.ready)):
+            ready, down = float(self.ready[i]), float(self.w_down[i])
+            is_pending = down <= now < ready - cfg.init_s
             pending += is_pending
             speed = noisy(float(worker_speed[i]))
             bpt = job.batch_size / speed if speed > 0 else 0.0
-            training = ready <= now and now >= self.paused_until
+            training = bool(mask[i])
+            w_cores = next(used) if training else 0.0
             nodes.append(NodeStats(
                 node=f"worker-{i}", role="worker", bpt_short_s=bpt, bpt_long_s=bpt,
                 speed_samples_per_s=speed, samples_total=int(self.worker_samples[i]),
-                cpu_percent=min(noisy(w_cores * 100.0), plan.worker_cpu * 100.0) if training else 0.0,
+                cpu_percent=min(noisy(w_cores * 100.0), float(self.w_cpu[i]) * 100.0) if training else 0.0,
                 rss_bytes=int(noisy(t.worker_base_mb) * 2**20) if not is_pending else 0,
                 last_seen=now if not is_pending else 0.0,
                 state=NodeState.PENDING if is_pending else NodeState.RUNNING,
-                pending_s=min(cfg.pending_s, max(0.0, now - (ready - cfg.restart_s))),
+                pending_s=min(cfg.pending_s, max(0.0, now - down)),
                 restarts=self.restarts, slowdown_short=1.0, slowdown_long=1.0,
             ))
-        ps_pending = now < self.paused_until - cfg.init_s
-        rss = ps_rss_mb(t, plan.ps, self.trained_s)
-        for j in range(plan.ps):
+        ps_pending = now < ps.up_at - cfg.init_s
+        rss = ps_rss_mb(t, ps.count, self.trained_s)
+        for j in range(ps.count):
             pending += ps_pending
             nodes.append(NodeStats(
                 node=f"ps-{j}", role="ps", bpt_short_s=0.0, bpt_long_s=0.0, speed_samples_per_s=0.0,
-                samples_total=0, cpu_percent=min(noisy(ps_cores[j] * 100.0), plan.ps_cpu * 100.0),
-                rss_bytes=0 if ps_pending else int(noisy(min(rss[j], plan.ps_memory_mb)) * 2**20),
+                samples_total=0, cpu_percent=min(noisy(ps_cores[j] * 100.0), ps.cpu * 100.0),
+                rss_bytes=0 if ps_pending else int(noisy(min(rss[j], ps.memory_mb)) * 2**20),
                 last_seen=0.0 if ps_pending else now,
                 state=NodeState.PENDING if ps_pending else NodeState.RUNNING,
                 pending_s=cfg.pending_s if self.restarts or ps_pending else 0.0,
@@ -229,7 +452,7 @@ class JobSim:
         )
         self.interval_t0 = now
         self.interval_samples = 0.0
-        self.worker_interval = np.zeros(plan.workers)
+        self.worker_interval = np.zeros(len(self.ready))
         self.last_stats = st
         return st
 
@@ -242,5 +465,5 @@ class JobSim:
             samples_total=self.job.samples_total, samples_done=int(self.done),
             timeline=list(self.timeline), cpu_core_hours_allocated=self.core_h_alloc,
             cpu_core_hours_used=self.core_h_used, scalings=self.scalings, oom_failures=self.oom_failures,
-            pause_s=self.pause_total_s, rejected=self.rejected, final_plan=self.plan,
+            pause_s=self.pause_total_s, rejected=self.rejected, final_plan=self.plan, failed=self.failed,
         )

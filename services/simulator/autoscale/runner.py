@@ -9,11 +9,9 @@ breaks it is rejected and counted), applies them to the simulated jobs
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from pacer.contracts.jobs import ResourcePlan
 from pacer_services.brain.core.cluster import Resources, plan_resources
 
 from .jobsim import JobSim
@@ -36,13 +34,6 @@ from .types import (
 )
 
 __all__ = ["cluster_jobs", "run_cluster", "run_job"]
-
-
-def _relaunch_plan(plan: ResourcePlan, role: str) -> ResourcePlan:
-    """The executor's default answer to an OOM: the same plan with that role's memory doubled."""
-    if role == "ps":
-        return replace(plan, ps_memory_mb=plan.ps_memory_mb * 2, reason="OOM relaunch: ps memory x2")
-    return replace(plan, worker_memory_mb=plan.worker_memory_mb * 2, reason="OOM relaunch: worker memory x2")
 
 
 def run_job(
@@ -90,18 +81,21 @@ def run_job(
     # service does); the others are asked once per adjust interval, over the whole interval.
     decide_s = cfg.stats_interval_s if getattr(scaler, "every_window", False) else cfg.adjust_interval_s
     next_decide = decide_s
-    while sim.finished_at is None and now < cfg.max_time_s:
+    while not sim.over and now < cfg.max_time_s:
         sim.step(now, dt)
         now += dt
-        if sim.finished_at is not None:
+        if sim.over:
             break
         bad = sim.oom_node(now)
         if bad is not None and sim.plan is not None:
             node, role = bad
             sim.oom(now)
-            new = scaler.on_oom(job, now, node, role, sim.plan)
+            relaunch = sim.relaunch_plan(node, now)  # the executor core's answer (on_exit)
+            if relaunch is None:
+                break  # the executor failed the job
+            new = scaler.on_oom(job, now, node, role, relaunch)
             if new is None or not sim.valid(new):
-                new = _relaunch_plan(sim.plan, role)
+                new = relaunch
             rec = sim.apply(new, now, restart=True)
             if rec is not None:
                 scaler.on_applied(job, now, rec)
@@ -143,8 +137,8 @@ def run_cluster(spec: SharedCluster, scaler: ClusterScaler, seed: int = 0, confi
     ``decide_all`` runs every adjust interval and whenever a job arrives or
     finishes; returned plans are applied in order, each only if the cluster
     total stays within the capacity (else it is rejected and counted).  An
-    OOM is answered by the executor's default (double memory), even if the
-    cluster is then over its memory capacity for a while.
+    OOM is answered by the executor core's relaunch (:func:`~pacer_services.pod_executor.core.on_exit`),
+    even if the cluster is then over its memory capacity for a while.
     """
     cfg = config or SimConfig()
     cap = Resources(spec.cpu, spec.memory_mb)
@@ -161,18 +155,18 @@ def run_cluster(spec: SharedCluster, scaler: ClusterScaler, seed: int = 0, confi
     def held() -> Resources:
         total = Resources()
         for s in sims.values():
-            if s.plan is not None and s.finished_at is None:
+            if s.plan is not None and not s.over:
                 total = total + plan_resources(s.plan)
         return total
 
     def decide(now: float) -> None:
         nonlocal rejected
         views = [ClusterJobView(sims[n].job, sims[n].plan, sims[n].last_stats)
-                 for n in order if n in arrived and sims[n].finished_at is None]
+                 for n in order if n in arrived and not sims[n].over]
         plans = scaler.decide_all(now, views, cap - held())
         for name, plan in plans.items():
             s = sims.get(name)
-            if s is None or name not in arrived or s.finished_at is not None:
+            if s is None or name not in arrived or s.over:
                 rejected += 1
                 continue
             after = held() - plan_resources(s.plan) + plan_resources(plan)
@@ -198,30 +192,34 @@ def run_cluster(spec: SharedCluster, scaler: ClusterScaler, seed: int = 0, confi
         if now + 1e-9 >= next_decide:
             next_decide += decide_s
             for s in sims.values():
-                if s.plan is not None and s.finished_at is None and now > s.interval_t0:
+                if s.plan is not None and not s.over and now > s.interval_t0:
                     s.stats(now)
             changed = True
         if changed:
             decide(now)
         finished_now = False
         for s in sims.values():
-            if s.plan is None or s.finished_at is not None:
+            if s.plan is None or s.over:
                 continue
             alloc_cpu_s += plan_resources(s.plan).cpu * dt
             before = s.core_h_used
             s.step(now, dt)
             used_cpu_s += (s.core_h_used - before) * 3600.0
-            if s.finished_at is not None:
+            if s.over:
                 finished_now = True
                 continue
             bad = s.oom_node(now + dt)
             if bad is not None and s.plan is not None:
                 s.oom(now + dt)
-                s.apply(_relaunch_plan(s.plan, bad[1]), now + dt, restart=True)
+                relaunch = s.relaunch_plan(bad[0], now + dt)  # the executor core's answer (on_exit)
+                if relaunch is None:
+                    finished_now = True  # the executor failed the job: its resources are free
+                    continue
+                s.apply(relaunch, now + dt, restart=True)
         now += dt
         if finished_now:
             decide(now)
-        if len(arrived) == len(order) and all(s.finished_at is not None for s in sims.values()):
+        if len(arrived) == len(order) and all(s.over for s in sims.values()):
             break
     runs = [sims[n].result(scaler.name) for n in order]
     jcts = [r.jct_s for r in runs if r.jct_s is not None]

@@ -189,11 +189,13 @@ class JobRun:
     pause_s: float  # time the whole job stood still for restarts (first start included)
     rejected: int  # plans refused (over quota, pod too big, empty)
     final_plan: ResourcePlan | None
+    failed: str = ""  # why the executor failed the job (an OOM past its memory cap or relaunch budget)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in (
             "job", "profile", "scaler", "jct_s", "started_s", "samples_total", "samples_done",
             "cpu_core_hours_allocated", "cpu_core_hours_used", "scalings", "oom_failures", "pause_s", "rejected",
+            "failed",
         )}
         d["cpu_utilisation"] = (self.cpu_core_hours_used / self.cpu_core_hours_allocated
                                 if self.cpu_core_hours_allocated else 0.0)

@@ -119,13 +119,9 @@ class _Tracking:
             return None
         return plan
 
-    def on_oom(self, job: SimJob, now: float, node: str, role: str, plan: ResourcePlan) -> ResourcePlan | None:
-        """The executor's answer, made explicit so the plan stays known: that role's memory x2."""
-        if role == "ps":
-            new = replace(plan, ps_memory_mb=plan.ps_memory_mb * 2, reason="OOM: ps memory x2")
-        else:
-            new = replace(plan, worker_memory_mb=plan.worker_memory_mb * 2, reason="OOM: worker memory x2")
-        return self._propose(job, new)
+    def on_oom(self, job: SimJob, now: float, node: str, role: str, relaunch: ResourcePlan) -> ResourcePlan | None:
+        """The executor's answer, made explicit so the plan stays known."""
+        return self._propose(job, relaunch)
 
     def on_applied(self, job: SimJob, now: float, record: ScalingRecord) -> None:
         if job.name in self.proposed:
@@ -151,7 +147,7 @@ class StaticScaler:
     def decide(self, job: SimJob, now: float, stats: JobStatistics) -> ResourcePlan | None:
         return None
 
-    def on_oom(self, job: SimJob, now: float, node: str, role: str, plan: ResourcePlan) -> ResourcePlan | None:
+    def on_oom(self, job: SimJob, now: float, node: str, role: str, relaunch: ResourcePlan) -> ResourcePlan | None:
         return None
 
     def on_applied(self, job: SimJob, now: float, record: ScalingRecord) -> None:

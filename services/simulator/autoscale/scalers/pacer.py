@@ -11,8 +11,9 @@ window (``every_window``) and the core paces itself to the adjust
 interval.  The stages' C_total is the job's CPU quota and C_max the largest
 pod (the simulator's ``quota_cpu`` and ``max_pod_cpu``).
 
-An OOM the core does not answer (after the sample stage) is relaunched
-with double memory for the failed role, as the executor does; the adapter
+An OOM the core does not answer (after the sample stage) is relaunched as
+the executor core says (:func:`pacer_services.pod_executor.core.on_exit`:
+the failed role's memory times the policy's factor, capped); the adapter
 returns that plan itself so that the core knows the plan in force.
 """
 
@@ -49,13 +50,6 @@ def autoscale_config(cfg: SimConfig, *, oom_prediction: bool = True, seed: int =
                           seed=seed, oom=DEFAULT_OOM if oom_prediction else None)
     known = {k: v for k, v in (params or {}).items() if k in AutoscaleConfig.__dataclass_fields__}
     return replace(out, **known) if known else out
-
-
-def _doubled(plan: ResourcePlan, role: str) -> ResourcePlan:
-    """The executor's answer to an OOM: the failed role's memory doubled."""
-    if role == "ps":
-        return replace(plan, ps_memory_mb=plan.ps_memory_mb * 2, reason="OOM relaunch: PS memory doubled")
-    return replace(plan, worker_memory_mb=plan.worker_memory_mb * 2, reason="OOM relaunch: worker memory doubled")
 
 
 @dataclass(slots=True)
@@ -95,11 +89,12 @@ class PacerScaler:
         self.job.proposed = plan
         return plan
 
-    def on_oom(self, job: SimJob, now: float, node: str, role: str, plan: ResourcePlan) -> ResourcePlan | None:
+    def on_oom(self, job: SimJob, now: float, node: str, role: str, relaunch: ResourcePlan) -> ResourcePlan | None:
         assert self.job is not None
+        current = self.job.auto.plan
         out: ResourcePlan | None = self.job.auto.on_oom(role)
-        if out is None or same_resources(out, plan):
-            out = _doubled(plan, role)
+        if out is None or current is None or same_resources(out, current):
+            out = relaunch
         self.job.proposed = out
         return out
 
