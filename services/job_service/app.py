@@ -30,7 +30,7 @@ applied when it comes back.
 Every write of a record is a compare-and-set (:meth:`pacer.bus.Bus.kv_update`):
 created only if absent, updated only at the revision this service last read.
 A change is a pure function of the record and the job's lifecycle
-(:meth:`JobService._commit`); when another writer got there first (a second
+(:mod:`.core`, applied by :meth:`JobService._commit`); when another writer got there first (a second
 instance during a rolling update, an operator's fix) the service re-reads the
 record and applies the change again on it, so the change's guards and the
 transition table judge the record as it is now.  After ``CAS_ATTEMPTS`` lost
@@ -49,7 +49,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -68,7 +68,6 @@ from pacer.contracts.jobs import (
     DataFormat,
     JobEvent,
     JobList,
-    JobProgress,
     JobQuery,
     JobRecord,
     JobSpec,
@@ -79,23 +78,21 @@ from pacer.contracts.jobs import (
     SubmitRequest,
 )
 from pacer.contracts.nodes import NodeEvent
-from pacer.contracts.shards import DatasetSpec, DatasetStatus, ProgressEvent, ShardEvent
+from pacer.contracts.shards import DatasetSpec, ProgressEvent, ShardEvent
 from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, ValidationError
-from pacer.jobs.lifecycle import TERMINAL, JobLifecycle, JobTrigger, next_state
+from pacer.jobs.lifecycle import JobLifecycle, JobTrigger
 from pacer.jobs.spec import default_plan, parse_job_spec
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.shards.client import ShardAdmin
 from pacer.subjects import BrainOp, JobEventKind, JobOp, NodeEventKind, ShardEventKind
 from pacer.telemetry import Counters
+from pacer_services.job_service import core
 
 log = logging.getLogger("pacer.jobs")
 
 #: Lost compare-and-set writes of one change before the service gives up (temporary error).
 CAS_ATTEMPTS = 5
 
-#: One change of a job: (record, trial lifecycle) -> (new record, events of the edges taken).  Pure, so it can
-#: run again on a re-read record after a lost compare-and-set; it takes edges on the trial lifecycle only.
-Change = Callable[[JobRecord, JobLifecycle], tuple[JobRecord, list[JobEvent]]]
 
 
 @dataclass
@@ -180,12 +177,7 @@ class JobService:
             raise NotFound(f"job {job}: its record is unreadable") from None
         assert entry.revision is not None
         old = self.lifecycles.get(job)
-        lc = JobLifecycle(job, [rec.spec.dataset.name], rec.state)
-        if rec.progress.shards_total and rec.progress.shards_done >= rec.progress.shards_total:
-            lc.done.add(rec.spec.dataset.name)
-        if old is not None:  # datasets seen finishing stay finished
-            lc.done |= old.done & lc.datasets
-        lc.reason = rec.reason
+        lc = core.lifecycle_of(rec, old.done if old is not None else frozenset())
         self.records[job], self.revisions[job], self.lifecycles[job] = rec, entry.revision, lc
         return rec
 
@@ -196,7 +188,7 @@ class JobService:
                 with contextlib.suppress(PacerError, nats.errors.Error):
                     await self.bus.publish_durable(subjects.job_event(rec.job, JobEventKind.PLAN), rec.plan)
 
-    async def _commit(self, job: str, change: Change) -> JobRecord:
+    async def _commit(self, job: str, change: core.Change) -> JobRecord:
         """Apply ``change`` to the job's record, store it with a revision check, then publish its events.
 
         The record is created if this service has no revision for it (a
@@ -208,6 +200,8 @@ class JobService:
         assert self._kv is not None
         for _ in range(CAS_ATTEMPTS):
             rec, lc = self.records[job], self.lifecycles[job].copy()
+            new: JobRecord
+            events: list[JobEvent]
             new, events = change(rec, lc)
             if new == rec and not events:
                 self.lifecycles[job] = lc
@@ -237,13 +231,7 @@ class JobService:
                             temporary=True)
 
     async def _update(self, job: str, fn: Callable[[JobRecord], JobRecord]) -> JobRecord:
-        """A change of the record's data only (progress, restarts, result): no lifecycle edge."""
-        return await self._commit(job, lambda rec, lc: (fn(rec), []))
-
-    async def _transition(self, job: str, trigger: JobTrigger, reason: str = "") -> JobRecord:
-        """Take one lifecycle edge (the table rejects an illegal one with a ``conflict``)."""
-        now = self.clock()
-        return await self._commit(job, lambda rec, lc: _taken(rec, [lc.apply(trigger, now, reason)]))
+        return await self._commit(job, core.data_only(fn))
 
     # ================================================================ rpc
     async def _on_rpc(self, msg: Msg) -> None:
@@ -281,8 +269,7 @@ class JobService:
                                           eval_path=eval_path, records=records)
             accepted = f"plan: {plan.source.value} ({plan.reason})" if plan.reason else f"plan: {plan.source.value}"
             try:  # a creation: refused if another writer stored the job meanwhile
-                rec = await self._commit(job, lambda r, lc: _taken(
-                    r, [first, lc.apply(JobTrigger.ACCEPT, now, accepted)]))
+                rec = await self._commit(job, core.submitted(first, now, accepted))
             except PacerError:
                 if job not in self.revisions:  # nothing stored, nothing adopted: forget the job again
                     self.records.pop(job, None)
@@ -361,7 +348,8 @@ class JobService:
             raise ValidationError(f"job: body names {req.job!r} but the subject is for {job!r}")
         async with self.lock:
             self._record(job)
-            rec = await self._transition(job, JobTrigger.STOP, req.reason or "stopped by the user")
+            rec = await self._commit(job, core.transition(JobTrigger.STOP, self.clock(),
+                                                          req.reason or "stopped by the user"))
         await self.bus.respond(msg, rec)
 
     # ================================================================ events in
@@ -381,14 +369,14 @@ class JobService:
             elif domain == "node":
                 await self._on_node(job, kind, decode(NodeEvent, m.data))
 
-    # Each handler's guards sit inside its change, so that after a lost compare-and-set they judge the
-    # re-read record, not the one this service held.
+    # The guards of each decision sit inside its change (core), so that after a lost compare-and-set they
+    # judge the re-read record, not the one this service held.
     async def _on_shard(self, job: str, kind: str, data: bytes) -> None:
         dataset = self.records[job].spec.dataset.name
         if kind == ShardEventKind.PROGRESS:
             st = decode(ProgressEvent, data).status
             if st.dataset == dataset:
-                progress = _progress(st)
+                progress = core.progress_of(st)
                 await self._update(job, lambda rec: replace(rec, progress=progress))
             return
         ev = decode(ShardEvent, data)
@@ -396,79 +384,27 @@ class JobService:
             return
         if kind == ShardEventKind.FINISHED:
             with contextlib.suppress(PacerError):  # the exact final counts
-                final = _progress(await self.admin.status(job, ev.dataset))
+                final = core.progress_of(await self.admin.status(job, ev.dataset))
                 await self._update(job, lambda rec: replace(rec, progress=final))
-            now = self.clock()
-
-            def finished(rec: JobRecord, lc: JobLifecycle) -> tuple[JobRecord, list[JobEvent]]:
-                fin = None if lc.terminal else lc.dataset_done(ev.dataset, now)
-                return _taken(rec, [fin] if fin is not None else [])
-
-            await self._commit(job, finished)
+            await self._commit(job, core.dataset_finished(ev.dataset, self.clock()))
         elif kind == ShardEventKind.PARKED:
-            await self._fail_unless_done(
-                job, f"shard {ev.shard} of {ev.dataset} failed repeatedly and was parked ({ev.detail})")
-
-    async def _fail_unless_done(self, job: str, reason: str) -> None:
-        """Fail the job if its state has a ``fail`` edge (a report about a job already over changes nothing)."""
-        now = self.clock()
-
-        def fail(rec: JobRecord, lc: JobLifecycle) -> tuple[JobRecord, list[JobEvent]]:
-            if next_state(lc.state, JobTrigger.FAIL) is None:
-                return rec, []
-            return _taken(rec, [lc.apply(JobTrigger.FAIL, now, reason)])
-
-        await self._commit(job, fail)
+            await self._commit(job, core.fail_unless_over(
+                self.clock(), f"shard {ev.shard} of {ev.dataset} failed repeatedly and was parked ({ev.detail})"))
 
     async def _on_executor(self, job: str, ev: ExecutorEvent) -> None:
         if ev.kind is ExecutorEventKind.APPLIED:
-            now = self.clock()
-
-            def started(rec: JobRecord, lc: JobLifecycle) -> tuple[JobRecord, list[JobEvent]]:
-                if lc.state is not JobState.PLANNING:
-                    return rec, []
-                return _taken(rec, lc.start(now, f"plan applied in {ev.overhead_s:.1f}s"))
-
-            await self._commit(job, started)
+            await self._commit(job, core.plan_applied(self.clock(), ev.overhead_s))
         elif ev.kind is ExecutorEventKind.FAILED:
-            await self._fail_unless_done(job, ev.reason or "the executor failed the job")
+            await self._commit(job, core.fail_unless_over(self.clock(), ev.reason or "the executor failed the job"))
         elif ev.kind is ExecutorEventKind.TORN_DOWN:
             await self._update(job, lambda rec: replace(rec, torn_down=True))
 
     async def _on_node(self, job: str, kind: str, ev: NodeEvent) -> None:
         if kind == NodeEventKind.DIED and ev.relaunch:
-            def relaunched(rec: JobRecord) -> JobRecord:
-                # ev.restarts counts the node's relaunches before this one; a redelivered event changes nothing.
-                by_node = {**rec.restarts_by_node,
-                           ev.node: max(rec.restarts_by_node.get(ev.node, 0), ev.restarts + 1)}
-                return replace(rec, restarts_by_node=by_node, node_restarts=sum(by_node.values()))
-
-            await self._update(job, relaunched)
-        elif kind == NodeEventKind.FINISHED and ev.result and ev.node == CHIEF:
+            await self._update(job, core.node_relaunched(ev))
+        elif kind == NodeEventKind.FINISHED and ev.result and ev.node == core.CHIEF:
             result = dict(ev.result)
             await self._update(job, lambda rec: replace(rec, result=result))
-
-
-#: The node whose final report is the job's result (the chief evaluates the model).
-CHIEF = "worker-0"
-
-
-def _taken(rec: JobRecord, events: Sequence[JobEvent]) -> tuple[JobRecord, list[JobEvent]]:
-    """The record after the lifecycle ``events`` (state, reason, start and finish times), with the events."""
-    for ev in events:
-        rec = replace(rec, state=ev.state, reason=ev.reason or rec.reason)
-        if ev.state is JobState.RUNNING and not rec.started_at:
-            rec = replace(rec, started_at=ev.ts)
-        if ev.state in TERMINAL:
-            rec = replace(rec, finished_at=ev.ts)
-    return rec, list(events)
-
-
-def _progress(st: DatasetStatus) -> JobProgress:
-    return JobProgress(shards_total=st.todo + st.doing + st.done + st.failed, shards_todo=st.todo,
-                       shards_doing=st.doing, shards_done=st.done, shards_failed=st.failed,
-                       records_done=st.records_done, records_total=st.records_total,
-                       records_duplicated=st.records_duplicated, epoch=st.epoch)
 
 
 async def create(bus: Bus, rc: RuntimeConfig) -> JobService:
