@@ -25,15 +25,11 @@ from typing import Any
 
 from pacer.contracts.jobs import ResourcePlan
 from pacer.contracts.monitor import JobStatistics
-from pacer_services.brain.core.autoscaler import (
-    AutoscaleConfig,
-    JobAutoscaler,
-    plan_cluster,
-    same_resources,
-)
-from pacer_services.brain.core.cluster import Resources, ScalingRecord, plan_resources
+from pacer_services.brain.core.autoscaler import AutoscaleConfig, JobAutoscaler, same_resources
+from pacer_services.brain.core.cluster import Resources, ScalingRecord
 from pacer_services.brain.core.fitting import Coefficients
 from pacer_services.brain.core.oom import DEFAULT_OOM
+from pacer_services.brain.core.round import ReadyJob, cluster_round
 from pacer_services.brain.core.stages import StageConfig
 
 from ..types import ClusterJobView, ScalerContext, SimConfig, SimJob
@@ -115,10 +111,11 @@ class PacerScaler:
 class PacerCluster:
     """Jobs sharing one quota under Pacer's brain (cluster scaler ``pacer``): DLRover-RM §4.3.
 
-    A new job is admitted first come first served with its sample plan when
-    it fits what is free; running jobs are planned together by
-    :func:`plan_cluster` (rule decisions first, then the weighted greedy
-    selection of Eq. 11-14 over what is free plus what they hold).
+    Each call is one round of the live brain's
+    (:func:`pacer_services.brain.core.round.cluster_round`): rule decisions
+    of the jobs with a new window, then first-come-first-served admission of
+    pending jobs with their sample plan, then the weighted greedy selection
+    of Eq. 11-14 over what is free plus what the stepped jobs hold.
     """
 
     config: AutoscaleConfig
@@ -127,32 +124,24 @@ class PacerCluster:
     jobs: dict[str, _Job] = field(default_factory=dict)
 
     def decide_all(self, now: float, jobs: Sequence[ClusterJobView], free: Resources) -> dict[str, ResourcePlan]:
-        out: dict[str, ResourcePlan] = {}
-        rounds = []
+        ready: list[ReadyJob] = []
         for v in jobs:
             j = self.jobs.get(v.job.name)
             if v.plan is not None and j is not None and v.stats is not None and v.stats.ts > j.fed_at:
-                j.fed_at = v.stats.ts
-                rounds.append((j.auto, now, v.stats))
-        for name, d in plan_cluster(rounds, free + sum((plan_resources(a.plan) for a, _, _ in rounds),
-                                                       Resources())).items():
-            self.jobs[name].proposed = d.plan
-            out[name] = d.plan
-            free = free - (plan_resources(d.plan) - plan_resources(self.jobs[name].auto.plan))
+                j.fed_at = v.stats.ts  # the runner may hand the same window twice: feed it once
+                ready.append(ReadyJob(j.auto, v.stats))
+        waiting: list[JobAutoscaler] = []
         for v in sorted(jobs, key=lambda v: (v.job.submitted_at, v.job.name)):
-            if v.plan is not None:
-                continue
-            j = self.jobs.get(v.job.name)
-            if j is None:
-                j = self.jobs[v.job.name] = _Job(JobAutoscaler(v.job.spec, v.job.batch_size, self.config))
-            first = j.auto.first_plan()
-            need = plan_resources(first)
-            if not need.fits_in(free):
-                break  # first come, first served: the next ones wait too
-            j.proposed = first
-            out[v.job.name] = first
-            free = free - need
-        return out
+            if v.plan is None:
+                j = self.jobs.get(v.job.name)
+                if j is None:
+                    j = self.jobs[v.job.name] = _Job(JobAutoscaler(v.job.spec, v.job.batch_size, self.config))
+                waiting.append(j.auto)
+        out = cluster_round(ready, free, now, waiting=waiting, prices=self.config.prices, rho=self.config.rho)
+        plans: dict[str, ResourcePlan] = out.plans()
+        for name, plan in plans.items():
+            self.jobs[name].proposed = plan
+        return plans
 
     def on_applied(self, job: SimJob, now: float, record: ScalingRecord) -> None:
         j = self.jobs.get(job.name)
