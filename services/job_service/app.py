@@ -194,7 +194,8 @@ class JobService:
         The record is created if this service has no revision for it (a
         lost creation is a ``conflict``: the job exists), else updated at the
         revision it read (a lost update re-reads the record and runs
-        ``change`` again on it).  A change that alters nothing writes nothing.  Events are published (at least once) only after the record
+        ``change`` again on it).  A change that alters nothing writes
+        nothing.  Events are published (at least once) only after the record
         that reflects them is stored.
         """
         assert self._kv is not None
