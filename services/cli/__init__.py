@@ -13,4 +13,5 @@ this package.
     demo.py   ``pacer demo``: a whole Wide&Deep job on the embedded stack
     jobs.py   ``pacer submit | jobs | job | logs | stop``
     data.py   ``pacer data gen | convert``
+    progress.py  the progress bar of long waits (submit --wait, demo)
 """

@@ -35,7 +35,7 @@ import psutil
 from pacer.bus import Bus
 from pacer.contracts.jobs import JobRecord, JobState
 from pacer.jobs.client import JobClient
-from pacer.progress import Progress
+from pacer_services.cli.progress import Progress
 
 JOB = "demo-wide-deep"
 TERMINAL = (JobState.COMPLETED, JobState.FAILED, JobState.STOPPED)

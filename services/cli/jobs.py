@@ -43,7 +43,7 @@ from pacer.contracts.monitor import JobStatistics
 from pacer.errors import PacerError
 from pacer.jobs.client import JobClient
 from pacer.jobs.spec import JobSpecError, parse_job_spec
-from pacer.progress import Progress, render_bar
+from pacer_services.cli.progress import Progress, render_bar
 
 TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.STOPPED})
 INVALID_CODES = frozenset({"invalid", "bad_message"})

@@ -39,9 +39,9 @@ from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StatsQu
 from pacer.embedded import EmbeddedNats
 from pacer.errors import Conflict, NotFound, PacerError
 from pacer.jobs.spec import DEFAULT_PLAN, default_plan, parse_job_spec
-from pacer.progress import Progress, render_bar
 from pacer_services.cli.jobs import new_lines
 from pacer_services.cli.main import main
+from pacer_services.cli.progress import Progress, render_bar
 
 pytestmark = pytest.mark.timeout(60)
 
