@@ -1,7 +1,7 @@
 """A small in-process fake of the Kubernetes REST endpoints the pod-executor uses.
 
 No Kubernetes API server can run on the development machine (DESIGN.md), so
-:mod:`pacer_services.pod_executor.kubernetes` is tested against this fake over
+:mod:`pacer_services.pod_executor.backends.kubernetes` is tested against this fake over
 real HTTP, with the official ``kubernetes`` client.  It implements only:
 
 * ``POST/GET /api/v1/namespaces/{ns}/pods`` (list with ``labelSelector``;

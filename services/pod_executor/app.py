@@ -20,23 +20,44 @@ Outputs
   plan running, with the overhead paid), ``failed`` (an unretryable error:
   the job service fails the job), ``torn_down`` (no pod of the job is left).
 
-What to do about an exit is decided by the pure :mod:`.core` (AntDT §V-D
-retryable vs unretryable; DLRover's x2 memory after an OOM; a relaunch
-budget per node).
+Layout
+------
+Every decision is the pure :mod:`.core`'s: what a plan starts, stops,
+replaces and migrates (:func:`.core.plan_change`), what follows an exit
+(:func:`.core.answer_exit`: AntDT §V-D retryable vs unretryable, DLRover's
+x2 memory after an OOM, a relaunch budget per node), the rolling
+replacement's batches (:func:`.core.resize_batch`), the PS migration's
+phases (:func:`.core.migration_step`) and a node's legal state changes
+(:data:`.core.TRANSITIONS`).  :mod:`.effects` applies them (KV record, pods,
+events); this module wires inputs to them; :mod:`.backends` are where pods
+run.
 
 A plan that changes the PS (count, CPU, memory) moves them by a seamless
 migration (DLRover-RM §5.2, :meth:`ExecutorService.start_migration`).  A
 plan that changes the workers' CPU or memory replaces the running workers
-of another size, a batch at a time (:func:`.core.resize_targets`,
-:func:`.core.resize_batch`): each gets ``intent = resize``, its pod stops
-(its shards go back to TODO through its ``died`` event, reason
+of another size, a batch at a time: each gets ``intent = resize``, its pod
+stops (its shards go back to TODO through its ``died`` event, reason
 ``resized``), a pod of the new size takes the slot, and the next batch
 starts once the replacements run.  ``applied`` comes when the last one runs.
 
+Concurrency
+-----------
+One worker task per job (:mod:`.queueing`): a job's plans, lifecycle
+events, node commands, pod status changes and reconcile passes run one at a
+time in arrival order; different jobs run in parallel.  No lock is shared
+across jobs, so a backend call or bus request that waits (5-10 s timeouts)
+holds up only its own job.  A job event is acked once its job's worker has
+applied it (a crash redelivers it); each request runs in a task of its own
+so that a slow job never delays another job's reply.  What several jobs
+share (the pod cache, the orphan list) is only read or written between two
+awaits.
+
 Crash safety
 ------------
-The executor's record of each job (KV ``pacer-executor``) is written
-*before* the action it describes: a relaunch first bumps the node's
+The executor's record of each job (KV ``pacer-executor``) is written with
+a revision check (compare-and-set; a conflict is counted as
+``kv_conflicts``, the record is read again and the work is decided again
+on the next pass) and *before* the action it describes: a relaunch first bumps the node's
 generation and saves it, then creates the pod; a worker replacement first
 saves the new size it is due and its ``resize`` intent, then stops the pod.
 After a kill -9 the executor
@@ -56,30 +77,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import nats.errors
-import nats.js.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.kv import KeyValue
 from pacer import subjects
-from pacer.bus import NO_RETRY, Bus
-from pacer.codec import decode, encode
+from pacer.bus import Bus
+from pacer.codec import decode
 from pacer.consumer import DurableConsumer
-from pacer.contracts.agent import ActionKind, ActionResult, NodeCommand
+from pacer.contracts.common import Role
 from pacer.contracts.executor import (
     ClusterStatus,
     CommandKind,
     CommandResult,
     ExecutorCommand,
-    ExecutorEvent,
     ExecutorEventKind,
     ExecutorJob,
     ExecutorStatus,
@@ -87,36 +107,33 @@ from pacer.contracts.executor import (
     LogsQuery,
     LogsReply,
     MachineInfo,
+    MigrationPhase,
     NodeInfo,
+    NodeIntent,
     NodeRecord,
+    NodeState,
     PodPhase,
-    PodSpec,
     PodStatus,
 )
+from pacer.contracts.executor import ExecutorJobState as JS
 from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
-from pacer.contracts.nodes import NodeEvent
-from pacer.errors import Conflict, NotFound, PacerError, ValidationError
+from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, ValidationError
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
-from pacer.shards.client import ShardAdmin
 from pacer.subjects import ExecutorOp, JobEventKind, NodeEventKind
 from pacer.telemetry import Counters
 from pacer.trainer.cluster import ClusterDesc
 from pacer.trainer.straggler import StragglerSpec
 from pacer_services.pod_executor import core, launch
-from pacer_services.pod_executor.backend import Backend
+from pacer_services.pod_executor.backends import Backend
+from pacer_services.pod_executor.core import effects as cfx
+from pacer_services.pod_executor.core.exits import ExitOutcome
+from pacer_services.pod_executor.effects import Effects, PodBuilder, move, node_view
+from pacer_services.pod_executor.queueing import JobQueues
 
 log = logging.getLogger("pacer.executor")
+T = TypeVar("T")
 
-PodBuilder = Callable[..., PodSpec]
-
-# Job states of the executor's record.
-STARTING, RUNNING, COMPLETING, TEARING, FAILED, TORN_DOWN = (
-    "starting", "running", "completing", "tearing_down", "failed", "torn_down")
-ACTIVE = frozenset({STARTING, RUNNING})
-RESTART = "restart"  # NodeRecord.intent: the pod is being stopped to be started again
-MIGRATE = "migrate"  # NodeRecord.intent: the pod stops to move to the next cluster
-RESIZE = "resize"  # NodeRecord.intent: the pod stops to be replaced with the node's resize_cpu / resize_memory_mb
-STARTING_PS, DRAINING = "starting_ps", "draining"  # ExecutorJob.migration phases
+__all__ = ["ExecutorConfig", "ExecutorService", "PodBuilder", "create", "make_backend"]
 
 # Last words of a trainer that lost its PS / connection (pacer.trainer.worker prints this).
 NETWORK_MARKERS = ("TensorFlow error", "UnavailableError", "Socket closed", "Connection reset")
@@ -138,6 +155,7 @@ class ExecutorConfig:
     max_worker_slots: int = 0  # TF worker slots per job (0: the first plan's workers, or limits.max_workers)
     stragglers: dict[str, str] = field(default_factory=dict)  # fault injection: node or "*" -> StragglerSpec JSON
     policy: core.ExecutorPolicy = field(default_factory=core.ExecutorPolicy)
+    drain_s: float = 10.0  # on stop, how long work already queued for jobs may take to finish
 
     @classmethod
     def from_env(cls) -> ExecutorConfig:
@@ -163,19 +181,17 @@ class ExecutorService:
     def __init__(self, bus: Bus, backend: Backend, cfg: ExecutorConfig | None = None,
                  clock: Callable[[], float] = time.time, pod_builder: PodBuilder = launch.pod_spec) -> None:
         self.bus = bus
-        self.pod_builder = pod_builder  # what runs in a pod (tests run small stand-in programs)
         self.backend = backend
         self.cfg = cfg or ExecutorConfig()
         self.clock = clock
         self.counters = Counters(self.name)
         self.jobs: dict[str, ExecutorJob] = {}
-        self.records: dict[str, JobRecord] = {}  # the job service's records, read from KV
-        self.pods: dict[str, PodStatus] = {}  # newest status of every pod we know
         self.orphans: dict[str, float] = {}  # pod -> when first seen without a job record
-        self.stops_sent: set[str] = set()  # pods this executor (not a crashed predecessor) asked to stop
-        self.lock = asyncio.Lock()
         self.launch = launch.LaunchConfig(bus_url(bus), self.cfg.checkpoint_root, self.cfg.checkpoint_every,
                                           agents=self.cfg.agents, stragglers=tuple(self.cfg.stragglers.items()))
+        # pod_builder: what runs in a pod (tests run small stand-in programs)
+        self.fx = Effects(bus, backend, self.counters, clock, pod_builder, self.launch, self.cfg.delete_grace_s)
+        self.pods = self.fx.pods  # newest status of every pod we know
         self.rpc = {
             ExecutorOp.COMMAND: self._rpc_command,
             ExecutorOp.STATUS: self._rpc_status,
@@ -187,16 +203,23 @@ class ExecutorService:
             [subjects.events_of("job", kind=k) for k in
              (JobEventKind.PLAN, JobState.COMPLETED.value, JobState.STOPPED.value, JobState.FAILED.value)],
             self._on_job_event, self.counters)
-        self._kv: KeyValue | None = None
-        self._jobs_kv: KeyValue | None = None
+        self.queues: JobQueues | None = None
+        self._tg: asyncio.TaskGroup | None = None
         self._rpc_sub: Subscription | None = None
+
+    @property
+    def records(self) -> dict[str, JobRecord]:
+        records: dict[str, JobRecord] = self.fx.records
+        return records
 
     # ================================================================ lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
+        self._tg = tg
+        self.queues = JobQueues(lambda coro, name: tg.create_task(coro, name=name), self.counters)
         await self.bus.ensure_streams()
-        self._kv = await self.bus.kv(subjects.EXECUTOR_BUCKET, "Pacer pod-executor: its record of each job")
-        self._jobs_kv = await self.bus.kv(subjects.JOB_BUCKET, "Pacer jobs: one JobRecord per job")
-        await self._load()
+        self.fx.kv = await self.bus.kv(subjects.EXECUTOR_BUCKET, "Pacer pod-executor: its record of each job")
+        self.fx.jobs_kv = await self.bus.kv(subjects.JOB_BUCKET, "Pacer jobs: one JobRecord per job")
+        self.jobs.update(await self.fx.load())
         for st in await self.backend.list():
             self.pods[st.name] = st
         self._rpc_sub = await self.bus.nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name,
@@ -214,78 +237,74 @@ class ExecutorService:
             with contextlib.suppress(nats.errors.Error):
                 await self._rpc_sub.unsubscribe()
         await self.consumer.stop()
-        async with self.lock:  # what is in hand is saved; pods keep running
-            pass
+        if self.queues is not None and not await self.queues.join(self.cfg.drain_s):
+            log.warning("executor stopping with work still queued (it is decided again after a restart)")
 
-    async def _load(self) -> None:
-        for key, value in (await self.bus.kv_items(subjects.EXECUTOR_BUCKET)).items():
+    def _queues(self) -> JobQueues:
+        assert self.queues is not None, "the service is not started"
+        return self.queues
+
+    async def _in_job(self, job: str, work: Callable[[], Awaitable[T]], what: str) -> T:
+        """Run ``work`` on the job's own worker (in order with the job's other work) and return its result.
+
+        A compare-and-set conflict on the record ends the work: the record is
+        read again, and the caller gets the conflict (a temporary error).
+        """
+        async def guarded() -> T:
             try:
-                self.jobs[key] = decode(ExecutorJob, value)
-            except PacerError:
-                self.counters.inc("bad_records")
-                log.error("unreadable executor record %s; ignored", key)
+                return await work()
+            except StaleRevision:
+                await self._reload(job)
+                raise
 
-    async def _save(self, job: ExecutorJob) -> None:
-        assert self._kv is not None
-        await self._kv.put(job.job, encode(job))
+        result: T = await self._queues().run(job, guarded, what)
+        return result
 
-    async def _record(self, job: str) -> JobRecord:
-        """The job service's record of ``job`` (cached; it never changes what the pods run)."""
-        rec = self.records.get(job)
-        if rec is None:
-            assert self._jobs_kv is not None
-            rec = await Bus.kv_get(self._jobs_kv, job, JobRecord)
-            if rec is None:
-                raise NotFound(f"job {job!r}: no job record (submit it through the job service)")
-            self.records[job] = rec
-        return rec
+    def _post(self, job: str, work: Callable[[], Awaitable[None]], what: str) -> None:
+        async def guarded() -> None:
+            try:
+                await work()
+            except StaleRevision:
+                await self._reload(job)
+                raise
 
-    # ================================================================ events out
-    async def _node_event(self, job: str, n: NodeRecord, kind: str, *, reason: str = "", pod: str = "",
-                          exit_code: int | None = None, pending_s: float = 0.0, relaunch: bool = False,
-                          detail: str = "", result: dict[str, object] | None = None,
-                          generation: int | None = None) -> None:
-        gen = n.generation if generation is None else generation
-        ev = NodeEvent(job=job, node=n.node, kind=kind, ts=self.clock(), reason=reason, role=n.role,
-                       pod=pod or launch.pod_name(job, n.node, gen), generation=gen,
-                       exit_code=exit_code, pending_s=pending_s, restarts=n.restarts + n.requested_restarts,
-                       cpu=n.cpu, memory_mb=n.memory_mb, relaunch=relaunch, detail=detail,
-                       result=dict(result or {}))
-        await self.bus.publish_durable(subjects.node_event(job, kind), ev)
-        self.counters.inc("node_events", kind=kind)
+        self._queues().post(job, guarded, what)
 
-    async def _executor_event(self, job: ExecutorJob, kind: ExecutorEventKind, reason: str = "",
-                              overhead_s: float = 0.0, started: list[str] | None = None,
-                              stopped: list[str] | None = None) -> None:
-        ev = ExecutorEvent(job.job, kind, self.clock(), reason, job.plan, overhead_s, started or [], stopped or [])
-        await self.bus.publish_durable(subjects.executor_event(job.job, kind.value), ev)
+    async def _reload(self, job: str) -> None:
+        ej = await self.fx.reread(job)
+        if ej is None:
+            self.jobs.pop(job, None)
+        else:
+            self.jobs[job] = ej
 
     # ================================================================ plans
     async def _on_job_event(self, m: Msg) -> None:
         parts = m.subject.split(".")  # pacer.events.job.<job>.<kind>
         job, kind = parts[3], parts[4]
-        async with self.lock:
-            if kind == JobEventKind.PLAN:
-                plan = decode(ResourcePlan, m.data)
-                if plan.job != job:
-                    raise ValidationError(f"job: plan names {plan.job!r} but the subject is for {job!r}")
-                await self.apply_plan(plan)
-                return
-            ev = decode(JobEvent, m.data)
-            ej = self.jobs.get(job)
-            if ej is None or ej.state in (TEARING, TORN_DOWN, FAILED):
-                return
-            if ev.state is JobState.COMPLETED:
-                if ej.state in ACTIVE:
-                    ej.state, ej.completing_since = COMPLETING, self.clock()
-                    await self._save(ej)
-            else:  # stopped or failed by the job service
-                await self._teardown(ej, f"job {ev.state.value}: {ev.reason}")
+        if kind == JobEventKind.PLAN:
+            plan = decode(ResourcePlan, m.data)
+            if plan.job != job:
+                raise ValidationError(f"job: plan names {plan.job!r} but the subject is for {job!r}")
+            await self._in_job(job, lambda: self.apply_plan(plan), "plan")
+            return
+        ev = decode(JobEvent, m.data)
+        await self._in_job(job, lambda: self._job_ended(job, ev), "job event")
+
+    async def _job_ended(self, job: str, ev: JobEvent) -> None:
+        ej = self.jobs.get(job)
+        if ej is None or ej.state in (JS.TEARING_DOWN, JS.TORN_DOWN, JS.FAILED):
+            return
+        if ev.state is JobState.COMPLETED:
+            if ej.state.active:
+                ej.state, ej.completing_since = JS.COMPLETING, self.clock()
+                await self.fx.save(ej)
+        else:  # stopped or failed by the job service
+            await self._teardown(ej, f"job {ev.state.value}: {ev.reason}")
 
     async def apply_plan(self, plan: ResourcePlan) -> None:
-        """Make the job's nodes match ``plan`` (called with the lock held)."""
+        """Make the job's nodes match ``plan`` (on the job's worker): :func:`.core.plan_change` decides."""
         _check_plan(plan)
-        rec = await self._record(plan.job)
+        rec = await self.fx.record(plan.job)
         if rec.state in (JobState.COMPLETED, JobState.FAILED, JobState.STOPPED):
             self.counters.inc("plans_ignored")
             return  # a late plan of a finished job (e.g. replayed history)
@@ -295,171 +314,115 @@ class ExecutorService:
             slots = self.cfg.max_worker_slots or max(plan.workers, (rec.spec.limits.max_workers or 0)
                                                      if rec.spec.limits else 0)
             cluster = self.backend.cluster(plan.job, plan.ps, max(slots, plan.workers))
-            ej = ExecutorJob(plan.job, STARTING, plan, cluster.to_json(), plan_at=now)
+            ej = ExecutorJob(plan.job, JS.STARTING, plan, cluster.to_json(), plan_at=now)
             self.jobs[plan.job] = ej
-        elif ej.state not in ACTIVE:
+        elif not ej.state.active:
             self.counters.inc("plans_ignored")
             return
         cluster = ClusterDesc.from_json(ej.cluster)
         workers = min(plan.workers, len(cluster.workers))
-        reason = ""
+        reasons = []
         if workers < plan.workers:
-            reason = f"workers clamped to the job's {len(cluster.workers)} TF worker slots"
-        ps = len(cluster.ps)
-        old_plan = ej.plan
-        migrate = bool(ej.nodes) and (plan.ps != ps or (plan.ps_cpu, plan.ps_memory_mb)
-                                      != (old_plan.ps_cpu, old_plan.ps_memory_mb))
-        if migrate and ej.migration:
-            reason = (reason + "; " if reason else "") + "PS changes wait: a migration is under way"
-            migrate = False
+            reasons.append(f"workers clamped to the job's {len(cluster.workers)} TF worker slots")
+        old = ej.plan
+        before = core.Plan(old.workers, len(cluster.ps), core.NodeSpec(Role.WORKER, 0, old.worker_cpu,
+                                                                       old.worker_memory_mb),
+                           core.NodeSpec(Role.PS, 0, old.ps_cpu, old.ps_memory_mb))
+        after = core.Plan(workers, plan.ps, core.NodeSpec(Role.WORKER, 0, plan.worker_cpu, plan.worker_memory_mb),
+                          core.NodeSpec(Role.PS, 0, plan.ps_cpu, plan.ps_memory_mb))
+        change = core.plan_change(before, after, {n.node: node_view(n) for n in ej.nodes}, self.cfg.policy,
+                                  migrating=ej.migration is not MigrationPhase.NONE)
+        if change.ps_deferred:
+            reasons.append("PS changes wait: a migration is under way")
         ej.plan, ej.plan_at, ej.applied = plan, now, False
-        ej.state = STARTING if ej.state == STARTING else RUNNING
-        ej.reason = reason
+        ej.state = JS.STARTING if ej.state is JS.STARTING else JS.RUNNING
         have = {n.node: n for n in ej.nodes}
-        started: list[str] = []
-        stopped: list[str] = []
-        for role, count, cpu, mem in (("ps", ps, plan.ps_cpu, plan.ps_memory_mb),
-                                      ("worker", workers, plan.worker_cpu, plan.worker_memory_mb)):
-            for i in range(count):
-                name = f"{role}-{i}"
-                n = have.get(name)
-                if n is None:
-                    n = NodeRecord(name, role, i, cpu, mem)
-                    ej.nodes.append(n)
-                    started.append(name)
-                elif n.removed and not n.finished:  # scaled back up: a fresh pod, nothing pending on it
-                    n.removed, n.generation, n.intent = False, n.generation + 1, ""
-                    n.cpu, n.memory_mb = cpu, mem
-                    started.append(name)
-            for n in ej.nodes:
-                if n.role == role and n.index >= count and not n.removed:
-                    n.removed = True
-                    stopped.append(n.node)
-        resized = self._queue_resize(ej, plan)
-        if resized:
-            ej.reason = (ej.reason + "; " if ej.reason else "") + (
-                f"replacing {resized} running worker(s) with {plan.worker_cpu:g} CPU / {plan.worker_memory_mb} MiB, "
-                f"at most {core.resize_batch_size(workers, self.cfg.policy)} at a time")
-        await self._save(ej)  # intent first: a crash from here on is healed by reconcile
-        for n in ej.nodes:
-            if n.node in started:
-                await self._create(ej, n)
-            elif n.node in stopped:
-                await self._delete(ej, n)
-        if migrate:
+        started = [f"{s.role}-{s.index}" for s in sorted(change.start, key=lambda s: (s.role != Role.PS, s.index))]
+        for s in change.start:
+            n = have.get(f"{s.role}-{s.index}")
+            if n is None:
+                ej.nodes.append(NodeRecord(f"{s.role}-{s.index}", s.role, s.index, s.cpu, s.memory_mb))
+            else:  # scaled back up: a fresh pod, nothing pending on it
+                n.generation += 1
+                n.cpu, n.memory_mb = s.cpu, s.memory_mb
+                move(n, NodeState.PENDING)
+        for name in change.stop:
+            move(have[name], NodeState.REMOVED)
+        self._queue_resize(ej, change.resize)
+        if change.resize and not change.migrate_ps:
+            reasons.append(f"replacing {len(change.resize)} running worker(s) with {plan.worker_cpu:g} CPU / "
+                           f"{plan.worker_memory_mb} MiB, at most "
+                           f"{core.resize_batch_size(workers, self.cfg.policy)} at a time")
+        ej.reason = "; ".join(reasons)
+        await self.fx.save(ej)  # intent first: a crash from here on is healed by reconcile
+        by_name = {n.node: n for n in ej.nodes}
+        for name in started:
+            await self.fx.create(ej, by_name[name])
+        for name in change.stop:
+            await self.fx.delete(ej, by_name[name])
+        if change.migrate_ps:
             await self.start_migration(ej, {i: (plan.ps_cpu, plan.ps_memory_mb) for i in range(plan.ps)},
                                        f"plan: {plan.ps} PS x {plan.ps_cpu:g} CPU / {plan.ps_memory_mb} MiB")
         await self._resize_step(ej)
         self.counters.inc("plans_applied")
-        log.info("plan applied", extra={"fields": {"job": plan.job, "workers": workers, "ps": ps,
-                                                    "started": started, "stopped": stopped,
-                                                    "resizing": resized}})
+        log.info("plan applied", extra={"fields": {"job": plan.job, "workers": workers, "ps": len(cluster.ps),
+                                                    "started": started, "stopped": list(change.stop),
+                                                    "resizing": len(change.resize),
+                                                    "migrate_ps": change.migrate_ps}})
 
     # ================================================================ rolling worker replacement
-    def _queue_resize(self, ej: ExecutorJob, plan: ResourcePlan) -> int:
-        """Mark every live worker whose size differs from ``plan`` with the size it is due (not saved).
+    def _queue_resize(self, ej: ExecutorJob, due: tuple[core.NodeSpec, ...]) -> None:
+        """Mark every live worker with the size it is due (``plan_change``'s ``resize``; not saved).
 
         A later plan overrides what an earlier one queued; a worker scaled away
-        or finished has nothing due.  Returns how many are due.
+        or finished has nothing due.
         """
-        wanted = core.NodeSpec("worker", 0, plan.worker_cpu, plan.worker_memory_mb)
-        live = [n for n in ej.nodes if n.role == "worker" and not n.removed and not n.finished]
-        nodes = [core.Node(core.NodeSpec(n.role, n.index, n.cpu, n.memory_mb), n.restarts, n.requested_restarts,
-                           oom_memory_mb=n.oom_memory_mb) for n in live]
-        due = {t.index: t for t in core.resize_targets(wanted, nodes)}
+        by_index = {t.index: t for t in due}
         for n in ej.nodes:
-            t = due.get(n.index) if n.role == "worker" and not n.removed and not n.finished else None
+            t = by_index.get(n.index) if n.role == Role.WORKER and _live(n) else None
             n.resize_cpu, n.resize_memory_mb = (t.cpu, t.memory_mb) if t is not None else (0.0, 0)
-        return len(due)
 
     def _worker_phase(self, ej: ExecutorJob, n: NodeRecord) -> core.WorkerPhase:
-        st = self._current(ej, n)
+        st = self.fx.current(ej, n)
         if st is None or st.phase is PodPhase.EXITED:
             return core.WorkerPhase.GONE
-        if n.intent in (RESTART, RESIZE, MIGRATE):
+        if n.intent is not NodeIntent.NONE:
             return core.WorkerPhase.STOPPING
         return core.WorkerPhase.RUNNING if n.running_at else core.WorkerPhase.PENDING
 
     async def _resize_step(self, ej: ExecutorJob) -> None:
-        """Start the next batch of a rolling worker replacement, if one is due and there is room.
+        """Start the next batch of a rolling worker replacement (:func:`.core.resize_batch`), if one is due.
 
-        Called with the lock held, after a plan and on every reconcile pass.
-        Not while a PS migration runs: it restarts every worker anyway and
-        gives each the size it is due (:meth:`_migrate_step`).
+        After a plan and on every reconcile pass.  Not while a PS migration
+        runs: it restarts every worker anyway and gives each the size it is due.
         """
-        if ej.state not in ACTIVE or ej.migration:
+        if not ej.state.active or ej.migration is not MigrationPhase.NONE:
             return
-        live = [n for n in ej.nodes if n.role == "worker" and not n.removed and not n.finished]
+        live = [n for n in ej.nodes if n.role == Role.WORKER and _live(n)]
         if not any(n.resize_memory_mb for n in live):
             return
-        views = [core.ResizeView(n.index, self._worker_phase(ej, n), bool(n.resize_memory_mb) and not n.intent)
-                 for n in live]
+        views = [core.ResizeView(n.index, self._worker_phase(ej, n),
+                                 bool(n.resize_memory_mb) and n.intent is NodeIntent.NONE) for n in live]
         picked = set(core.resize_batch(views, self.cfg.policy))
-        batch = [n for n in live if n.index in picked]
+        batch = tuple(n.node for n in live if n.index in picked)
         if not batch:
             return
-        for n in batch:
-            n.intent = RESIZE
-        await self._save(ej)  # intent first: reconcile stops a pod whose stop a crash swallowed
-        for n in batch:
-            await self._delete(ej, n)
+        # intent first: reconcile stops a pod whose stop a crash swallowed
+        await self.fx.apply(ej, (cfx.SetIntent(batch, NodeIntent.RESIZE), cfx.SaveRecord(),
+                                 *(cfx.DeletePod(b) for b in batch)))
         self.counters.inc("workers_resized", len(batch))
-        log.info("replacing workers with their new size", extra={"fields": {
-            "job": ej.job, "nodes": [n.node for n in batch],
-            "size": [(n.resize_cpu, n.resize_memory_mb) for n in batch]}})
+        log.info("replacing workers with their new size", extra={"fields": {"job": ej.job, "nodes": list(batch)}})
 
     # ================================================================ pods
-    def _current(self, ej: ExecutorJob, n: NodeRecord) -> PodStatus | None:
-        return self.pods.get(launch.pod_name(ej.job, n.node, n.generation))
-
-    def _cluster_of(self, ej: ExecutorJob, n: NodeRecord) -> ClusterDesc:
-        """During a migration the new PS pods belong to the next cluster; the workers move last."""
-        if ej.migration and n.role == "ps":
-            return ClusterDesc.from_json(ej.next_cluster)
-        return ClusterDesc.from_json(ej.cluster)
-
-    async def _create(self, ej: ExecutorJob, n: NodeRecord) -> None:
-        rec = await self._record(ej.job)
-        cluster = self._cluster_of(ej, n)
-        spec = self.pod_builder(rec, ej.plan, cluster, n.role, n.index, n.generation, n.cpu, n.memory_mb,
-                               self.backend.pod_port(cluster, n.role, n.index), self.launch, restore=n.restore)
-        n.created_at, n.running_at = self.clock(), 0.0
-        await self._save(ej)
-        try:
-            await self.backend.create(spec)
-        except Conflict:
-            pass  # made before a crash: the watch reports it
-        self.pods.setdefault(spec.name, PodStatus(spec.name, ej.job, n.node, n.role, n.generation,
-                                                  PodPhase.PENDING, n.created_at, cpu=n.cpu,
-                                                  memory_mb=n.memory_mb))
-        self.counters.inc("pods_created", role=n.role)
-        await self._node_event(ej.job, n, NodeEventKind.CREATED, pod=spec.name)
-
-    async def _delete(self, ej: ExecutorJob, n: NodeRecord) -> None:
-        st = self._current(ej, n)
-        if st is None or st.phase is PodPhase.EXITED:
-            return
-        if st.name not in n.deleting:
-            n.deleting.append(st.name)
-            await self._save(ej)
-        await self.backend.delete(st.name, self.cfg.delete_grace_s)
-        self.stops_sent.add(st.name)
-        self.counters.inc("pods_deleted")
-
     async def _watch_loop(self) -> None:
         async for st in self.backend.watch():
-            async with self.lock:
-                try:
-                    await self._on_pod(st)
-                except PacerError as exc:
-                    self.counters.inc("errors", code=exc.code, op="pod")
-                    log.warning("pod status not applied: %s", exc.message)
+            self._post(st.job, functools.partial(self._on_pod, st), "pod")
 
     async def _on_pod(self, st: PodStatus) -> None:
         prev = self.pods.get(st.name)
         self.pods[st.name] = st
         if st.phase is PodPhase.EXITED:
-            self.stops_sent.discard(st.name)
+            self.fx.stops_sent.discard(st.name)
         ej = self.jobs.get(st.job)
         n = next((x for x in ej.nodes if x.node == st.node), None) if ej else None
         if ej is None or n is None:
@@ -471,18 +434,20 @@ class ExecutorService:
         if st.generation != n.generation:
             if st.phase is PodPhase.EXITED and st.name in n.deleting:
                 n.deleting.remove(st.name)
-                await self._save(ej)
-            if (st.phase is PodPhase.EXITED and n.role == "ps" and prev is not None
+                await self.fx.save(ej)
+            if (st.phase is PodPhase.EXITED and n.role == Role.PS and prev is not None
                     and prev.phase is not PodPhase.EXITED):
                 # A PS replaced by a migration has now stopped (PS hold no shards: no requeue to fear).
-                await self._node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, generation=st.generation,
-                                       exit_code=st.exit_code, reason="replaced", detail="old PS of a migration")
+                await self.fx.node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, generation=st.generation,
+                                         exit_code=st.exit_code, reason="replaced", detail="old PS of a migration")
             return  # an older incarnation: its death was handled when it was replaced
         if st.phase is PodPhase.RUNNING and not n.running_at:
             n.running_at = st.started_at or self.clock()
-            await self._save(ej)
+            if n.state is NodeState.PENDING:
+                move(n, NodeState.RUNNING)
+            await self.fx.save(ej)
             pending = max(0.0, n.running_at - (st.created_at or n.created_at))
-            await self._node_event(ej.job, n, NodeEventKind.RUNNING, pod=st.name, pending_s=pending)
+            await self.fx.node_event(ej.job, n, NodeEventKind.RUNNING, pod=st.name, pending_s=pending)
         if st.phase is PodPhase.EXITED and n.handled < st.generation:
             if prev is not None and prev.phase is not PodPhase.RUNNING and not n.running_at and st.started_at:
                 n.running_at = st.started_at
@@ -494,80 +459,69 @@ class ExecutorService:
         if by_us:
             n.deleting.remove(st.name)
         tail = ""
-        if st.exit_code not in (None, 0) or (st.exit_code == 0 and n.role == "worker" and n.index == 0):
+        if st.exit_code not in (None, 0) or (st.exit_code == 0 and n.role == Role.WORKER and n.index == 0):
             with contextlib.suppress(Exception):
                 tail = await self.backend.logs(st.name, 40)
         info = core.ExitInfo(code=st.exit_code, signal=st.signal, k8s_reason=st.reason, oom=st.oom,
                              by_executor=by_us, network_error=any(k in tail for k in NETWORK_MARKERS))
-        decision = core.on_exit(core.Node(core.NodeSpec(n.role, n.index, n.cpu, n.memory_mb), n.restarts,
-                                          n.requested_restarts), info, self.cfg.policy)
-        n.last_reason = decision.reason.value
-        self.counters.inc("exits", reason=decision.reason.value)
-        if decision.reason is core.ExitReason.COMPLETED:
-            n.finished = True
-            await self._save(ej)
-            await self._node_event(ej.job, n, NodeEventKind.FINISHED, pod=st.name, exit_code=0,
-                                   reason=decision.reason.value, detail=decision.detail,
-                                   result=launch.parse_result(tail))
+        removed = n.state is NodeState.REMOVED
+        due = core.NodeSpec(n.role, n.index, n.resize_cpu, n.resize_memory_mb) if n.resize_memory_mb else None
+        ans = core.answer_exit(node_view(n), info, intent=n.intent, removed=removed,
+                               active=ej.state.active or ej.state is JS.COMPLETING, resize_to=due,
+                               policy=self.cfg.policy)
+        n.last_reason = ans.decision.reason.value
+        self.counters.inc("exits", reason=ans.decision.reason.value)
+        if ans.outcome is ExitOutcome.FINISHED:
+            if not removed:
+                move(n, NodeState.FINISHED)
+            await self.fx.save(ej)
+            await self.fx.node_event(ej.job, n, NodeEventKind.FINISHED, pod=st.name, exit_code=0,
+                                     reason=ans.reason, detail=ans.detail, result=launch.parse_result(tail))
             return
-        if n.intent == MIGRATE:  # stopped to move to the new cluster: started again by the migration
+        if n.state in (NodeState.PENDING, NodeState.RUNNING, NodeState.STOPPING):
+            move(n, NodeState.RELAUNCHING, n.intent)  # the pod is gone; what comes next is below
+        if ans.outcome is ExitOutcome.MIGRATING:  # started again by the migration, on the next cluster
             ckpt = launch.parse_result(tail).get("checkpoint")
-            if n.role == "worker" and n.index == 0 and isinstance(ckpt, str) and ckpt:
+            if n.role == Role.WORKER and n.index == 0 and isinstance(ckpt, str) and ckpt:
                 ej.checkpoint = ckpt
-            await self._save(ej)
-            await self._node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
-                                   reason="migrating", relaunch=True, detail=decision.detail)
+            await self.fx.save(ej)
+            await self.fx.node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
+                                     reason=ans.reason, relaunch=True, detail=ans.detail)
             return
-        restart = by_us and n.intent in (RESTART, RESIZE) and not n.removed
-        active = ej.state in ACTIVE or ej.state == COMPLETING
-        relaunch: core.NodeSpec | None = None
-        if restart:  # a restart (KILL_RESTART), migration command or replacement stopped it: start it again
-            relaunch = core.NodeSpec(n.role, n.index, n.cpu, n.memory_mb)
-        elif not n.removed and active and not by_us:
-            relaunch = decision.relaunch
-        oom = not restart and decision.reason is core.ExitReason.OOM
-        reason, detail = ("restart_requested" if restart else decision.reason.value), decision.detail
-        if relaunch is not None and n.resize_memory_mb:  # a replacement was due: this relaunch is it
-            relaunch = core.relaunch_resized(
-                relaunch, core.NodeSpec(n.role, n.index, n.resize_cpu, n.resize_memory_mb), oom)
-            if n.intent == RESIZE and restart:
-                reason = "resized"
-            detail = f"{detail}; relaunched with {relaunch.cpu:g} CPU / {relaunch.memory_mb} MiB (plan)"
-        await self._node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
-                               reason=reason, relaunch=relaunch is not None, detail=detail)
-        if relaunch is not None:
-            if restart or decision.reason is core.ExitReason.RESTART_REQUESTED:
+        await self.fx.node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
+                                 reason=ans.reason, relaunch=ans.relaunch is not None, detail=ans.detail)
+        if ans.outcome is ExitOutcome.RELAUNCH and ans.relaunch is not None:
+            if ans.requested:
                 n.requested_restarts += 1
             else:
                 n.restarts += 1
-            if oom:
-                n.oom_memory_mb = max(n.oom_memory_mb, relaunch.memory_mb)
-            n.intent = ""
-            n.cpu, n.memory_mb = relaunch.cpu, relaunch.memory_mb
+            if ans.oom:
+                n.oom_memory_mb = max(n.oom_memory_mb, ans.relaunch.memory_mb)
+            n.cpu, n.memory_mb = ans.relaunch.cpu, ans.relaunch.memory_mb
             n.resize_cpu, n.resize_memory_mb = 0.0, 0
-            n.restore = (n.role == "worker" and n.index == 0 and decision.reason is core.ExitReason.NETWORK)
+            n.restore = ans.restore
             n.generation += 1
-            await self._create(ej, n)
-            n.restore = False
-            await self._save(ej)
-        elif decision.fail_job and active and not n.removed and not by_us:
-            await self._save(ej)
-            await self._fail(ej, decision.detail)
+            move(n, NodeState.PENDING)
+            await self.fx.apply(ej, (cfx.CreatePod(n.node), cfx.SaveRecord()))
+        elif ans.outcome is ExitOutcome.FAIL_JOB:
+            await self.fx.save(ej)
+            await self._fail(ej, ans.detail)
         else:
-            await self._save(ej)
+            await self.fx.save(ej)
 
     async def _fail(self, ej: ExecutorJob, reason: str) -> None:
         log.warning("job failed", extra={"fields": {"job": ej.job, "reason": reason}})
-        await self._executor_event(ej, ExecutorEventKind.FAILED, reason)
-        await self._teardown(ej, reason, state=FAILED)
+        await self.fx.executor_event(ej, ExecutorEventKind.FAILED, reason)
+        await self._teardown(ej, reason, state=JS.FAILED)
 
-    async def _teardown(self, ej: ExecutorJob, reason: str, state: str = TEARING) -> None:
+    async def _teardown(self, ej: ExecutorJob, reason: str, state: JS = JS.TEARING_DOWN) -> None:
         ej.state, ej.reason = state, reason
         for n in ej.nodes:
-            n.removed = True
-        await self._save(ej)
+            if n.state is not NodeState.FINISHED:
+                move(n, NodeState.REMOVED)
+        await self.fx.save(ej)
         for n in ej.nodes:
-            await self._delete(ej, n)
+            await self.fx.delete(ej, n)
         for name in ej.retiring:
             await self.backend.delete(name, self.cfg.delete_grace_s)
         self.counters.inc("teardowns")
@@ -576,14 +530,16 @@ class ExecutorService:
     async def _reconcile_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.reconcile_s)
-            async with self.lock:
-                await self._reap_orphans()
-                for ej in list(self.jobs.values()):
-                    try:
-                        await self._reconcile(ej)
-                    except PacerError as exc:
-                        self.counters.inc("errors", code=exc.code, op="reconcile")
-                        log.warning("reconcile of %s: %s", ej.job, exc.message)
+            await self._reap_orphans()
+            for job, ej in list(self.jobs.items()):
+                # a pass still queued will see the newest state; a torn-down job has nothing left to do
+                if ej.state is not JS.TORN_DOWN and self._queues().pending(job) == 0:
+                    self._post(job, functools.partial(self._reconcile_job, job), "reconcile")
+
+    async def _reconcile_job(self, job: str) -> None:
+        ej = self.jobs.get(job)
+        if ej is not None:
+            await self._reconcile(ej)
 
     async def _reap_orphans(self) -> None:
         """Delete pods of no known job once they stayed unknown for ``orphan_grace_s``."""
@@ -592,161 +548,134 @@ class ExecutorService:
             st = self.pods.get(name)
             known = st is not None and any(n.node == st.node for n in getattr(self.jobs.get(st.job), "nodes", []))
             if st is None or st.phase is PodPhase.EXITED or known:
-                del self.orphans[name]
+                self.orphans.pop(name, None)
             elif now - since >= self.cfg.orphan_grace_s:
                 log.warning("deleting pod %s: it belongs to no known job", name)
-                await self.backend.delete(name, self.cfg.delete_grace_s)
-                del self.orphans[name]
+                self.orphans.pop(name, None)
+                try:
+                    await self.backend.delete(name, self.cfg.delete_grace_s)
+                except PacerError as exc:  # tried again once the watch reports it again
+                    self.counters.inc("errors", code=exc.code, op="orphan")
+                    log.warning("orphan pod %s not deleted: %s", name, exc.message)
 
     async def _reconcile(self, ej: ExecutorJob) -> None:
-        if ej.state == TORN_DOWN:
+        if ej.state is JS.TORN_DOWN:
             return
-        live = [n for n in ej.nodes if not n.removed and not n.finished]
-        if ej.state in ACTIVE or ej.state == COMPLETING:
+        live = [n for n in ej.nodes if _live(n)]
+        if ej.state.active or ej.state is JS.COMPLETING:
             for n in live:  # a pod the record names but nobody created (crash between save and create)
-                if self._current(ej, n) is None and n.handled < n.generation:
+                if self.fx.current(ej, n) is None and n.handled < n.generation:
                     self.counters.inc("pods_recreated")
                     if n.resize_memory_mb:  # a replacement was due: the new pod is it
                         n.cpu, n.memory_mb, n.resize_cpu, n.resize_memory_mb = n.resize_cpu, n.resize_memory_mb, 0.0, 0
-                    await self._create(ej, n)
+                    move(n, NodeState.PENDING)
+                    await self.fx.create(ej, n)
             for n in live:  # a replacement decided, but a crash swallowed the stop
-                st = self._current(ej, n)
-                if (n.intent == RESIZE and st is not None and st.phase is not PodPhase.EXITED
-                        and st.name not in self.stops_sent):
+                st = self.fx.current(ej, n)
+                if (n.intent is NodeIntent.RESIZE and st is not None and st.phase is not PodPhase.EXITED
+                        and st.name not in self.fx.stops_sent):
                     self.counters.inc("stops_resent")
-                    await self._delete(ej, n)
-        resizing = any(n.resize_memory_mb or n.intent == RESIZE for n in live)
-        if (ej.state in ACTIVE and not ej.migration and not ej.applied and not resizing and live
+                    await self.fx.delete(ej, n)
+        resizing = any(n.resize_memory_mb or n.intent is NodeIntent.RESIZE for n in live)
+        if (ej.state.active and ej.migration is MigrationPhase.NONE and not ej.applied and not resizing and live
                 and all(n.running_at for n in live)):
-            ej.applied, ej.state = True, RUNNING
-            await self._save(ej)
+            ej.applied, ej.state = True, JS.RUNNING
+            await self.fx.save(ej)
             overhead = max(n.running_at for n in live) - ej.plan_at
-            await self._executor_event(ej, ExecutorEventKind.APPLIED, ej.reason, max(0.0, overhead),
-                                       started=[n.node for n in live])
-        if ej.migration and ej.state in ACTIVE:
+            await self.fx.executor_event(ej, ExecutorEventKind.APPLIED, ej.reason, max(0.0, overhead),
+                                         started=[n.node for n in live])
+        if ej.migration is not MigrationPhase.NONE and ej.state.active:
             await self._migrate_step(ej)
         await self._resize_step(ej)
-        workers = [n for n in ej.nodes if n.role == "worker" and not n.removed]
-        if ej.state in ACTIVE | {COMPLETING} and workers and all(n.finished for n in workers):
+        workers = [n for n in ej.nodes if n.role == Role.WORKER and n.state is not NodeState.REMOVED]
+        if (ej.state.active or ej.state is JS.COMPLETING) and workers and all(
+                n.state is NodeState.FINISHED for n in workers):
             await self._teardown(ej, "every worker finished")
-        elif ej.state == COMPLETING and self.clock() - ej.completing_since > self.cfg.completion_grace_s:
+        elif ej.state is JS.COMPLETING and self.clock() - ej.completing_since > self.cfg.completion_grace_s:
             await self._teardown(ej, f"workers still running {self.cfg.completion_grace_s:.0f}s after completion")
-        if ej.state in (TEARING, FAILED):
+        if ej.state in (JS.TEARING_DOWN, JS.FAILED):
             for n in ej.nodes:  # a delete may have been lost in a crash
-                st = self._current(ej, n)
+                st = self.fx.current(ej, n)
                 if st is not None and st.phase is not PodPhase.EXITED and st.name not in n.deleting:
-                    await self._delete(ej, n)
+                    await self.fx.delete(ej, n)
             if all(p.phase is PodPhase.EXITED for p in self.pods.values() if p.job == ej.job):
                 try:
                     await self.backend.release(ej.job)
                 except PacerError as exc:  # leftovers cost memory, not correctness: say so, go on
                     self.counters.inc("errors", code=exc.code, op="release")
                     log.warning("resources of %s not released: %s", ej.job, exc.message)
-                ej.state = TORN_DOWN
-                await self._save(ej)
-                await self._executor_event(ej, ExecutorEventKind.TORN_DOWN, ej.reason)
+                ej.state = JS.TORN_DOWN
+                await self.fx.save(ej)
+                await self.fx.executor_event(ej, ExecutorEventKind.TORN_DOWN, ej.reason)
                 self.records.pop(ej.job, None)
 
     # ================================================================ PS migration
     async def start_migration(self, ej: ExecutorJob, ps: dict[int, tuple[float, int]], reason: str) -> None:
         """Move the job's PS to new resources (or a new PS count) without stopping training first.
 
-        DLRover-RM §5.2, seamless migration: (2) the new PS pods are created
-        and initialised while the old PS and workers keep training; only
-        when every new PS runs does the short pause begin: (1) the chief
-        checkpoints the shard state and the model (flash checkpoint, in
-        shared memory) and every worker stops; (3) the shard state is
-        restored to that checkpoint, the workers start again on the new
-        cluster and the chief restores the model into the new PS (re-cut for
-        a new PS count), and the old PS pods are stopped.  Records trained
-        between the checkpoint and the stop are trained again, none is lost.
-        Called with the lock held.
+        DLRover-RM §5.2, seamless migration (:mod:`.core.migration`): the new
+        PS pods are created beside the old cluster, which keeps training; the
+        reconcile passes then step the migration through its phases.
         """
-        if ej.migration:
-            raise Conflict(f"job {ej.job!r}: a PS migration is already under way ({ej.migration})")
+        if ej.migration is not MigrationPhase.NONE:
+            raise Conflict(f"job {ej.job!r}: a PS migration is already under way ({ej.migration.value})")
         if not self.cfg.checkpoint_root or not self.cfg.agents:
             raise Conflict("PS migration needs checkpoints (PACER_CHECKPOINT_ROOT) and agent sidecars")
         old = ClusterDesc.from_json(ej.cluster)
         new = self.backend.cluster(ej.job, len(ps), len(old.workers))
-        ej.migration, ej.next_cluster, ej.migration_at, ej.checkpoint = STARTING_PS, new.to_json(), self.clock(), ""
+        ej.migration, ej.next_cluster, ej.migration_at, ej.checkpoint = (
+            MigrationPhase.STARTING_PS, new.to_json(), self.clock(), "")
         ej.reason = f"migrating PS: {reason}"
-        by_index = {n.index: n for n in ej.nodes if n.role == "ps"}
+        by_index = {n.index: n for n in ej.nodes if n.role == Role.PS}
         for i, (cpu, mem) in sorted(ps.items()):
             n = by_index.get(i)
             if n is None:
-                n = NodeRecord(f"ps-{i}", "ps", i, cpu, mem, generation=-1)
+                n = NodeRecord(f"ps-{i}", Role.PS.value, i, cpu, mem, generation=-1)
                 ej.nodes.append(n)
             else:
-                cur = self._current(ej, n)
+                cur = self.fx.current(ej, n)
                 if cur is not None and cur.phase is not PodPhase.EXITED:
                     ej.retiring.append(cur.name)
                 n.handled = n.generation  # the old pod's end is the migration's doing
             n.generation += 1
-            n.cpu, n.memory_mb, n.removed, n.running_at = cpu, mem, False, 0.0
+            n.cpu, n.memory_mb, n.running_at = cpu, mem, 0.0
+            move(n, NodeState.PENDING)
         for i, n in by_index.items():
-            if i not in ps and not n.removed:
-                cur = self._current(ej, n)
+            if i not in ps and n.state is not NodeState.REMOVED:
+                cur = self.fx.current(ej, n)
                 if cur is not None and cur.phase is not PodPhase.EXITED:
                     ej.retiring.append(cur.name)
-                n.removed = True
-        await self._save(ej)
+                move(n, NodeState.REMOVED)
+        await self.fx.save(ej)
         for n in ej.nodes:
-            if n.role == "ps" and not n.removed:
-                await self._create(ej, n)
+            if n.role == Role.PS and n.state is not NodeState.REMOVED:
+                await self.fx.create(ej, n)
         self.counters.inc("migrations")
         log.info("PS migration started", extra={"fields": {"job": ej.job, "reason": reason}})
 
     async def _migrate_step(self, ej: ExecutorJob) -> None:
-        ps = [n for n in ej.nodes if n.role == "ps" and not n.removed]
-        workers = [n for n in ej.nodes if n.role == "worker" and not n.removed and not n.finished]
-        if ej.migration == STARTING_PS:
-            if not all(n.running_at for n in ps):
-                return  # the old cluster keeps training meanwhile
-            chief = next((n for n in workers if n.index == 0), None)
-            if chief is not None:
-                try:  # the chief checkpoints shard state + model, then exits (75)
-                    await self.bus.request(
-                        subjects.agent_command(ej.job, chief.node),
-                        NodeCommand(ej.job, chief.node, ActionKind.KILL_RESTART, "PS migration",
-                                    payload={"checkpoint": True}),
-                        ActionResult, timeout=5.0, retry=NO_RETRY)
-                except PacerError as exc:
-                    self.counters.inc("migration_retries")
-                    log.warning("migration of %s waits: the chief's agent did not take the checkpoint "
-                                "command (%s); training goes on", ej.job, exc.message)
-                    return
-                chief.intent = MIGRATE
-            ej.migration = DRAINING
-            for n in workers:
-                if n.index != 0:
-                    n.intent = MIGRATE
-            await self._save(ej)
-            for n in workers:
-                if n.index != 0:
-                    await self._delete(ej, n)
+        ps = [n for n in ej.nodes if n.role == Role.PS and n.state is not NodeState.REMOVED]
+        workers = [n for n in ej.nodes if n.role == Role.WORKER and _live(n)]
+        draining = tuple(n.node for n in workers if n.intent is NodeIntent.MIGRATE
+                         and (p := self.fx.current(ej, n)) is not None and p.phase is not PodPhase.EXITED)
+        step = core.migration_step(core.MigrationView(
+            ej.migration, all(n.running_at for n in ps), tuple(n.node for n in workers), draining,
+            ej.checkpoint, tuple(ej.retiring)))
+        if step.stuck:
+            raise Conflict(f"job {ej.job!r}: {step.stuck}")
+        if not step.effects:
             return
-        if ej.migration == DRAINING:
-            if any(n.intent == MIGRATE and (p := self._current(ej, n)) is not None
-                   and p.phase is not PodPhase.EXITED for n in workers):
-                return
-            if not ej.checkpoint:
-                raise Conflict(f"job {ej.job!r}: the chief stopped without a checkpoint; migration stuck")
-            rec = await self._record(ej.job)
-            await ShardAdmin(self.bus, timeout=10.0).restore(ej.job, rec.spec.dataset.name, ej.checkpoint)
-            ej.cluster, ej.next_cluster, ej.migration = ej.next_cluster, "", ""
-            ej.plan_at, ej.applied = ej.migration_at, False
-            for n in workers:
-                n.intent, n.generation, n.restore = "", n.generation + 1, n.index == 0
-                if n.resize_memory_mb:  # a worker resize of the same plan rides on this restart
-                    n.cpu, n.memory_mb, n.resize_cpu, n.resize_memory_mb = n.resize_cpu, n.resize_memory_mb, 0.0, 0
-            retiring, ej.retiring = ej.retiring, []
-            await self._save(ej)
-            for n in workers:
-                await self._create(ej, n)
-                n.restore = False
-            for name in retiring:
-                await self.backend.delete(name, self.cfg.delete_grace_s)
-            await self._save(ej)
+        try:
+            await self.fx.apply(ej, step.effects)
+        except PacerError as exc:
+            if not any(isinstance(e, cfx.RequestCheckpoint) for e in step.effects) or ej.migration is not (
+                    MigrationPhase.STARTING_PS):
+                raise
+            self.counters.inc("migration_retries")
+            log.warning("migration of %s waits: the chief's agent did not take the checkpoint command (%s); "
+                        "training goes on", ej.job, exc.message)
+            return
+        if step.phase is MigrationPhase.NONE:
             log.info("PS migration: workers restarted on the new cluster",
                      extra={"fields": {"job": ej.job, "checkpoint": ej.checkpoint}})
 
@@ -780,7 +709,10 @@ class ExecutorService:
 
     # ================================================================ rpc
     async def _on_rpc(self, msg: Msg) -> None:
-        await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
+        # nats-py runs one subscription's callbacks one after the other: a request that waits for its
+        # job's worker must not hold up the requests of other jobs, so each runs in a task of its own.
+        assert self._tg is not None
+        self._tg.create_task(dispatch_rpc(self.bus, self.counters, self.rpc, msg), name="pacer:executor:rpc")
 
     def _job(self, job: str) -> ExecutorJob:
         ej = self.jobs.get(job)
@@ -791,71 +723,72 @@ class ExecutorService:
     async def _rpc_command(self, job: str, msg: Msg) -> None:
         cmd = decode(ExecutorCommand, msg.data)
         _same_job(job, cmd.job)
-        async with self.lock:
-            ej = self._job(job)
-            n = next((x for x in ej.nodes if x.node == cmd.node), None)
-            if n is None:
-                raise NotFound(f"job {job!r} has no node {cmd.node!r}; nodes: {[x.node for x in ej.nodes]}")
-            if cmd.command_id and cmd.command_id in ej.commands:
-                await self.bus.respond(msg, CommandResult(job, n.node, cmd.command_id, True,
-                                                          launch.pod_name(job, n.node, n.generation),
-                                                          "already done"))
-                return
-            if ej.state not in ACTIVE:
-                raise Conflict(f"job {job!r} is {ej.state}: no node commands")
-            if n.removed or n.finished:
-                raise Conflict(f"node {n.node} of job {job!r} is {'finished' if n.finished else 'stopped'}")
-            st = self._current(ej, n)
-            detail = ""
-            if cmd.kind is CommandKind.STOP:
-                n.removed = True
-                detail = "stopping"
-            elif cmd.kind is CommandKind.MIGRATE and n.role == "ps":
-                ps = {x.index: (x.cpu, x.memory_mb) for x in ej.nodes if x.role == "ps" and not x.removed}
-                ps[n.index] = (cmd.cpu if cmd.cpu is not None else n.cpu,
-                               cmd.memory_mb if cmd.memory_mb is not None else n.memory_mb)
-                await self.start_migration(ej, ps, f"{n.node} to {ps[n.index][0]:g} CPU / "
-                                                   f"{ps[n.index][1]} MiB: {cmd.reason}")
-                if cmd.command_id:
-                    ej.commands = [*ej.commands[-63:], cmd.command_id]
-                    await self._save(ej)
-                await self.bus.respond(msg, CommandResult(job, n.node, cmd.command_id, True,
-                                                          launch.pod_name(job, n.node, n.generation),
-                                                          "migration started"))
-                return
-            else:  # RESTART, or MIGRATE of a worker: stop it, start it again (with new resources)
-                if cmd.kind is CommandKind.MIGRATE:
-                    n.cpu = cmd.cpu if cmd.cpu is not None else n.cpu
-                    n.memory_mb = cmd.memory_mb if cmd.memory_mb is not None else n.memory_mb
-                n.intent = RESTART
-                detail = f"{cmd.kind.value}: {cmd.reason}".strip(": ")
+        res = await self._in_job(job, lambda: self._command(job, cmd), "command")
+        await self.bus.respond(msg, res)
+
+    async def _command(self, job: str, cmd: ExecutorCommand) -> CommandResult:
+        ej = self._job(job)
+        n = next((x for x in ej.nodes if x.node == cmd.node), None)
+        if n is None:
+            raise NotFound(f"job {job!r} has no node {cmd.node!r}; nodes: {[x.node for x in ej.nodes]}")
+        if cmd.command_id and cmd.command_id in ej.commands:
+            return CommandResult(job, n.node, cmd.command_id, True, launch.pod_name(job, n.node, n.generation),
+                                 "already done")
+        if not ej.state.active:
+            raise Conflict(f"job {job!r} is {ej.state.value}: no node commands")
+        if n.state in (NodeState.REMOVED, NodeState.FINISHED):
+            raise Conflict(f"node {n.node} of job {job!r} is {n.state.value}")
+        st = self.fx.current(ej, n)
+        live = st is not None and st.phase is not PodPhase.EXITED
+        detail = ""
+        if cmd.kind is CommandKind.STOP:
+            move(n, NodeState.REMOVED)
+            detail = "stopping"
+        elif cmd.kind is CommandKind.MIGRATE and n.role == Role.PS:
+            ps = {x.index: (x.cpu, x.memory_mb) for x in ej.nodes
+                  if x.role == Role.PS and x.state is not NodeState.REMOVED}
+            ps[n.index] = (cmd.cpu if cmd.cpu is not None else n.cpu,
+                           cmd.memory_mb if cmd.memory_mb is not None else n.memory_mb)
+            await self.start_migration(ej, ps, f"{n.node} to {ps[n.index][0]:g} CPU / "
+                                               f"{ps[n.index][1]} MiB: {cmd.reason}")
             if cmd.command_id:
                 ej.commands = [*ej.commands[-63:], cmd.command_id]
-            await self._save(ej)
-            if st is not None and st.phase is not PodPhase.EXITED:
-                await self._delete(ej, n)
-            elif cmd.kind is not CommandKind.STOP:  # nothing running to stop: start the next pod now
-                n.intent = ""
-                n.requested_restarts += 1
-                n.generation += 1
-                await self._create(ej, n)
-            self.counters.inc("commands", kind=cmd.kind.value)
-            # A restart is under way when the old pod is still stopping: its successor is the next generation.
-            serving = n.generation + 1 if n.intent == RESTART else n.generation
-            await self.bus.respond(msg, CommandResult(job, n.node, cmd.command_id, True,
-                                                      launch.pod_name(job, n.node, serving), detail))
+                await self.fx.save(ej)
+            return CommandResult(job, n.node, cmd.command_id, True, launch.pod_name(job, n.node, n.generation),
+                                 "migration started")
+        else:  # RESTART, or MIGRATE of a worker: stop it, start it again (with new resources)
+            if cmd.kind is CommandKind.MIGRATE:
+                n.cpu = cmd.cpu if cmd.cpu is not None else n.cpu
+                n.memory_mb = cmd.memory_mb if cmd.memory_mb is not None else n.memory_mb
+            if live:
+                move(n, NodeState.STOPPING, NodeIntent.RESTART)
+            detail = f"{cmd.kind.value}: {cmd.reason}".strip(": ")
+        if cmd.command_id:
+            ej.commands = [*ej.commands[-63:], cmd.command_id]
+        await self.fx.save(ej)
+        if live:
+            await self.fx.delete(ej, n)
+        elif cmd.kind is not CommandKind.STOP:  # nothing running to stop: start the next pod now
+            n.requested_restarts += 1
+            n.generation += 1
+            move(n, NodeState.PENDING)
+            await self.fx.create(ej, n)
+        self.counters.inc("commands", kind=cmd.kind.value)
+        # A restart is under way when the old pod is still stopping: its successor is the next generation.
+        serving = n.generation + 1 if n.intent is NodeIntent.RESTART else n.generation
+        return CommandResult(job, n.node, cmd.command_id, True, launch.pod_name(job, n.node, serving), detail)
 
     def _status(self, ej: ExecutorJob) -> ExecutorStatus:
         nodes = []
         now = self.clock()
-        for n in sorted(ej.nodes, key=lambda x: (x.role != "ps", x.index)):
-            st = self._current(ej, n)
+        for n in sorted(ej.nodes, key=lambda x: (x.role != Role.PS, x.index)):
+            st = self.fx.current(ej, n)
             phase = st.phase if st else PodPhase.EXITED
             pending = (n.running_at or now) - n.created_at if n.created_at else 0.0
             nodes.append(NodeInfo(n.node, n.role, launch.pod_name(ej.job, n.node, n.generation), phase, n.cpu,
                                   n.memory_mb, n.restarts, n.requested_restarts, n.generation,
                                   max(0.0, pending), n.last_reason))
-        return ExecutorStatus(ej.job, ej.state, ej.plan, nodes, self.backend.name, ej.reason)
+        return ExecutorStatus(ej.job, ej.state.value, ej.plan, nodes, self.backend.name, ej.reason)
 
     async def _rpc_status(self, job: str, msg: Msg) -> None:
         q = decode(JobQuery, msg.data)
@@ -880,11 +813,20 @@ class ExecutorService:
     async def _rpc_teardown(self, job: str, msg: Msg) -> None:
         q = decode(JobQuery, msg.data)
         _same_job(job, q.job)
-        async with self.lock:
+
+        async def teardown() -> ExecutorStatus:
             ej = self._job(job)
-            if ej.state != TORN_DOWN:
-                await self._teardown(ej, "teardown requested", state=FAILED if ej.state == FAILED else TEARING)
-            await self.bus.respond(msg, self._status(ej))
+            if ej.state is not JS.TORN_DOWN:
+                await self._teardown(ej, "teardown requested",
+                                     state=JS.FAILED if ej.state is JS.FAILED else JS.TEARING_DOWN)
+            return self._status(ej)
+
+        await self.bus.respond(msg, await self._in_job(job, teardown, "teardown"))
+
+
+def _live(n: NodeRecord) -> bool:
+    """A node with a pod to keep: neither scaled away nor finished."""
+    return n.state not in (NodeState.REMOVED, NodeState.FINISHED)
 
 
 def _same_job(job: str, body_job: str) -> None:
@@ -934,11 +876,11 @@ def _stragglers(text: str) -> dict[str, str]:
 
 def make_backend(cfg: ExecutorConfig) -> Backend:
     if cfg.backend == "local":
-        from pacer_services.pod_executor.local import LocalBackend
+        from pacer_services.pod_executor.backends.local import LocalBackend
 
         return LocalBackend(cfg.root)
     if cfg.backend == "kubernetes":
-        from pacer_services.pod_executor.kubernetes import from_env
+        from pacer_services.pod_executor.backends.kubernetes import from_env
 
         return from_env()
     raise ValueError(f"PACER_EXECUTOR_BACKEND: unknown backend {cfg.backend!r} (local or kubernetes)")

@@ -32,6 +32,7 @@ from pacer.contracts.executor import (
     JobQuery,
     LogsQuery,
     LogsReply,
+    NodeIntent,
     PodSpec,
 )
 from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
@@ -41,8 +42,8 @@ from pacer.errors import NotFound, ValidationError
 from pacer.jobs.spec import parse_job_spec
 from pacer_services.pod_executor import launch
 from pacer_services.pod_executor.app import ExecutorConfig, ExecutorService
+from pacer_services.pod_executor.backends.local import LocalBackend
 from pacer_services.pod_executor.core import ExecutorPolicy
-from pacer_services.pod_executor.local import LocalBackend
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -334,7 +335,7 @@ async def test_a_replacement_decided_before_a_crash_is_carried_out_after_restart
     for n in ej.nodes:
         if n.role == "worker":
             n.resize_cpu, n.resize_memory_mb = 0.5, 384
-            n.intent = "resize" if n.node == "worker-1" else ""
+            n.intent = NodeIntent.RESIZE if n.node == "worker-1" else NodeIntent.NONE
     await kv.put(JOB, encode(ej))
     await h.start()
     await ev.wait(lambda: ev.of("executor.applied")[1:])

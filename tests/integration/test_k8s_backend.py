@@ -31,8 +31,8 @@ from pacer.embedded import EmbeddedNats
 from pacer.errors import Conflict, Unavailable
 from pacer.jobs.spec import parse_job_spec
 from pacer_services.pod_executor.app import ExecutorConfig, ExecutorService
+from pacer_services.pod_executor.backends.kubernetes import KubernetesBackend, from_env
 from pacer_services.pod_executor.core import ExitInfo, ExitReason, classify
-from pacer_services.pod_executor.kubernetes import KubernetesBackend, from_env
 
 NS = "training"
 JOB = "job1"

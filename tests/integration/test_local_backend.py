@@ -21,9 +21,9 @@ import psutil
 import pytest
 from pacer.contracts.executor import PodPhase, PodSpec, PodStatus
 from pacer.errors import Conflict
-from pacer_services.pod_executor.backend import Backend
+from pacer_services.pod_executor.backends import Backend
+from pacer_services.pod_executor.backends.local import LocalBackend
 from pacer_services.pod_executor.core import ExitInfo, ExitReason, classify
-from pacer_services.pod_executor.local import LocalBackend
 
 pytestmark = pytest.mark.timeout(120)
 

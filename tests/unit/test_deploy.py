@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
-EXECUTOR_K8S = ROOT / "services" / "pod_executor" / "kubernetes.py"
+EXECUTOR_K8S = ROOT / "services" / "pod_executor" / "backends" / "kubernetes.py"
 
 # What each overlay must produce: NATS servers and JetStream stream replicas.
 OVERLAYS = {"dev": 1, "prod": 3}
@@ -133,7 +133,7 @@ def built_pod(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
     """The Pod the executor's Kubernetes backend builds from the rendered template and its Deployment's env."""
     import kubernetes.client as k8s
     from pacer.contracts.executor import PodSpec
-    from pacer_services.pod_executor.kubernetes import KubernetesBackend
+    from pacer_services.pod_executor.backends.kubernetes import KubernetesBackend
 
     env = env_of(one(docs, "Deployment", "pod-executor")["spec"]["template"]["spec"]["containers"][0])
     data = configmap(docs, "pacer-pod-templates")["data"]

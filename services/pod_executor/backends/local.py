@@ -2,7 +2,7 @@
 
 Pods live in ``<root>/<job>/<pod name>/``.  :meth:`LocalBackend.create`
 writes ``spec.json`` there and starts ``python -m
-pacer_services.pod_executor.pod`` (see :mod:`.pod`) in a new session, so
+pacer_services.pod_executor.backends.pod`` (see :mod:`.pod`) in a new session, so
 pods outlive the executor: a new :class:`LocalBackend` over the same root
 adopts them, because everything it knows is read back from the pod
 directories (``pod.json``, ``status.json``), never kept only in memory.
@@ -40,7 +40,7 @@ from pacer.codec import from_dict, to_dict
 from pacer.contracts.executor import MachineInfo, PodPhase, PodSpec, PodStatus
 from pacer.errors import Conflict, DecodeError, PacerError, Unavailable
 from pacer.trainer.cluster import ClusterDesc
-from pacer_services.pod_executor.pod import (
+from pacer_services.pod_executor.backends.pod import (
     DELETE_FILE,
     POD_FILE,
     STATUS_FILE,
@@ -299,7 +299,7 @@ def _spawn_supervisor(d: Path) -> subprocess.Popen[bytes]:
     """``pod.py`` in a session of its own: it must outlive us (and our process group's signals)."""
     with open(d / SUPERVISOR_LOG, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "pacer_services.pod_executor.pod",
+            [sys.executable, "-m", "pacer_services.pod_executor.backends.pod",
              "--spec", str(d / SPEC_FILE), "--dir", str(d)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

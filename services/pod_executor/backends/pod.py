@@ -1,7 +1,7 @@
 """The supervisor of one local pod: a tiny container runtime plus kubelet.
 
-``python -m pacer_services.pod_executor.pod --spec <PodSpec JSON | path> --dir <pod dir>``
-is what :class:`~pacer_services.pod_executor.local.LocalBackend` starts for
+``python -m pacer_services.pod_executor.backends.pod --spec <PodSpec JSON | path> --dir <pod dir>``
+is what :class:`~pacer_services.pod_executor.backends.local.LocalBackend` starts for
 every pod, in a session of its own so that it outlives the executor.  It
 
 * substitutes ``{pod_dir}`` in the trainer's and agent's argv and env values,

@@ -12,6 +12,19 @@ The live executor (local processes or Kubernetes) and the simulators call
 the same functions.
 """
 
+from pacer_services.pod_executor.core.effects import (
+    CreatePod,
+    DeletePod,
+    DeletePods,
+    Effect,
+    EnterPhase,
+    RequestCheckpoint,
+    RestartNodes,
+    RestoreShards,
+    SaveRecord,
+    SetIntent,
+    SwitchCluster,
+)
 from pacer_services.pod_executor.core.exits import (
     EXIT_OK,
     EXIT_RESTART,
@@ -19,13 +32,29 @@ from pacer_services.pod_executor.core.exits import (
     RETRYABLE,
     SIGKILL,
     SIGTERM,
+    ExitAnswer,
     ExitDecision,
     ExitInfo,
+    ExitOutcome,
     ExitReason,
+    answer_exit,
     classify,
     on_exit,
 )
-from pacer_services.pod_executor.core.model import EXITED, ExecutorPolicy, Node, NodeSpec, Plan
+from pacer_services.pod_executor.core.migration import (
+    CHIEF,
+    MigrationStep,
+    MigrationView,
+    migration_step,
+)
+from pacer_services.pod_executor.core.model import (
+    DEFAULT_POLICY,
+    EXITED,
+    ExecutorPolicy,
+    Node,
+    NodeSpec,
+    Plan,
+)
 from pacer_services.pod_executor.core.node import (
     TERMINAL,
     TRANSITIONS,
@@ -46,6 +75,8 @@ from pacer_services.pod_executor.core.resize import (
 )
 
 __all__ = [
+    "CHIEF",
+    "DEFAULT_POLICY",
     "EXITED",
     "EXIT_OK",
     "EXIT_RESTART",
@@ -55,21 +86,38 @@ __all__ = [
     "SIGTERM",
     "TERMINAL",
     "TRANSITIONS",
+    "CreatePod",
+    "DeletePod",
+    "DeletePods",
+    "Effect",
+    "EnterPhase",
     "ExecutorPolicy",
+    "ExitAnswer",
     "ExitDecision",
     "ExitInfo",
+    "ExitOutcome",
     "ExitReason",
     "IllegalTransition",
+    "MigrationStep",
+    "MigrationView",
     "Node",
     "NodeSpec",
     "Plan",
     "PlanChange",
     "Reconcile",
+    "RequestCheckpoint",
     "ResizeView",
+    "RestartNodes",
+    "RestoreShards",
+    "SaveRecord",
+    "SetIntent",
+    "SwitchCluster",
     "WorkerPhase",
+    "answer_exit",
     "can_move",
     "classify",
     "legacy_state",
+    "migration_step",
     "on_exit",
     "plan_change",
     "reconcile",

@@ -7,7 +7,9 @@ DLRover 2023 §4.2: a node that fails with OOM is relaunched with double the
 memory (a PS OOM in the sampling stage doubles the PS count instead; that is
 the brain's decision, not this core's).
 
-``on_exit`` turns one observed exit into a decision.  Deterministic, no IO,
+``on_exit`` turns one observed exit into a decision; ``answer_exit`` adds
+what the executor knows about the node (a stop it sent and why, a scale-down,
+a replacement due) and says what happens next.  Deterministic, no IO,
 no clock.  Both the live executor (local processes or Kubernetes) and the
 simulators use it.
 """
@@ -17,7 +19,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from pacer.contracts.common import Role
+from pacer.contracts.executor import NodeIntent
 from pacer_services.pod_executor.core.model import DEFAULT_POLICY, ExecutorPolicy, Node, NodeSpec
+from pacer_services.pod_executor.core.resize import relaunch_resized
 
 # Exit codes with a meaning of their own (the trainer's and the shell's).
 EXIT_OK = 0
@@ -130,3 +135,64 @@ def on_exit(node: Node, info: ExitInfo, policy: ExecutorPolicy = DEFAULT_POLICY)
                                 detail=f"{node.name}: OOM at the memory cap of {policy.max_memory_mb} MB")
         spec = replace(spec, memory_mb=min(policy.max_memory_mb, int(spec.memory_mb * policy.oom_memory_factor)))
     return ExitDecision(reason, True, spec, detail=f"{node.name}: relaunch after {reason.value}")
+
+
+class ExitOutcome(str, enum.Enum):
+    """What follows a node's exit."""
+
+    FINISHED = "finished"  # exit 0: the node is done (a ``finished`` event with the trainer's result)
+    MIGRATING = "migrating"  # stopped for a PS migration: the migration starts it on the next cluster
+    RELAUNCH = "relaunch"  # its next pod is created now
+    FAIL_JOB = "fail_job"  # an unretryable error or a spent budget: the job fails
+    NOTHING = "nothing"  # stopped for good (scaled away, stopped, torn down) or the job is over
+
+
+@dataclass(frozen=True, slots=True)
+class ExitAnswer:
+    outcome: ExitOutcome
+    decision: ExitDecision  # the exit as :func:`on_exit` judged it alone
+    reason: str  # the ``died`` event's reason
+    detail: str
+    relaunch: NodeSpec | None = None  # RELAUNCH: the next pod's spec
+    requested: bool = False  # the relaunch was asked for (KILL_RESTART, a command, a replacement): no budget spent
+    oom: bool = False  # the relaunch answers an OOM (its memory is the node's new floor)
+    restore: bool = False  # the next pod restores the newest checkpoint (a chief that lost its PS)
+
+
+def answer_exit(node: Node, info: ExitInfo, *, intent: NodeIntent = NodeIntent.NONE, removed: bool = False,
+                active: bool = True, resize_to: NodeSpec | None = None,
+                policy: ExecutorPolicy = DEFAULT_POLICY) -> ExitAnswer:
+    """What the executor does after ``node``'s pod ended.
+
+    ``intent`` is why the executor itself stopped it (``info.by_executor``),
+    ``removed`` that it was scaled away or stopped for good, ``active`` that
+    the job still runs (starting, running or completing), ``resize_to`` the
+    size a rolling replacement has due for it: whatever ended the pod, the
+    next one takes that size (:func:`.resize.relaunch_resized`).
+    """
+    d = on_exit(node, info, policy)
+    if d.reason is ExitReason.COMPLETED:
+        return ExitAnswer(ExitOutcome.FINISHED, d, d.reason.value, d.detail)
+    if intent == NodeIntent.MIGRATE:
+        return ExitAnswer(ExitOutcome.MIGRATING, d, "migrating", d.detail)
+    restart = info.by_executor and intent in (NodeIntent.RESTART, NodeIntent.RESIZE) and not removed
+    relaunch: NodeSpec | None = None
+    if restart:  # a restart (KILL_RESTART), migration command or replacement stopped it: start it again
+        relaunch = node.spec
+    elif not removed and active and not info.by_executor:
+        relaunch = d.relaunch
+    oom = not restart and d.reason is ExitReason.OOM
+    reason, detail = ("restart_requested" if restart else d.reason.value), d.detail
+    if relaunch is not None and resize_to is not None:  # a replacement was due: this relaunch is it
+        relaunch = relaunch_resized(relaunch, resize_to, oom)
+        if intent == NodeIntent.RESIZE and restart:
+            reason = "resized"
+        detail = f"{detail}; relaunched with {relaunch.cpu:g} CPU / {relaunch.memory_mb} MiB (plan)"
+    if relaunch is not None:
+        chief = node.spec.role == Role.WORKER and node.spec.index == 0
+        return ExitAnswer(ExitOutcome.RELAUNCH, d, reason, detail, relaunch,
+                          requested=restart or d.reason is ExitReason.RESTART_REQUESTED, oom=oom,
+                          restore=chief and d.reason is ExitReason.NETWORK)
+    if d.fail_job and active and not removed and not info.by_executor:
+        return ExitAnswer(ExitOutcome.FAIL_JOB, d, reason, detail)
+    return ExitAnswer(ExitOutcome.NOTHING, d, reason, detail)

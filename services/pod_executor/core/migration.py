@@ -1,0 +1,89 @@
+"""The seamless PS migration's phases as one pure step function (DLRover-RM §5.2).
+
+(2) the new PS pods are created and initialised while the old PS and workers
+keep training (``starting_ps``); only when every new PS runs does the short
+pause begin: (1) the chief checkpoints the shard state and the model (flash
+checkpoint, in shared memory) and every worker stops (``draining``); (3) the
+shard state is restored to that checkpoint, the workers start again on the
+new cluster, the chief restores the model into the new PS (re-cut for a new
+PS count), and the old PS pods are stopped.  Records trained between the
+checkpoint and the stop are trained again, none is lost.
+
+:func:`migration_step` looks at one observation and returns the phase after
+it with the effects that get there; the executor applies them in order and
+calls it again on every reconcile pass.  Pure: no IO, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pacer.contracts.executor import MigrationPhase, NodeIntent
+from pacer_services.pod_executor.core.effects import (
+    CreatePod,
+    DeletePod,
+    DeletePods,
+    Effect,
+    EnterPhase,
+    RequestCheckpoint,
+    RestartNodes,
+    RestoreShards,
+    SaveRecord,
+    SetIntent,
+    SwitchCluster,
+)
+
+CHIEF = "worker-0"  # checkpoints, restores the model, writes the job's result
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationView:
+    """One job's migration as the executor sees it now."""
+
+    phase: MigrationPhase
+    ps_running: bool  # every PS of the next cluster runs
+    workers: tuple[str, ...]  # the live workers (neither removed nor finished), the chief among them if live
+    draining: tuple[str, ...]  # workers stopped for the migration whose pod still lives
+    checkpoint: str  # the checkpoint id the chief reported on its way out ("": none yet)
+    retiring: tuple[str, ...] = ()  # the old PS pods
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationStep:
+    phase: MigrationPhase  # the phase once the effects are applied
+    effects: tuple[Effect, ...]
+    stuck: str = ""  # the migration cannot go on (the service raises it as a conflict)
+
+
+def migration_step(view: MigrationView) -> MigrationStep:
+    """The next step of a job's PS migration (nothing to do is an empty step in the same phase)."""
+    if view.phase is MigrationPhase.NONE:
+        return MigrationStep(view.phase, ())
+    if view.phase is MigrationPhase.STARTING_PS:
+        if not view.ps_running:
+            return MigrationStep(view.phase, ())  # the old cluster keeps training meanwhile
+        chief = CHIEF in view.workers
+        others = tuple(w for w in view.workers if w != CHIEF)
+        # The chief checkpoints and exits by itself (75); the others are stopped once it took the command.
+        return MigrationStep(MigrationPhase.DRAINING, (
+            *((RequestCheckpoint(CHIEF),) if chief else ()),
+            SetIntent(view.workers, NodeIntent.MIGRATE),
+            EnterPhase(MigrationPhase.DRAINING),
+            SaveRecord(),
+            *(DeletePod(w) for w in others),
+        ))
+    # draining
+    if view.draining:
+        return MigrationStep(view.phase, ())
+    if not view.checkpoint:
+        return MigrationStep(view.phase, (), stuck="the chief stopped without a checkpoint; migration stuck")
+    restore = (CHIEF,) if CHIEF in view.workers else ()
+    return MigrationStep(MigrationPhase.NONE, (
+        RestoreShards(view.checkpoint),
+        SwitchCluster(),
+        RestartNodes(view.workers, restore),
+        SaveRecord(),  # intent first: a crash from here on is healed by reconcile
+        *(CreatePod(w) for w in view.workers),
+        DeletePods(view.retiring),
+        SaveRecord(),
+    ))

@@ -1,0 +1,254 @@
+"""The executor's IO: what applies the core's decisions to the KV record, the backend and the bus.
+
+:class:`Effects` owns every write the executor makes: the job's KV record
+(compare-and-set against the revision it last read or wrote: never a blind
+put), pods (create, delete), node and executor events, and the requests a
+PS migration makes (the chief's checkpoint, the shard restore).
+:meth:`Effects.apply` runs a list of :mod:`.core.effects` in order; the
+first that fails ends the list and its error goes to the caller (the next
+reconcile pass decides again from what is saved).
+
+A node's state changes only through :func:`move`, which checks the core's
+transition table and keeps the record's older loose fields (``finished``,
+``removed``, ``intent``) in step with it.
+
+Called only from the job's own worker (:mod:`.queueing`): nothing here is
+shared between jobs except the pod cache, which is keyed by pod name.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from nats.js.kv import KeyValue
+from pacer import subjects
+from pacer.bus import NO_RETRY, Bus
+from pacer.codec import decode, encode
+from pacer.contracts.agent import ActionKind, ActionResult, NodeCommand
+from pacer.contracts.executor import (
+    ExecutorEvent,
+    ExecutorEventKind,
+    ExecutorJob,
+    MigrationPhase,
+    NodeIntent,
+    NodeRecord,
+    NodeState,
+    PodPhase,
+    PodSpec,
+    PodStatus,
+)
+from pacer.contracts.jobs import JobRecord
+from pacer.contracts.nodes import NodeEvent
+from pacer.errors import Conflict, NotFound, StaleRevision
+from pacer.shards.client import ShardAdmin
+from pacer.subjects import NodeEventKind
+from pacer.telemetry import Counters
+from pacer.trainer.cluster import ClusterDesc
+from pacer_services.pod_executor import core, launch
+from pacer_services.pod_executor.backends import Backend
+from pacer_services.pod_executor.core import effects as fx
+
+log = logging.getLogger("pacer.executor")
+
+PodBuilder = Callable[..., PodSpec]
+
+
+def move(n: NodeRecord, to: NodeState, intent: NodeIntent = NodeIntent.NONE) -> None:
+    """The one place a node's state changes (checked against :data:`.core.TRANSITIONS`)."""
+    n.state = core.transition(n.node, n.state, to, intent)
+    n.finished, n.removed = to is NodeState.FINISHED, to is NodeState.REMOVED
+    if to is NodeState.STOPPING or intent is not NodeIntent.NONE:
+        n.intent = intent
+    elif to in (NodeState.PENDING, NodeState.REMOVED, NodeState.FINISHED):
+        n.intent = NodeIntent.NONE  # a new pod, or no pod to come: no stop pending
+
+
+def node_view(n: NodeRecord) -> core.Node:
+    """The core's view of a node of the record."""
+    return core.Node(core.NodeSpec(n.role, n.index, n.cpu, n.memory_mb), n.restarts, n.requested_restarts,
+                     state=n.state.value, oom_memory_mb=n.oom_memory_mb)
+
+
+def normalise(ej: ExecutorJob) -> None:
+    """Give every node of a record written before ``NodeRecord.state`` its state (and a stop due its intent)."""
+    for n in ej.nodes:
+        if n.state is NodeState.PENDING:
+            n.state = core.legacy_state(finished=n.finished, removed=n.removed, intent=n.intent,
+                                        running=bool(n.running_at))
+        elif n.intent is not NodeIntent.NONE and n.state is NodeState.RUNNING:
+            n.state = NodeState.STOPPING  # an intent saved by a hand (or an older executor) is a stop due
+
+
+class Effects:
+    def __init__(self, bus: Bus, backend: Backend, counters: Counters, clock: Callable[[], float],
+                 pod_builder: PodBuilder, launch_cfg: launch.LaunchConfig, delete_grace_s: float) -> None:
+        self.bus, self.backend, self.counters, self.clock = bus, backend, counters, clock
+        self.pod_builder, self.launch, self.delete_grace_s = pod_builder, launch_cfg, delete_grace_s
+        self.kv: KeyValue | None = None
+        self.jobs_kv: KeyValue | None = None
+        self.revisions: dict[str, int] = {}  # job -> KV revision of its record as last read or written
+        self.records: dict[str, JobRecord] = {}  # the job service's records, read from KV
+        self.pods: dict[str, PodStatus] = {}  # newest status of every pod we know
+        self.stops_sent: set[str] = set()  # pods this executor (not a crashed predecessor) asked to stop
+
+    # ------------------------------------------------------------ KV
+    async def load(self) -> dict[str, ExecutorJob]:
+        """Every record of the bucket, with the revision each was read at."""
+        assert self.kv is not None
+        out: dict[str, ExecutorJob] = {}
+        for key in (await self.bus.kv_items(subjects.EXECUTOR_BUCKET)):
+            got = await self.reread(key)
+            if got is not None:
+                out[key] = got
+        return out
+
+    async def reread(self, job: str) -> ExecutorJob | None:
+        """The job's record as KV has it now (and its revision); None when absent or unreadable."""
+        assert self.kv is not None
+        try:
+            entry = await self.kv.get(job)
+        except Exception:  # KeyNotFound / deleted: nothing to adopt
+            self.revisions.pop(job, None)
+            return None
+        if entry.revision is not None:
+            self.revisions[job] = entry.revision
+        try:
+            ej = decode(ExecutorJob, entry.value or b"")
+        except Exception:
+            self.counters.inc("bad_records")
+            log.error("unreadable executor record %s; ignored", job)
+            return None
+        normalise(ej)
+        return ej
+
+    async def save(self, ej: ExecutorJob) -> None:
+        """Write the record if KV still has the revision we last saw (compare-and-set).
+
+        Raises :class:`~pacer.errors.StaleRevision` when another writer got there
+        first (a second executor, an operator): counted and logged loudly; the
+        caller's work stops there and the service re-reads the record.
+        """
+        assert self.kv is not None
+        try:
+            self.revisions[ej.job] = await Bus.kv_update(self.kv, ej.job, encode(ej),
+                                                         self.revisions.get(ej.job))
+        except StaleRevision:
+            self.counters.inc("kv_conflicts")
+            log.error("executor record of %s was written by someone else; re-reading it", ej.job)
+            raise
+
+    async def record(self, job: str) -> JobRecord:
+        """The job service's record of ``job`` (cached; it never changes what the pods run)."""
+        rec = self.records.get(job)
+        if rec is None:
+            assert self.jobs_kv is not None
+            rec = await Bus.kv_get(self.jobs_kv, job, JobRecord)
+            if rec is None:
+                raise NotFound(f"job {job!r}: no job record (submit it through the job service)")
+            self.records[job] = rec
+        return rec
+
+    # ------------------------------------------------------------ events
+    async def node_event(self, job: str, n: NodeRecord, kind: str, *, reason: str = "", pod: str = "",
+                         exit_code: int | None = None, pending_s: float = 0.0, relaunch: bool = False,
+                         detail: str = "", result: dict[str, object] | None = None,
+                         generation: int | None = None) -> None:
+        gen = n.generation if generation is None else generation
+        ev = NodeEvent(job=job, node=n.node, kind=kind, ts=self.clock(), reason=reason, role=n.role,
+                       pod=pod or launch.pod_name(job, n.node, gen), generation=gen,
+                       exit_code=exit_code, pending_s=pending_s, restarts=n.restarts + n.requested_restarts,
+                       cpu=n.cpu, memory_mb=n.memory_mb, relaunch=relaunch, detail=detail,
+                       result=dict(result or {}))
+        await self.bus.publish_durable(subjects.node_event(job, kind), ev)
+        self.counters.inc("node_events", kind=kind)
+
+    async def executor_event(self, job: ExecutorJob, kind: ExecutorEventKind, reason: str = "",
+                             overhead_s: float = 0.0, started: list[str] | None = None,
+                             stopped: list[str] | None = None) -> None:
+        ev = ExecutorEvent(job.job, kind, self.clock(), reason, job.plan, overhead_s, started or [], stopped or [])
+        await self.bus.publish_durable(subjects.executor_event(job.job, kind.value), ev)
+
+    # ------------------------------------------------------------ pods
+    def current(self, ej: ExecutorJob, n: NodeRecord) -> PodStatus | None:
+        return self.pods.get(launch.pod_name(ej.job, n.node, n.generation))
+
+    def cluster_of(self, ej: ExecutorJob, n: NodeRecord) -> ClusterDesc:
+        """During a migration the new PS pods belong to the next cluster; the workers move last."""
+        if ej.migration is not MigrationPhase.NONE and n.role == "ps":
+            return ClusterDesc.from_json(ej.next_cluster)
+        return ClusterDesc.from_json(ej.cluster)
+
+    async def create(self, ej: ExecutorJob, n: NodeRecord) -> None:
+        rec = await self.record(ej.job)
+        cluster = self.cluster_of(ej, n)
+        spec = self.pod_builder(rec, ej.plan, cluster, n.role, n.index, n.generation, n.cpu, n.memory_mb,
+                                self.backend.pod_port(cluster, n.role, n.index), self.launch, restore=n.restore)
+        n.created_at, n.running_at = self.clock(), 0.0
+        await self.save(ej)
+        try:
+            await self.backend.create(spec)
+        except Conflict:
+            pass  # made before a crash: the watch reports it
+        self.pods.setdefault(spec.name, PodStatus(spec.name, ej.job, n.node, n.role, n.generation,
+                                                  PodPhase.PENDING, n.created_at, cpu=n.cpu,
+                                                  memory_mb=n.memory_mb))
+        self.counters.inc("pods_created", role=n.role)
+        await self.node_event(ej.job, n, NodeEventKind.CREATED, pod=spec.name)
+
+    async def delete(self, ej: ExecutorJob, n: NodeRecord) -> None:
+        st = self.current(ej, n)
+        if st is None or st.phase is PodPhase.EXITED:
+            return
+        if st.name not in n.deleting:
+            n.deleting.append(st.name)
+            await self.save(ej)
+        await self.backend.delete(st.name, self.delete_grace_s)
+        self.stops_sent.add(st.name)
+        self.counters.inc("pods_deleted")
+
+    # ------------------------------------------------------------ a decision's effects
+    async def apply(self, ej: ExecutorJob, effects: tuple[fx.Effect, ...]) -> None:
+        """Apply ``effects`` in order; the first that fails raises (the rest waits for the next pass)."""
+        nodes = {n.node: n for n in ej.nodes}
+        for e in effects:
+            match e:
+                case fx.SaveRecord():
+                    await self.save(ej)
+                case fx.CreatePod(node=node):
+                    n = nodes[node]
+                    await self.create(ej, n)
+                    n.restore = False  # only the first pod after a checkpoint restores it
+                case fx.DeletePod(node=node):
+                    await self.delete(ej, nodes[node])
+                case fx.DeletePods(pods=pods):
+                    for pod in pods:
+                        await self.backend.delete(pod, self.delete_grace_s)
+                case fx.SetIntent(nodes=names, intent=intent):
+                    for name in names:
+                        move(nodes[name], NodeState.STOPPING, intent)
+                case fx.EnterPhase(phase=phase):
+                    ej.migration = phase
+                case fx.RequestCheckpoint(node=node):
+                    # the chief checkpoints shard state + model, then exits (75)
+                    await self.bus.request(
+                        subjects.agent_command(ej.job, node),
+                        NodeCommand(ej.job, node, ActionKind.KILL_RESTART, "PS migration",
+                                    payload={"checkpoint": True}),
+                        ActionResult, timeout=5.0, retry=NO_RETRY)
+                case fx.RestoreShards(checkpoint=ckpt):
+                    rec = await self.record(ej.job)
+                    await ShardAdmin(self.bus, timeout=10.0).restore(ej.job, rec.spec.dataset.name, ckpt)
+                case fx.SwitchCluster():
+                    ej.cluster, ej.next_cluster, ej.migration = ej.next_cluster, "", MigrationPhase.NONE
+                    ej.plan_at, ej.applied = ej.migration_at, False
+                    ej.retiring = []
+                case fx.RestartNodes(nodes=names, restore=restore):
+                    for name in names:
+                        n = nodes[name]
+                        if n.resize_memory_mb:  # a worker resize of the same plan rides on this restart
+                            n.cpu, n.memory_mb = n.resize_cpu, n.resize_memory_mb
+                            n.resize_cpu, n.resize_memory_mb = 0.0, 0
+                        n.generation += 1
+                        n.restore = name in restore
+                        move(n, NodeState.PENDING)
