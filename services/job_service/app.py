@@ -122,6 +122,7 @@ class JobService:
         self.counters = Counters(self.name)
         self.records: dict[str, JobRecord] = {}
         self.revisions: dict[str, int] = {}  # job -> KV revision of self.records[job]
+        self._submitting: set[str] = set()  # names whose submission is being prepared
         self.lifecycles: dict[str, JobLifecycle] = {}
         self.lock = asyncio.Lock()
         self.admin = ShardAdmin(bus, timeout=10.0, retry=RetryPolicy(attempts=10))
@@ -253,31 +254,39 @@ class JobService:
             raise ValidationError(f"name: the spec names {spec.name!r} but it was submitted as {job!r}")
         if spec.name.startswith("_"):
             raise ValidationError(f"name: names starting with '_' are reserved, got {spec.name!r}")
-        async with self.lock:
-            if job in self.records:
-                raise Conflict(f"name: a job named {job!r} exists ({self.records[job].state.value}); "
-                               "choose another name")
+        if job in self.records:
+            raise Conflict(f"name: a job named {job!r} exists ({self.records[job].state.value}); "
+                           "choose another name")
+        if job in self._submitting:
+            raise Conflict(f"name: a job named {job!r} is being submitted; choose another name")
+        # The slow part (converting data, asking the brain, registering the dataset) runs outside the lock,
+        # so that events of running jobs are not held up by a submission; the name is reserved meanwhile.
+        self._submitting.add(job)
+        try:
             data_path, eval_path, records = await asyncio.to_thread(self._prepare_data, spec)
             plan = await self._first_plan(spec, records)
             per_worker = max(1, spec.batch_size // plan.workers)
             await self.admin.register(DatasetSpec(
                 job=job, dataset=spec.dataset.name, records=records, batch_size=per_worker,
                 batches_per_shard=self.cfg.batches_per_shard, epochs=spec.epochs, lease_s=self.cfg.lease_s))
-            now = self.clock()
-            lc, first = JobLifecycle.submitted(job, [spec.dataset.name], now)
-            self.lifecycles[job] = lc
-            self.records[job] = JobRecord(job, spec, JobState.SUBMITTED, now, plan=plan, data_path=data_path,
-                                          eval_path=eval_path, records=records)
-            accepted = f"plan: {plan.source.value} ({plan.reason})" if plan.reason else f"plan: {plan.source.value}"
-            try:  # a creation: refused if another writer stored the job meanwhile
-                rec = await self._commit(job, core.submitted(first, now, accepted))
-            except PacerError:
-                if job not in self.revisions:  # nothing stored, nothing adopted: forget the job again
-                    self.records.pop(job, None)
-                    self.lifecycles.pop(job, None)
-                raise
-            await self.bus.publish_durable(subjects.job_event(job, JobEventKind.PLAN), plan)
-            self.counters.inc("submitted")
+            async with self.lock:
+                now = self.clock()
+                lc, first = JobLifecycle.submitted(job, [spec.dataset.name], now)
+                self.lifecycles[job] = lc
+                self.records[job] = JobRecord(job, spec, JobState.SUBMITTED, now, plan=plan, data_path=data_path,
+                                              eval_path=eval_path, records=records)
+                accepted = f"plan: {plan.source.value} ({plan.reason})" if plan.reason else f"plan: {plan.source.value}"
+                try:  # a creation: refused if another writer stored the job meanwhile
+                    rec = await self._commit(job, core.submitted(first, now, accepted))
+                except PacerError:
+                    if job not in self.revisions:  # nothing stored, nothing adopted: forget the job again
+                        self.records.pop(job, None)
+                        self.lifecycles.pop(job, None)
+                    raise
+                await self.bus.publish_durable(subjects.job_event(job, JobEventKind.PLAN), plan)
+        finally:
+            self._submitting.discard(job)
+        self.counters.inc("submitted")
         await self.bus.respond(msg, rec)
 
     async def _first_plan(self, spec: JobSpec, records: int) -> ResourcePlan:

@@ -148,3 +148,11 @@ async def test_a_restarted_service_writes_at_the_revisions_it_loaded(
         assert svc.counters.values["cas_conflicts"] == 0
     finally:
         await again.stop()
+
+
+async def test_a_second_submission_of_a_name_is_a_conflict_naming_its_state(
+        bus: Bus, jobs: InProcess[JobService], data: Path) -> None:
+    client = JobClient(bus, timeout=10.0)
+    await client.submit("cas-5", spec("cas-5", data))
+    with pytest.raises(Conflict, match=r"a job named 'cas-5' exists \(planning\)"):
+        await client.submit("cas-5", spec("cas-5", data))
