@@ -37,9 +37,10 @@ transition table judge the record as it is now.  After ``CAS_ATTEMPTS`` lost
 writes it gives up with a temporary, counted error (``cas_gave_up``): the
 event is redelivered, the request retried.
 
-Concurrency: one ``asyncio.Lock`` serialises requests and events, so a job's
-messages are applied in order and its in-memory record, revision and
-lifecycle change together.
+Concurrency: one ``asyncio.Lock`` serialises every change of a record
+(requests and events), so a job's messages are applied in order and its
+in-memory record, revision and lifecycle change together.  A submission
+prepares its data and plan before taking the lock, with its name reserved.
 """
 
 from __future__ import annotations
