@@ -93,11 +93,13 @@ from typing import Any
 import numpy as np
 from pacer.contracts.agent import ActionKind, AgentMetrics, Heartbeat
 from pacer.contracts.common import Role
+from pacer.contracts.executor import NodeState as PodState
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.policy import PolicyAction
 from pacer.contracts.shards import DatasetSpec, LeaseReply, LeaseRequest, ShardLease, ShardProgress
 from pacer.errors import PacerError
+from pacer.subjects import NodeEventKind
 from pacer.trainer.straggler import Pattern
 from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup
 from pacer_services.monitor.core import MonitorConfig, MonitorCore
@@ -178,7 +180,7 @@ class Simulation:
         plan = reconcile(Plan(workers=c.workers, ps=c.ps), {})
         self.nodes: dict[str, Node] = {}
         for spec in plan.start:
-            node = Node(spec, state="running")
+            node = Node(spec, state=PodState.RUNNING.value)
             self.nodes[node.name] = node
         # ---- workers (numpy state; index i is worker-i)
         base, extra = divmod(j.global_batch, self.n)
@@ -418,11 +420,11 @@ class Simulation:
         decision = on_exit(node, ExitInfo(code=EXIT_RESTART))
         if decision.relaunch is None:  # never for exit 75; kept so a changed executor rule shows up here
             raise SimulationError(f"{name}: the executor would not relaunch after KILL_RESTART ({decision.detail})")
-        self.nodes[name] = replace(node, spec=decision.relaunch, requested_restarts=node.requested_restarts + 1, state="pending")
+        self.nodes[name] = replace(node, spec=decision.relaunch, requested_restarts=node.requested_restarts + 1, state=PodState.PENDING.value)
         gen = self.nodes[name].requested_restarts + self.nodes[name].restarts
-        self.monitor.observe_node_event(NodeEvent(JOB, name, "died", self.t, reason=decision.reason.value, role=role,
+        self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.DIED, self.t, reason=decision.reason.value, role=role,
                                                   exit_code=EXIT_RESTART, relaunch=True, generation=gen - 1), self.t)
-        self.monitor.observe_node_event(NodeEvent(JOB, name, "created", self.t, role=role, generation=gen), self.t)
+        self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.CREATED, self.t, role=role, generation=gen), self.t)
         for p in pats:
             if not p.follows_restart:
                 p.cured = True  # the relaunched node runs on a healthy machine
@@ -456,8 +458,8 @@ class Simulation:
         name = self.wnames[i]
         self.alive[i] = True
         self.last_prog[i] = self.t
-        self.nodes[name] = replace(self.nodes[name], state="running")
-        self.monitor.observe_node_event(NodeEvent(JOB, name, "running", self.t, role=Role.WORKER,
+        self.nodes[name] = replace(self.nodes[name], state=PodState.RUNNING.value)
+        self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.RUNNING, self.t, role=Role.WORKER,
                                                   pending_s=self.sc.cluster.pending_s), self.t)
         if self._get_shard(i) and self.sc.job.mode == "asp":
             self._start_leg(i)
@@ -499,8 +501,8 @@ class Simulation:
     def _ps_return(self, j: int) -> None:
         name = self.pnames[j]
         self.ps_up[j] = True
-        self.nodes[name] = replace(self.nodes[name], state="running")
-        self.monitor.observe_node_event(NodeEvent(JOB, name, "running", self.t, role=Role.PS,
+        self.nodes[name] = replace(self.nodes[name], state=PodState.RUNNING.value)
+        self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.RUNNING, self.t, role=Role.PS,
                                                   pending_s=self.sc.cluster.pending_s), self.t)
 
     def _run_due(self) -> None:
