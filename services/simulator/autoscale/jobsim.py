@@ -36,6 +36,11 @@ The record of a change (:class:`ScalingRecord`) carries what the live
 executor reports as its overhead: the time from the plan until every node
 of it trains.  CPU allocated is the plan's.
 
+Scalers see what the brain service sees: the monitor core's statistics
+(:class:`pacer_services.monitor.core.MonitorCore`), fed the node events the
+executor publishes (created, running, died), the agents' reports and the
+shard counts (:meth:`JobSim.stats`).
+
 Pure: no IO, no clock; measurement noise comes from the job's own seeded
 generator.
 """
@@ -47,11 +52,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
+from pacer.contracts.agent import AgentMetrics, Heartbeat
 from pacer.contracts.common import Role
 from pacer.contracts.executor import NodeState as ExecutorNodeState
 from pacer.contracts.jobs import ResourcePlan
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
+from pacer.contracts.monitor import JobStatistics
+from pacer.contracts.nodes import NodeEvent
+from pacer.contracts.shards import DatasetMode, DatasetStatus
+from pacer.subjects import NodeEventKind
 from pacer_services.brain.core.cluster import ScalingKind, ScalingRecord, plan_resources
+from pacer_services.monitor.core import MonitorConfig, MonitorCore
 from pacer_services.pod_executor.core import (
     ExecutorPolicy,
     ExitDecision,
@@ -69,6 +79,8 @@ from .types import JobRun, SimConfig, SimJob, plan_summary
 __all__ = ["JobSim", "executor_plan"]
 
 _SHARD = 100  # batches per shard, for the shard counts of the statistics
+# A node's phase, as the monitor learns it from the executor's events and the agents' reports.
+_ABSENT, _PENDING, _INIT, _TRAINING = 0, 1, 2, 3  # no pod / pod pending / trainer starting / training
 _OOM_EXIT = ExitInfo(code=137, oom=True)  # what a backend reports of a node killed over its memory limit
 
 
@@ -102,9 +114,16 @@ class JobSim:
     """The state of one running job; advanced tick by tick by the runners."""
 
     def __init__(self, job: SimJob, truth: JobTruth, cfg: SimConfig, noise_rng: np.random.Generator,
-                 policy: ExecutorPolicy | None = None) -> None:
+                 policy: ExecutorPolicy | None = None, *, window_s: float | None = None) -> None:
         self.job, self.truth, self.cfg, self.rng = job, truth, cfg, noise_rng
         self.policy = policy or ExecutorPolicy()
+        # The monitor's windows hold each node's last report (short) and last two (long): reports come
+        # every ``window_s`` (:meth:`stats`), a window half a tick shorter leaves the previous one out.
+        w = cfg.adjust_interval_s if window_s is None else window_s
+        self.monitor = MonitorCore(MonitorConfig(window_short_s=w - cfg.tick_s / 2,
+                                                 window_long_s=2 * w - cfg.tick_s / 2))
+        self._w_phase = np.zeros(0, dtype=np.int64)  # per worker slot: the phase the monitor was told
+        self._ps_told: tuple[_PsSet | None, int] = (None, _ABSENT)  # the PS set and phase the monitor was told
         self.plan: ResourcePlan | None = None
         # per worker slot (index = slot): size, and its current outage [down, ready) (trains outside it)
         self.w_cpu = np.zeros(0)
@@ -113,7 +132,8 @@ class JobSim:
         self.ready = np.zeros(0)
         self.w_oom_mb = np.zeros(0, dtype=np.int64)  # memory an OOM relaunch gave the slot (Node.oom_memory_mb)
         self.worker_samples = np.zeros(0)  # per worker: samples since its (re)start
-        self.worker_interval = np.zeros(0)  # per worker: samples since the last statistics
+        self.worker_interval = np.zeros(0)  # per worker: samples since the last report (this incarnation)
+        self.worker_busy = np.zeros(0)  # per worker: seconds trained since the last report (this incarnation)
         self.ps: _PsSet | None = None
         self.migration: _Migration | None = None
         self.node_restarts: dict[str, int] = {}  # relaunches after failures, per node (the executor's budget)
@@ -125,7 +145,6 @@ class JobSim:
         self.failed = ""  # why the executor failed the job ("" while it has not)
         self.started_at: float | None = None
         self.interval_t0 = 0.0
-        self.interval_samples = 0.0
         self.timeline: list[tuple[float, float, str]] = []
         self.core_h_alloc = 0.0
         self.core_h_used = 0.0
@@ -173,7 +192,8 @@ class JobSim:
         """Keep the first ``n`` worker slots (new ones empty)."""
         have = len(self.ready)
         if n <= have:
-            for a in ("w_cpu", "w_mem", "w_down", "ready", "w_oom_mb", "worker_samples", "worker_interval"):
+            for a in ("w_cpu", "w_mem", "w_down", "ready", "w_oom_mb", "worker_samples", "worker_interval",
+                      "worker_busy"):
                 setattr(self, a, getattr(self, a)[:n])
             return
         extra = n - have
@@ -184,6 +204,7 @@ class JobSim:
         self.w_oom_mb = np.concatenate([self.w_oom_mb, np.zeros(extra, dtype=np.int64)])
         self.worker_samples = np.concatenate([self.worker_samples, np.zeros(extra)])
         self.worker_interval = np.concatenate([self.worker_interval, np.zeros(extra)])
+        self.worker_busy = np.concatenate([self.worker_busy, np.zeros(extra)])
 
     def _down(self, i: int, at: float) -> None:
         """Worker slot ``i`` stops at ``at`` and trains again ``restart_s`` later (a new pod)."""
@@ -347,7 +368,11 @@ class JobSim:
         if plan is None or self.over:
             return
         self._advance(now)
+        self._tell_monitor(now)
         mask = self._training(now)
+        # a worker that stopped lost what it had not reported (the monitor drops a dead node's samples)
+        self.worker_interval[~mask] = 0.0
+        self.worker_busy[~mask] = 0.0
         n = int(np.count_nonzero(mask))
         psi = self._psi(mask)
         if psi != self.last_psi:
@@ -361,9 +386,9 @@ class JobSim:
                 self.finished_at = now + span
             self.done = min(float(self.job.samples_total), self.done + psi * span)
             self.trained_s += span
-            self.interval_samples += psi * span
             self.worker_samples[mask] += psi * span / n
             self.worker_interval[mask] += psi * span / n
+            self.worker_busy[mask] += span
             if now + span - self.last_ckpt_t >= self.cfg.checkpoint_s:
                 self.ckpt = (self.done, self.trained_s)
                 self.last_ckpt_t = now + span
@@ -386,14 +411,80 @@ class JobSim:
                     for c in np.unique(self.w_cpu[mask])}
         return [per_size[float(c)] for c in self.w_cpu[mask]], ps_cores
 
-    # -- what the monitor would publish
+    # -- what the monitor sees and publishes
+
+    def _worker_phases(self, now: float) -> npt.NDArray[np.int64]:
+        pending = (self.w_down <= now) & (now < self.w_down + self.cfg.pending_s)
+        init = (self.w_down + self.cfg.pending_s <= now) & (now < self.ready)
+        out: npt.NDArray[np.int64] = np.where(pending, _PENDING, np.where(init, _INIT, _TRAINING))
+        return out
+
+    def _ps_phase(self, now: float) -> int:
+        ps = self.ps
+        if ps is None:
+            return _ABSENT
+        return _PENDING if now < ps.up_at - self.cfg.init_s else _INIT if now < ps.up_at else _TRAINING
+
+    def _event(self, node: str, role: Role, kind: str, now: float, reason: str = "") -> None:
+        self.monitor.observe_node_event(NodeEvent(self.job.name, node, kind, now, reason=reason, role=role.value), now)
+
+    def _moved(self, node: str, role: Role, before: int, after: int, now: float, reason: str = "") -> None:
+        """Tell the monitor, as the executor's node events do, that ``node`` went from phase ``before`` to ``after``.
+
+        A node back in an earlier phase was restarted in between (a new pod).
+        """
+        restarted = _ABSENT < after < before
+        if before != _ABSENT and (after == _ABSENT or restarted):
+            self._event(node, role, NodeEventKind.DIED, now, reason or "killed")
+        if after == _ABSENT:
+            return
+        if before == _ABSENT or restarted:
+            self._event(node, role, NodeEventKind.CREATED, now)
+        if after >= _INIT and (before < _INIT or restarted):
+            self._event(node, role, NodeEventKind.RUNNING, now)
+
+    def _tell_monitor(self, now: float, reason: str = "") -> None:
+        """The node events since the last call: pods created, running, died (the executor's view)."""
+        phases = self._worker_phases(now)
+        told = self._w_phase
+        for i in range(max(len(told), len(phases))):
+            before = int(told[i]) if i < len(told) else _ABSENT
+            after = int(phases[i]) if i < len(phases) else _ABSENT
+            if before != after:
+                self._moved(f"worker-{i}", Role.WORKER, before, after, now, reason)
+        self._w_phase = phases
+        ps_before, phase_before = self._ps_told
+        phase = self._ps_phase(now)
+        if self.ps is not ps_before:  # a new PS set (a first start, a migration's switch, an OOM relaunch)
+            old = 0 if ps_before is None else ps_before.count
+            new = 0 if self.ps is None else self.ps.count
+            for j in range(max(old, new)):
+                if j < old:
+                    self._moved(f"ps-{j}", Role.PS, phase_before, _ABSENT, now, reason)
+                if j < new:
+                    self._moved(f"ps-{j}", Role.PS, _ABSENT, phase, now)
+        elif phase != phase_before and self.ps is not None:
+            for j in range(self.ps.count):
+                self._moved(f"ps-{j}", Role.PS, phase_before, phase, now, reason)
+        self._ps_told = (self.ps, phase)
 
     def stats(self, now: float) -> JobStatistics:
+        """The monitor's statistics at ``now``, from what the nodes' agents report since the last call.
+
+        The job's nodes report as agents do (:class:`AgentMetrics` over the
+        steps since their last report, :class:`Heartbeat` while their trainer
+        starts), the executor's node events say which run, and the shard
+        service's counts come as a :class:`DatasetStatus`; the statistics are
+        the monitor core's (:class:`MonitorCore`), as the brain service gets
+        them.  Noise: one lognormal factor per report for the job's training
+        speed (its workers share input pipeline and network), one per node
+        for its CPU and memory readings.
+        """
         self._advance(now)
+        self._tell_monitor(now)
         plan, ps = self.plan, self.ps
         assert plan is not None and ps is not None
         cfg, t, job = self.cfg, self.truth, self.job
-        span = max(now - self.interval_t0, 1e-9)
         mask = self._training(now)
         psi = self._psi(mask)
         w_used, ps_cores = self._cpu_used(mask, psi)
@@ -402,57 +493,47 @@ class JobSim:
         def noisy(x: float) -> float:
             return x * float(self.rng.lognormal(0.0, cfg.noise)) if cfg.noise > 0 else x
 
-        worker_speed = self.worker_interval / span
-        nodes: list[NodeStats] = []
-        pending = 0
+        speed_noise = noisy(1.0)
+        phases = self._worker_phases(now)
+        m = job.batch_size
         for i in range(len(self.ready)):
-            ready, down = float(self.ready[i]), float(self.w_down[i])
-            is_pending = down <= now < ready - cfg.init_s
-            pending += is_pending
-            speed = noisy(float(worker_speed[i]))
-            bpt = job.batch_size / speed if speed > 0 else 0.0
-            training = bool(mask[i])
-            w_cores = next(used) if training else 0.0
-            nodes.append(NodeStats(
-                node=f"worker-{i}", role="worker", bpt_short_s=bpt, bpt_long_s=bpt,
-                speed_samples_per_s=speed, samples_total=int(self.worker_samples[i]),
-                cpu_percent=min(noisy(w_cores * 100.0), float(self.w_cpu[i]) * 100.0) if training else 0.0,
-                rss_bytes=int(noisy(t.worker_base_mb) * 2**20) if not is_pending else 0,
-                last_seen=now if not is_pending else 0.0,
-                state=NodeState.PENDING if is_pending else NodeState.RUNNING,
-                pending_s=min(cfg.pending_s, max(0.0, now - down)),
-                restarts=self.restarts, slowdown_short=1.0, slowdown_long=1.0,
-            ))
-        ps_pending = now < ps.up_at - cfg.init_s
-        rss = ps_rss_mb(t, ps.count, self.trained_s)
-        for j in range(ps.count):
-            pending += ps_pending
-            nodes.append(NodeStats(
-                node=f"ps-{j}", role="ps", bpt_short_s=0.0, bpt_long_s=0.0, speed_samples_per_s=0.0,
-                samples_total=0, cpu_percent=min(noisy(ps_cores[j] * 100.0), ps.cpu * 100.0),
-                rss_bytes=0 if ps_pending else int(noisy(min(rss[j], ps.memory_mb)) * 2**20),
-                last_seen=0.0 if ps_pending else now,
-                state=NodeState.PENDING if ps_pending else NodeState.RUNNING,
-                pending_s=cfg.pending_s if self.restarts or ps_pending else 0.0,
-                restarts=self.restarts, slowdown_short=1.0, slowdown_long=1.0,
-            ))
-        shard = job.batch_size * _SHARD
+            name = f"worker-{i}"
+            cores = next(used) if mask[i] else 0.0
+            busy, done = float(self.worker_busy[i]), float(self.worker_interval[i])
+            if mask[i] and busy > 0 and done > 0:
+                steps = max(1, round(done / m))
+                self.monitor.observe_metrics(AgentMetrics(
+                    job=job.name, node=name, role=Role.WORKER.value, ts=now, local_step=0, iteration=0,
+                    bpt_s=busy / steps / speed_noise, batch_size=m, samples_per_s=done / busy * speed_noise,
+                    samples_total=int(self.worker_samples[i]),
+                    cpu_percent=min(noisy(cores * 100.0), float(self.w_cpu[i]) * 100.0),
+                    rss_bytes=int(noisy(t.worker_base_mb) * 2**20), last_action_seq=0, last_action_iteration=-1,
+                    primary=i == 0, steps=steps), now)
+            elif phases[i] >= _INIT:
+                self.monitor.observe_heartbeat(Heartbeat(job.name, name, Role.WORKER.value, now, "sim", i == 0,
+                                                         True), now)
+        if self._ps_phase(now) >= _INIT:
+            rss = ps_rss_mb(t, ps.count, self.trained_s)
+            for j in range(ps.count):
+                self.monitor.observe_metrics(AgentMetrics(
+                    job=job.name, node=f"ps-{j}", role=Role.PS.value, ts=now, local_step=0, iteration=0,
+                    bpt_s=0.0, batch_size=m, samples_per_s=0.0, samples_total=0,
+                    cpu_percent=min(noisy(ps_cores[j] * 100.0), ps.cpu * 100.0),
+                    rss_bytes=int(noisy(min(rss[j], ps.memory_mb)) * 2**20), last_action_seq=0,
+                    last_action_iteration=-1, primary=False), now)
+        shard = m * _SHARD
         total_shards = math.ceil(job.samples_total / shard)
         done_shards = int(self.done // shard)
         doing = min(plan.workers, total_shards - done_shards)
-        st = JobStatistics(
-            job=job.name, ts=now, window_short_s=span, window_long_s=2 * span,
-            throughput_samples_per_s=noisy(self.interval_samples / span),
-            nodes=sorted(nodes, key=lambda s: s.node), pending_nodes=int(pending),
-            shards=ShardSummary(
-                todo=total_shards - done_shards - doing, doing=doing, done=done_shards, failed=0,
-                records_done=int(self.done), records_total=job.samples_total, datasets=1,
-                finished=self.finished_at is not None, updated=now,
-            ),
-        )
+        self.monitor.observe_shards(DatasetStatus(
+            job=job.name, dataset="sim", mode=DatasetMode.FINITE, epoch=0, epochs=1,
+            todo=total_shards - done_shards - doing, doing=doing, done=done_shards, failed=0,
+            records_total=job.samples_total, records_done=int(self.done), records_duplicated=0,
+            finished=self.finished_at is not None, closed=True), now)
+        st: JobStatistics = self.monitor.statistics(job.name, now)
         self.interval_t0 = now
-        self.interval_samples = 0.0
-        self.worker_interval = np.zeros(len(self.ready))
+        self.worker_interval[:] = 0.0
+        self.worker_busy[:] = 0.0
         self.last_stats = st
         return st
 

@@ -66,8 +66,11 @@ def run_job(
     true = draw_truth(nominal, truth_rng, cfg.sigma) if draw else nominal
     if isinstance(scaler, str):
         scaler = make_scaler(scaler, ScalerContext(true, total, cfg, user_plan or UserPlan(), params or {}))
+    # A scaler that sets ``every_window`` sees every monitor window (and paces itself, as the brain
+    # service does); the others are asked once per adjust interval, over the whole interval.
+    decide_s = cfg.stats_interval_s if getattr(scaler, "every_window", False) else cfg.adjust_interval_s
     job = sim_job(name, true, total, cfg)
-    sim = JobSim(job, true, cfg, noise_rng)
+    sim = JobSim(job, true, cfg, noise_rng, window_s=decide_s)
     first = scaler.start(job, 0.0)
     if not sim.valid(first):
         raise AutoscaleError(f"scaler {scaler.name}: first plan {plan_summary(first)} breaks the quota "
@@ -77,9 +80,6 @@ def run_job(
     if rec is not None:
         scaler.on_applied(job, 0.0, rec)
     now, dt = 0.0, cfg.tick_s
-    # A scaler that sets ``every_window`` sees every monitor window (and paces itself, as the brain
-    # service does); the others are asked once per adjust interval, over the whole interval.
-    decide_s = cfg.stats_interval_s if getattr(scaler, "every_window", False) else cfg.adjust_interval_s
     next_decide = decide_s
     while not sim.over and now < cfg.max_time_s:
         sim.step(now, dt)
@@ -143,11 +143,11 @@ def run_cluster(spec: SharedCluster, scaler: ClusterScaler, seed: int = 0, confi
     cfg = config or SimConfig()
     cap = Resources(spec.cpu, spec.memory_mb)
     jobs = cluster_jobs(spec, cfg, seed)
-    sims = {j.name: JobSim(j, t, cfg, rngs(seed, i + 1)[1]) for i, (j, t) in enumerate(jobs)}
+    decide_s = cfg.stats_interval_s if getattr(scaler, "every_window", False) else cfg.adjust_interval_s
+    sims = {j.name: JobSim(j, t, cfg, rngs(seed, i + 1)[1], window_s=decide_s) for i, (j, t) in enumerate(jobs)}
     order = [j.name for j, _ in jobs]
     rejected = 0
     now, dt = 0.0, cfg.tick_s
-    decide_s = cfg.stats_interval_s if getattr(scaler, "every_window", False) else cfg.adjust_interval_s
     next_decide = decide_s
     alloc_cpu_s = used_cpu_s = 0.0
     arrived: set[str] = set()
