@@ -47,21 +47,23 @@ events, node commands, pod status changes and reconcile passes run one at a
 time in arrival order; different jobs run in parallel.  No lock is shared
 across jobs, so a backend call or bus request that waits (5-10 s timeouts)
 holds up only its own job.  A job event is acked once its job's worker has
-applied it (a crash redelivers it); each request runs in a task of its own
-so that a slow job never delays another job's reply.  What several jobs
-share (the pod cache, the orphan list) is only read or written between two
-awaits.
+applied it (a crash redelivers it); the events of one fetched batch are
+handled per job in parallel (:class:`~pacer.consumer.DurableConsumer`'s
+``key``), so a slow job holds up another job's events at most until that
+batch ends.  Each request runs in a task of its own, so a slow job never
+delays another job's reply.  What several jobs share (the pod cache, the
+orphan list) is only read or written between two awaits.
 
 Crash safety
 ------------
 The executor's record of each job (KV ``pacer-executor``) is written with
-a revision check (compare-and-set; a conflict is counted as
-``kv_conflicts``, the record is read again and the work is decided again
-on the next pass) and *before* the action it describes: a relaunch first bumps the node's
-generation and saves it, then creates the pod; a worker replacement first
-saves the new size it is due and its ``resize`` intent, then stops the pod.
-After a kill -9 the executor
-reloads the records, lists the pods (a local pod is a supervisor process in
+a revision check (compare-and-set: a write that lost is counted as
+``kv_conflicts``, the record is read again and the work decided again from
+it, never a blind put) and *before* the action it describes: a relaunch
+first bumps the node's generation and saves it, then creates the pod; a
+worker replacement first saves the new size it is due and its ``resize``
+intent, then stops the pod.  After a kill -9 the executor reloads the
+records, lists the pods (a local pod is a supervisor process in
 its own session, so it outlived the executor; on Kubernetes the pods simply
 stay), and a reconcile pass every ``reconcile_s`` creates whatever pod a
 record names but the backend does not have, stops again a pod whose
@@ -202,7 +204,7 @@ class ExecutorService:
             bus, self.name, self.cfg.durable,
             [subjects.events_of("job", kind=k) for k in
              (JobEventKind.PLAN, JobState.COMPLETED.value, JobState.STOPPED.value, JobState.FAILED.value)],
-            self._on_job_event, self.counters)
+            self._on_job_event, self.counters, key=lambda m: m.subject.split(".")[3])  # by job
         self.queues: JobQueues | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._rpc_sub: Subscription | None = None
@@ -245,30 +247,32 @@ class ExecutorService:
         return self.queues
 
     async def _in_job(self, job: str, work: Callable[[], Awaitable[T]], what: str) -> T:
-        """Run ``work`` on the job's own worker (in order with the job's other work) and return its result.
-
-        A compare-and-set conflict on the record ends the work: the record is
-        read again, and the caller gets the conflict (a temporary error).
-        """
-        async def guarded() -> T:
-            try:
-                return await work()
-            except StaleRevision:
-                await self._reload(job)
-                raise
-
-        result: T = await self._queues().run(job, guarded, what)
+        """Run ``work`` on the job's own worker (in order with the job's other work) and return its result."""
+        result: T = await self._queues().run(job, functools.partial(self._decide, job, work), what)
         return result
 
     def _post(self, job: str, work: Callable[[], Awaitable[None]], what: str) -> None:
-        async def guarded() -> None:
-            try:
-                await work()
-            except StaleRevision:
-                await self._reload(job)
-                raise
+        """Queue ``work`` on the job's own worker; its errors are logged and counted there."""
+        self._queues().post(job, functools.partial(self._decide, job, work), what)
 
-        self._queues().post(job, guarded, what)
+    async def _decide(self, job: str, work: Callable[[], Awaitable[T]]) -> T:
+        """``work``, decided again from a fresh read of the record if its compare-and-set write lost.
+
+        Every piece of work looks its job up by name, so a second run decides
+        from what KV holds now.  Losing twice is a temporary error: a job
+        event is redelivered, a request answered with it, a reconcile pass
+        comes again.
+        """
+        try:
+            return await work()
+        except StaleRevision:
+            await self._reload(job)
+        try:
+            return await work()
+        except StaleRevision as exc:
+            await self._reload(job)
+            raise PacerError(f"job {job!r}: its executor record keeps changing under this executor "
+                             f"({exc.message})", code="conflict", temporary=True) from exc
 
     async def _reload(self, job: str) -> None:
         ej = await self.fx.reread(job)

@@ -59,6 +59,24 @@ STANDIN = (
 )
 
 
+class GatedBackend:
+    """The local backend, except that stopping a pod of ``job`` waits at a gate: a job whose backend hangs."""
+
+    def __init__(self, inner: LocalBackend, job: str) -> None:
+        self.inner, self.job = inner, job
+        self.name, self.reserves_capacity = inner.name, inner.reserves_capacity
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def delete(self, name: str, grace_s: float = 10.0) -> None:
+        if name.startswith(f"{self.job}-"):
+            await self.gate.wait()
+        await self.inner.delete(name, grace_s)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+
 class Harness:
     def __init__(self, url: str, root: Path, ctrl: Path) -> None:
         self.url, self.root, self.ctrl = url, root, ctrl
@@ -66,6 +84,7 @@ class Harness:
                                   durable="executor-test", policy=ExecutorPolicy(relaunch_budget=2),
                                   orphan_grace_s=1.0)
         self.proc: InProcess[ExecutorService] | None = None
+        self.gated: GatedBackend | None = None  # set: the executor's backend hangs on this job's stops
 
     def build(self, rec: JobRecord, plan: ResourcePlan, cluster: Any, role: str, index: int, generation: int,
               cpu: float, memory_mb: int, port: int, cfg: launch.LaunchConfig, restore: bool = False) -> PodSpec:
@@ -75,8 +94,14 @@ class Harness:
                        memory_mb=memory_mb, command=["python", "-c", STANDIN, str(self.ctrl / name), node])
 
     async def start(self) -> ExecutorService:
-        self.proc = InProcess(self.url, lambda b: ExecutorService(b, LocalBackend(self.root, poll_s=0.05), self.cfg,
-                                                                  pod_builder=self.build))
+        def backend() -> Any:
+            local = LocalBackend(self.root, poll_s=0.05)
+            if self.gated is not None:
+                self.gated = GatedBackend(local, self.gated.job)
+                return self.gated
+            return local
+
+        self.proc = InProcess(self.url, lambda b: ExecutorService(b, backend(), self.cfg, pod_builder=self.build))
         return await self.proc.start()
 
     async def stop(self) -> None:
@@ -346,3 +371,65 @@ async def test_a_replacement_decided_before_a_crash_is_carried_out_after_restart
     st = {n.node: n for n in (await status(bus)).nodes}
     assert st["ps-0"].generation == 0 and st["ps-0"].phase.value == "running"
     assert st["worker-1"].memory_mb == st["worker-0"].memory_mb == 384
+
+
+async def test_a_record_written_behind_the_executors_back_is_re_read_not_overwritten(
+        env: tuple[Harness, Events, Bus]) -> None:
+    """Record writes are compare-and-set: a write that lost is counted, the record read again and the work
+    decided again from it, so what another writer saved survives (a blind put would have erased it)."""
+    h, ev, bus = env
+    await publish_plan(bus, plan())
+    await ev.wait(lambda: ev.of("executor.applied"))
+    kv = await bus.kv(subjects.EXECUTOR_BUCKET)
+    ej = decode(ExecutorJob, (await kv.get(JOB)).value or b"")
+    ej.reason, ej.commands = "noted by an operator", ["op-1"]
+    await kv.put(JOB, encode(ej))  # someone else: the executor's revision is stale now
+    cmd = ExecutorCommand(JOB, "worker-1", CommandKind.RESTART, "straggler", command_id="c2")
+    res = await bus.request(subjects.executor_rpc(JOB, subjects.ExecutorOp.COMMAND), cmd, CommandResult,
+                            retry=NO_RETRY)
+    assert res.done and res.pod == launch.pod_name(JOB, "worker-1", 1)
+    await ev.wait(running(ev, "worker-1", 1))
+    assert h.proc is not None and h.proc.svc is not None
+    assert h.proc.svc.counters.snapshot().get("kv_conflicts") == 1
+    final = decode(ExecutorJob, (await kv.get(JOB)).value or b"")
+    assert final.reason == "noted by an operator" and final.commands == ["op-1", "c2"]
+    assert {n.node: n.generation for n in final.nodes}["worker-1"] == 1
+
+
+async def test_a_job_whose_backend_hangs_holds_up_no_other_job(env: tuple[Harness, Events, Bus]) -> None:
+    """One worker per job, no lock across jobs: while stopping a pod of ``slowjob`` hangs, ``exjob``'s
+    command is carried out and both jobs answer their status; ``slowjob``'s command finishes once the
+    backend does."""
+    h, ev, bus = env
+    await h.stop()
+    h.gated = GatedBackend(LocalBackend(h.root), "slowjob")
+    await h.start()
+    spec = parse_job_spec("name: slowjob\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
+    rec = JobRecord("slowjob", spec, JobState.PLANNING, time.time(), data_path="/data/train.rec", records=1000)
+    await (await bus.kv(subjects.JOB_BUCKET)).put("slowjob", encode(rec))
+    await publish_plan(bus, plan())
+    await bus.publish_durable(subjects.job_event("slowjob", subjects.JobEventKind.PLAN),
+                              replace(plan(), job="slowjob"))
+    await ev.wait(lambda: {e.job for e in ev.of("executor.applied")} == {JOB, "slowjob"})
+    gated = h.gated
+    assert gated is not None
+    gated.gate.clear()
+
+    def restart(job: str) -> Any:
+        return bus.request(subjects.executor_rpc(job, subjects.ExecutorOp.COMMAND),
+                           ExecutorCommand(job, "worker-1", CommandKind.RESTART, "straggler"), CommandResult,
+                           timeout=30.0, retry=NO_RETRY)
+
+    slow = asyncio.ensure_future(restart("slowjob"))
+    await asyncio.sleep(0.5)  # its worker now waits in the backend
+    t0 = time.monotonic()
+    res = await restart(JOB)
+    await ev.wait(lambda: [e for e in ev.of("node.running") if (e.job, e.node, e.generation) == (JOB, "worker-1", 1)])
+    assert res.done and time.monotonic() - t0 < 5.0
+    st = await bus.request(subjects.executor_rpc("slowjob", subjects.ExecutorOp.STATUS), JobQuery("slowjob"),
+                           ExecutorStatus, retry=NO_RETRY)
+    assert st.state == "running" and not slow.done()
+    gated.gate.set()
+    assert (await slow).done
+    await ev.wait(lambda: [e for e in ev.of("node.running")
+                           if (e.job, e.node, e.generation) == ("slowjob", "worker-1", 1)])

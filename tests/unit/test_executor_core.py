@@ -3,23 +3,38 @@
 from __future__ import annotations
 
 import pytest
-from pacer.contracts.executor import NodeIntent, NodeState
+from pacer.contracts.executor import MigrationPhase, NodeIntent, NodeState
 from pacer_services.pod_executor.core import (
     RETRYABLE,
     TERMINAL,
     TRANSITIONS,
+    CreatePod,
+    DeletePod,
+    DeletePods,
+    EnterPhase,
     ExecutorPolicy,
     ExitInfo,
+    ExitOutcome,
     ExitReason,
     IllegalTransition,
+    MigrationStep,
+    MigrationView,
     Node,
     NodeSpec,
     Plan,
+    RequestCheckpoint,
     ResizeView,
+    RestartNodes,
+    RestoreShards,
+    SaveRecord,
+    SetIntent,
+    SwitchCluster,
     WorkerPhase,
+    answer_exit,
     can_move,
     classify,
     legacy_state,
+    migration_step,
     on_exit,
     plan_change,
     reconcile,
@@ -319,3 +334,77 @@ def test_resize_rounds_are_what_resize_batch_picks_round_after_round() -> None:
     assert resize_rounds([0, 3], 4) == ((3,), (0,))
     assert resize_rounds([], 4) == ()
     assert resize_rounds(range(4), 4, ExecutorPolicy(resize_fraction=1.0)) == ((3, 2, 1, 0),)
+
+
+# ------------------------------------------------------------ PS migration: one pure step function
+
+WORKERS = ("worker-0", "worker-1", "worker-2")
+
+
+def mig(phase: MigrationPhase, ps_running: bool = True, workers: tuple[str, ...] = WORKERS,
+        draining: tuple[str, ...] = (), checkpoint: str = "") -> MigrationView:
+    return MigrationView(phase, ps_running, workers, draining, checkpoint, retiring=("j-ps-0-g0",))
+
+
+def test_no_migration_is_no_step() -> None:
+    assert migration_step(mig(MigrationPhase.NONE)) == MigrationStep(MigrationPhase.NONE, ())
+
+
+def test_the_old_cluster_trains_until_every_new_ps_runs_then_the_chief_checkpoints_first() -> None:
+    assert migration_step(mig(MigrationPhase.STARTING_PS, ps_running=False)) == MigrationStep(
+        MigrationPhase.STARTING_PS, ())
+    step = migration_step(mig(MigrationPhase.STARTING_PS))
+    assert step.phase is MigrationPhase.DRAINING and not step.stuck
+    # the checkpoint request comes first: refused, nothing after it is applied and the next pass asks again
+    assert step.effects[0] == RequestCheckpoint("worker-0")
+    assert step.effects[1:4] == (SetIntent(WORKERS, NodeIntent.MIGRATE), EnterPhase(MigrationPhase.DRAINING),
+                                 SaveRecord())
+    # the others are stopped after the intent is saved; the chief stops by itself once checkpointed
+    assert step.effects[4:] == (DeletePod("worker-1"), DeletePod("worker-2"))
+
+
+def test_without_a_chief_the_workers_are_drained_without_a_checkpoint_request() -> None:
+    step = migration_step(mig(MigrationPhase.STARTING_PS, workers=("worker-1",)))
+    assert not any(isinstance(e, RequestCheckpoint) for e in step.effects)
+    assert DeletePod("worker-1") in step.effects
+
+
+def test_draining_waits_for_every_worker_then_restores_and_restarts_them_on_the_new_cluster() -> None:
+    waiting = migration_step(mig(MigrationPhase.DRAINING, draining=("worker-2",), checkpoint="ck-7"))
+    assert waiting == MigrationStep(MigrationPhase.DRAINING, ())
+    stuck = migration_step(mig(MigrationPhase.DRAINING))
+    assert stuck.effects == () and "checkpoint" in stuck.stuck
+    done = migration_step(mig(MigrationPhase.DRAINING, checkpoint="ck-7"))
+    assert done.phase is MigrationPhase.NONE
+    assert done.effects == (
+        RestoreShards("ck-7"), SwitchCluster(), RestartNodes(WORKERS, ("worker-0",)), SaveRecord(),
+        CreatePod("worker-0"), CreatePod("worker-1"), CreatePod("worker-2"), DeletePods(("j-ps-0-g0",)),
+        SaveRecord())
+
+
+# ------------------------------------------------------------ answer_exit: what follows an exit in the executor
+
+def test_an_exit_we_caused_for_a_restart_or_resize_relaunches_without_spending_budget() -> None:
+    stopped = ExitInfo(None, signal=15, by_executor=True)
+    restart = answer_exit(W0, stopped, intent=NodeIntent.RESTART)
+    assert restart.outcome is ExitOutcome.RELAUNCH and restart.requested and restart.reason == "restart_requested"
+    resized = answer_exit(W0, stopped, intent=NodeIntent.RESIZE, resize_to=NodeSpec("worker", 0, 2.0, 4096))
+    assert resized.reason == "resized" and resized.relaunch == NodeSpec("worker", 0, 2.0, 4096)
+    gone = answer_exit(W0, stopped, removed=True)  # scaled away: nothing follows
+    assert gone.outcome is ExitOutcome.NOTHING and gone.relaunch is None
+
+
+def test_a_failure_relaunches_or_fails_the_job_and_a_migration_stop_waits() -> None:
+    oom = answer_exit(W0, ExitInfo(137, k8s_reason="OOMKilled"))
+    assert oom.outcome is ExitOutcome.RELAUNCH and oom.oom and not oom.requested
+    assert oom.relaunch is not None and oom.relaunch.memory_mb == 2048
+    # a replacement due takes the larger of the doubled memory and the plan's
+    due = answer_exit(W0, ExitInfo(137, k8s_reason="OOMKilled"), resize_to=NodeSpec("worker", 0, 1.0, 1536))
+    assert due.relaunch == NodeSpec("worker", 0, 1.0, 2048) and due.reason == "oom"
+    assert answer_exit(W0, ExitInfo(1)).outcome is ExitOutcome.FAIL_JOB
+    assert answer_exit(W0, ExitInfo(1), active=False).outcome is ExitOutcome.NOTHING  # the job is over anyway
+    assert answer_exit(W0, ExitInfo(0)).outcome is ExitOutcome.FINISHED
+    moving = answer_exit(W0, ExitInfo(75), intent=NodeIntent.MIGRATE)
+    assert moving.outcome is ExitOutcome.MIGRATING and moving.relaunch is None
+    lost = answer_exit(W0, ExitInfo(1, network_error=True))
+    assert lost.outcome is ExitOutcome.RELAUNCH and lost.restore  # the chief restores the newest checkpoint
