@@ -136,7 +136,7 @@ def test_added_workers_join_ps_changes_migrate_and_new_worker_sizes_roll() -> No
     restart = cfg.pending_s + cfg.init_s
 
     def psi_at(t: float) -> float:
-        return [psi for ts, psi, _ in tl if ts <= t][-1]
+        return float([psi for ts, psi, _ in tl if ts <= t][-1])
 
     assert psi_at(restart - 1) == 0.0 and psi_at(restart) > 0.0  # the first plan pays the start too
     assert psi_at(180 + restart - 10) == psi_at(170) > 0.0  # the old workers go on training

@@ -152,7 +152,6 @@ class JobSim:
         self.oom_failures = 0
         self.pause_total_s = 0.0
         self.rejected = 0
-        self.restarts = 0
         self.last_psi = -1.0
         self.last_stats: JobStatistics | None = None
 
@@ -234,8 +233,6 @@ class JobSim:
             self.ps = _PsSet(plan.ps, plan.ps_cpu, plan.ps_memory_mb, now + cfg.restart_s)
             self.migration = None
             done_at = now + cfg.restart_s
-            if old is not None:
-                self.restarts += 1
             if kind is ScalingKind.NONE:
                 kind = ScalingKind.PS
         else:
@@ -446,12 +443,11 @@ class JobSim:
     def _tell_monitor(self, now: float, reason: str = "") -> None:
         """The node events since the last call: pods created, running, died (the executor's view)."""
         phases = self._worker_phases(now)
-        told = self._w_phase
-        for i in range(max(len(told), len(phases))):
-            before = int(told[i]) if i < len(told) else _ABSENT
-            after = int(phases[i]) if i < len(phases) else _ABSENT
-            if before != after:
-                self._moved(f"worker-{i}", Role.WORKER, before, after, now, reason)
+        n = max(len(self._w_phase), len(phases))
+        told = np.pad(self._w_phase, (0, n - len(self._w_phase)), constant_values=_ABSENT)
+        now_at = np.pad(phases, (0, n - len(phases)), constant_values=_ABSENT)
+        for i in np.nonzero(told != now_at)[0]:
+            self._moved(f"worker-{i}", Role.WORKER, int(told[i]), int(now_at[i]), now, reason)
         self._w_phase = phases
         ps_before, phase_before = self._ps_told
         phase = self._ps_phase(now)

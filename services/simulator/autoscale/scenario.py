@@ -66,8 +66,7 @@ from typing import Any
 
 import yaml
 
-from ..fields import Fields as _Fields
-from ..fields import ScenarioError
+from ..fields import Fields, ScenarioError
 from .runner import run_cluster, run_job
 from .scalers import CLUSTER_SCALERS, SCALERS
 from .truth import PROFILES, JobTruth
@@ -96,7 +95,7 @@ class AutoscaleScenario:
 
 
 def _truth(raw: Any, base: JobTruth) -> JobTruth:
-    f = _Fields(raw, "autoscale.truth")
+    f = Fields(raw, "autoscale.truth")
     values: dict[str, Any] = {}
     for k in _TRUTH_FLOATS:
         if k in f.raw:
@@ -112,7 +111,7 @@ def _truth(raw: Any, base: JobTruth) -> JobTruth:
 
 
 def _user_plan(raw: Any) -> UserPlan:
-    f = _Fields(raw, "autoscale.user_plan")
+    f = Fields(raw, "autoscale.user_plan")
     d = UserPlan()
     u = UserPlan(
         workers=f.int_("workers", d.workers, lo=1),
@@ -127,12 +126,12 @@ def _user_plan(raw: Any) -> UserPlan:
 
 
 def _cluster(raw: Any) -> SharedCluster:
-    f = _Fields(raw, "autoscale.cluster")
+    f = Fields(raw, "autoscale.cluster")
     d = SharedCluster()
     mix_raw = f.get("mix", dict(d.mix))
     if not isinstance(mix_raw, Mapping) or not mix_raw:
         raise ScenarioError("autoscale.cluster.mix: must be a non-empty mapping profile -> weight")
-    mf = _Fields(mix_raw, "autoscale.cluster.mix")
+    mf = Fields(mix_raw, "autoscale.cluster.mix")
     mix = []
     for k in mix_raw:
         if k not in PROFILES:
@@ -157,9 +156,9 @@ def _cluster(raw: Any) -> SharedCluster:
 
 def parse(raw: Any) -> AutoscaleScenario:
     """A validated :class:`AutoscaleScenario` from plain data (a loaded YAML document)."""
-    top = _Fields(raw, "")
+    top = Fields(raw, "")
     name = top.str_("name", "autoscale")
-    f = _Fields(top.get("autoscale"), "autoscale")
+    f = Fields(top.get("autoscale"), "autoscale")
     top.done()
     profile = f.str_("profile", "wide_deep")
     if profile not in PROFILES:
