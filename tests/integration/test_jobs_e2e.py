@@ -151,6 +151,9 @@ async def test_kill_9_of_each_service_mid_job_loses_nothing(stack: Stack, client
         stack.procs[name].wait()
         await asyncio.sleep(1.0)
         stack.start_service(name)
+        # Until it answers its health subject: a loaded machine takes seconds to import a service, longer
+        # than a client's retries of a request that finds no responder.
+        await asyncio.to_thread(stack.wait_ready, [name])
         await wait_for(client, "e2e-kills", lambda r, b=before: r.progress.shards_done > b or terminal(r),
                        what=f"progress after restarting {name}")
     rec = await wait_for(client, "e2e-kills", terminal, what="the end")
