@@ -311,6 +311,7 @@ def controller_decision(job: str) -> str:
 # ------------------------------------------------------------------ brain
 BRAIN_SERVICE = "brain"
 BRAIN_BUCKET = "pacer-brain-history"  # JetStream KV: key <job> -> a finished job's record (JSON), the config DB
+BRAIN_JOBS_BUCKET = "pacer-brain-jobs"  # JetStream KV: key <job> -> brain.RunningJob, what the executor runs
 
 
 class BrainOp:

@@ -150,10 +150,25 @@ def stats_window(job: str, t: float, ps_rss_mb: float, done: int, total: int = 1
                                              records_total=total))
 
 
-async def running_job(bus: Bus, name: str) -> None:
-    plan = ResourcePlan(name, 2, 2, 1.0, 2048, 1.0, 1024, PlanSource.BRAIN)
-    rec = JobRecord(name, spec(name), JobState.RUNNING, time.time(), plan=plan, records=10_000_000)
+async def applied(bus: Bus, svc: BrainService | None, plan: ResourcePlan) -> None:
+    """The executor's part: ``plan`` applied (an ``applied`` event), and the brain has folded it in."""
+    from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind
+
+    await bus.publish(subjects.executor_event(plan.job, "applied"),
+                      ExecutorEvent(plan.job, ExecutorEventKind.APPLIED, time.time(), plan=plan, overhead_s=30.0))
+    assert svc is not None
+    await eventually(lambda: svc.in_force(plan.job) == plan, 10.0, f"the brain did not learn {plan.job}'s plan")
+
+
+async def running_job(bus: Bus, name: str, svc: BrainService | None) -> None:
+    """A running job with the user's resources (the brain does not re-plan it, it only prevents OOMs): the job
+    service's record, and its plan applied by the executor (2 workers x (1 CPU, 2,048 MiB), 2 PS x (1 CPU,
+    1,024 MiB))."""
+    plan = ResourcePlan(name, 2, 2, 1.0, 2048, 1.0, 1024, PlanSource.USER)
+    rec = JobRecord(name, spec(name, extra="resources: {workers: 2, ps: 2}\n"), JobState.RUNNING, time.time(),
+                    plan=plan, records=10_000_000)
     await (await bus.kv(subjects.JOB_BUCKET)).put(name, encode(rec))
+    await applied(bus, svc, plan)
 
 
 async def test_a_ps_whose_memory_grows_gets_more_before_it_would_oom(
@@ -162,8 +177,8 @@ async def test_a_ps_whose_memory_grows_gets_more_before_it_would_oom(
     left, far past its 1,024 MiB limit: a plan with more PS memory goes out before the OOM."""
 
     got = await collect(bus, subjects.events_of("job", kind=subjects.JobEventKind.PLAN), ResourcePlan)
-    await running_job(bus, "growing")
-    await running_job(bus, "flat")
+    await running_job(bus, "growing", brain.svc)
+    await running_job(bus, "flat", brain.svc)
     t0 = time.time()
     for i in range(8):
         await bus.publish(subjects.monitor_statistics("growing"), stats_window("growing", t0 + 10 * i, 600 + 30 * i,
@@ -206,6 +221,7 @@ async def test_a_zero_config_job_is_re_planned_while_it_runs(nats_server: Embedd
         assert "auto" in svc.autoscalers and "fixed" not in svc.autoscalers  # user resources: not re-planned
         await bus.publish(subjects.executor_event("auto", "applied"),
                           ExecutorEvent("auto", ExecutorEventKind.APPLIED, time.time(), plan=first, overhead_s=15.0))
+        await eventually(lambda: svc.autoscalers["auto"].plan == first, 10.0, "the applied event was not folded in")
         await bus.nc.publish(subjects.monitor_statistics("auto"), b"\x00not msgpack")
         t0 = time.time()
         # 2 workers using 0.9 cores each, 2 PS using 0.3 cores together, 2,000 samples/s
@@ -258,8 +274,8 @@ async def test_a_worker_whose_memory_grows_gets_more_worker_memory_before_it_wou
                                      for n in stats.nodes])
 
     got = await collect(bus, subjects.events_of("job", kind=subjects.JobEventKind.PLAN), ResourcePlan)
-    await running_job(bus, "wgrow")  # 2 workers x 2,048 MiB, 2 PS x 1,024 MiB
-    await running_job(bus, "wflat")
+    await running_job(bus, "wgrow", brain.svc)  # 2 workers x 2,048 MiB, 2 PS x 1,024 MiB
+    await running_job(bus, "wflat", brain.svc)
     t0 = time.time()
     published: list[float] = []
     for i in range(8):
@@ -355,7 +371,7 @@ async def test_plans_carry_a_dike_placement_over_the_executors_machines(
     assert "placed on" in first.reason and set(first.placement.values()) == {"m0", "m2"}
 
     await report(machines)  # the executor's next report (before "fresh" holds anything)
-    await running_job(bus, "growing")  # 2 workers x (1 CPU, 2,048 MiB), 2 PS x (1 CPU, 1,024 MiB)
+    await running_job(bus, "growing", svc)  # 2 workers x (1 CPU, 2,048 MiB), 2 PS x (1 CPU, 1,024 MiB)
     t0 = time.time()
     for i in range(8):
         await bus.publish(subjects.monitor_statistics("growing"),
@@ -405,7 +421,8 @@ def truth_window(job: str, plan: ResourcePlan, ts: float, beta: float) -> Any:
 
 
 def count(svc: BrainService, name: str) -> int:
-    return svc.counters.snapshot().get(name, 0)
+    n: int = svc.counters.snapshot().get(name, 0)
+    return n
 
 
 async def collect(bus: Bus, subject: str, cls: type[T], into: list[T] | None = None) -> list[T]:
@@ -428,7 +445,7 @@ async def run_two_jobs(nats_server: EmbeddedNats, bus: Bus, names: tuple[str, st
     executor's ClusterStatus before each, and the executor's part played by the test: each plan published
     is applied at once.  Returns the CPUs the two hold after each tick, and every BrainDecision."""
     from pacer.contracts.brain import BrainDecision
-    from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind, ExecutorJob
+    from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind
     from pacer_services.brain.app import BrainConfig
     from pacer_services.brain.core.autoscaler import same_resources
 
@@ -446,8 +463,7 @@ async def run_two_jobs(nats_server: EmbeddedNats, bus: Bus, names: tuple[str, st
             job_spec = spec(name, extra="batch_size: 1024\n")
             rec = JobRecord(name, job_spec, JobState.RUNNING, time.time(), plan=plans[name], records=10**10)
             await (await bus.kv(subjects.JOB_BUCKET)).put(name, encode(rec))
-            await (await bus.kv(subjects.EXECUTOR_BUCKET)).put(
-                name, encode(ExecutorJob(name, "running", plans[name], "{}")))
+            await applied(bus, svc, plans[name])  # the brain resumes the job from the executor's event
         held: list[float] = []
         t0 = time.time()
         for tick in range(1, ticks + 1):
@@ -537,3 +553,65 @@ async def test_an_oom_while_sampling_gets_the_sample_stages_answer(brain: InProc
     assert [d.rule for d in decisions] == ["sample-oom", "sample-oom"]
     assert decisions[0].previous is not None and decisions[0].previous.worker_memory_mb == first.worker_memory_mb
     assert count(brain.svc, "bad_events") >= 1  # type: ignore[arg-type]
+
+
+async def test_a_restarted_brain_misses_nothing_the_executor_ran_and_records_it_as_run(
+        nats_server: EmbeddedNats, bus: Bus) -> None:
+    """The plan in force comes from the executor's events, read by a durable consumer into the brain's own KV:
+    what the executor applied (and the pods it relaunched) while the brain was down is known after its
+    restart, the running zero-config job is re-planned from it, and the config DB records the plan as run
+    (an OOM relaunch's doubled PS memory).  The executor's KV is never read; a job end delivered twice
+    updates its record (compare-and-set) instead of failing."""
+    from dataclasses import replace
+
+    import nats.js.errors
+    from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind
+    from pacer.contracts.nodes import NodeEvent
+
+    name = "resumed"
+    first = ResourcePlan(name, 2, 2, 1.0, 2048, 1.0, 1024, PlanSource.BRAIN)
+    grown = ResourcePlan(name, 3, 2, 1.0, 2048, 1.0, 1024, PlanSource.BRAIN)
+    rec = JobRecord(name, spec(name), JobState.RUNNING, time.time() - 100, started_at=time.time() - 100,
+                    plan=first, records=10_000_000)
+    await (await bus.kv(subjects.JOB_BUCKET)).put(name, encode(rec))
+    b = InProcess(nats_server.url, BrainService)
+    svc = await b.start()
+    try:
+        await applied(bus, svc, first)
+    finally:
+        await b.stop()
+    # while the brain is down: the executor applies a bigger plan and relaunches ps-1 after an OOM
+    await bus.publish_durable(subjects.executor_event(name, "applied"),
+                              ExecutorEvent(name, ExecutorEventKind.APPLIED, time.time(), plan=grown))
+    await bus.publish_durable(subjects.node_event(name, "created"),
+                              NodeEvent(name, "ps-1", "created", time.time(), role="ps", generation=1, cpu=1.0,
+                                        memory_mb=2048))
+    again = InProcess(nats_server.url, BrainService)
+    svc = await again.start()
+    try:
+        await eventually(lambda: svc.in_force(name) == grown, 10.0, "the applied event sent while down")
+        await eventually(lambda: any(n.node == "ps-1" and n.memory_mb == 2048 for n in svc.running[name].nodes),
+                         10.0, "the relaunch sent while down")
+        await bus.publish(subjects.monitor_statistics(name), stats_window(name, time.time(), 600.0, 1000))
+        await eventually(lambda: name in svc.autoscalers, 10.0, "the running zero-config job was not resumed")
+        assert svc.autoscalers[name].plan == grown and count(svc, "autoscalers_resumed") == 1
+        with pytest.raises(nats.js.errors.BucketNotFoundError):
+            await bus.js.key_value(subjects.EXECUTOR_BUCKET)  # nobody created it: the brain never read it
+        done = replace(rec, state=JobState.COMPLETED, finished_at=time.time(),
+                       progress=JobProgress(shards_total=10, shards_done=10, records_done=1_000_000,
+                                            records_total=1_000_000))
+        await (await bus.kv(subjects.JOB_BUCKET)).put(name, encode(done))
+        ended = JobEvent(name, JobState.COMPLETED, time.time(), "every dataset finished", JobState.RUNNING)
+        await bus.publish_durable(subjects.job_event(name, "completed"), ended)
+        h = await wait_history(bus, 1)
+        assert [(e.job, e.workers, e.ps) for e in h.jobs] == [(name, 3, 2)]
+        final = svc.history[name].final_plan
+        assert final is not None and (final.ps_memory_mb, final.worker_memory_mb) == (2048, 2048)  # as run
+        await eventually(lambda: name not in svc.running, 10.0)
+        assert name not in await svc.store.running()  # its record is gone from the brain's KV too
+        await bus.publish_durable(subjects.job_event(name, "completed"), replace(ended, ts=ended.ts + 1))
+        await eventually(lambda: count(svc, "recorded") == 2, 10.0, "the second job end was not recorded")
+        assert count(svc, "internal_errors") == 0 and count(svc, "bad_events") == 0
+        assert svc.history[name].finished_at == ended.ts + 1  # updated at its revision
+    finally:
+        await again.stop()

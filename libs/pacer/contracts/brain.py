@@ -112,3 +112,32 @@ class BrainDecision:
     previous: ResourcePlan | None = field(default=None, metadata=doc("the plan in force before"))
     measured_throughput: float = field(default=0.0, metadata=doc("samples/s measured under the previous plan (0: not measured)"))
     predicted_throughput: float = field(default=0.0, metadata=doc("samples/s the new plan is expected to reach (0: not predicted)"))
+
+
+@message("brain.NodeSize")
+@dataclass(frozen=True, slots=True)
+class NodeSize:
+    """One node's pod as the executor last created it (from its ``created`` / ``running`` node events)."""
+
+    node: str
+    role: str = field(metadata=doc("worker | ps | chief"))
+    cpu: float
+    memory_mb: int
+
+
+@message("brain.RunningJob")
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """The brain's record of what the executor runs for a job (KV ``pacer-brain-jobs``, key ``<job>``).
+
+    Built only from the executor's events (``applied`` and node events), read
+    by the brain's durable consumer; written with a revision check; deleted
+    when the job ends.  A restarted brain starts from it and the consumer
+    delivers what happened since.
+    """
+
+    job: str
+    plan: ResourcePlan | None = field(default=None, metadata=doc("the plan of the executor's last applied event"))
+    applied_at: float = field(default=0.0, metadata=doc("that event's ts"))
+    nodes: list[NodeSize] = field(default_factory=list, metadata=doc("every node's pod as last created, by name"))
+    seq: int = field(default=0, metadata=doc("stream sequence of the last event applied to this record (idempotence)"))

@@ -272,3 +272,32 @@ class MemoryWatch:
         ]
         return prevent_oom(plan, forecasts)
 
+
+
+def job_end_at(stats: JobStatistics) -> float | None:
+    """When the job ends at its current throughput (monitor time), or None when that cannot be told
+    (no shard summary, finished, nothing left, no throughput)."""
+    sh = stats.shards
+    if sh is None or sh.finished or stats.throughput_samples_per_s <= 0 or sh.records_total <= sh.records_done:
+        return None
+    return stats.ts + (sh.records_total - sh.records_done) / stats.throughput_samples_per_s
+
+
+def prevention_plan(watch: MemoryWatch, stats: JobStatistics, plan: ResourcePlan | None, *,
+                    last_at: float | None, cooldown_s: float) -> ResourcePlan | None:
+    """DLRover-RM §5.3 for a job the brain does not re-plan otherwise: feed the window to ``watch``; a plan
+    with more memory (PS and workers, :data:`ALL_ROLES`) when a node would run out before the job's end.
+
+    ``plan`` is the plan in force (None: unknown yet, nothing to raise);
+    at most one such plan per ``cooldown_s`` (``last_at``: when the last
+    went out).  A PS moves seamlessly (DLRover-RM §5.2) and the executor
+    replaces workers a batch at a time: either way the memory is in place
+    before the OOM.
+    """
+    watch.feed(stats)
+    end_at = job_end_at(stats)
+    if end_at is None or plan is None:
+        return None
+    if last_at is not None and stats.ts - last_at < cooldown_s:
+        return None
+    return watch.plan_for(plan, end_at, roles=ALL_ROLES)

@@ -1,0 +1,183 @@
+"""Thin handlers of the brain: decode -> the service's core step -> publish / store; errors never crash it.
+
+* RPC (``pacer.rpc.brain.<job>.<op>``): :func:`plan` and :func:`history`,
+  dispatched by :func:`pacer.runtime.dispatch_rpc` (errors become error
+  replies).
+* Plain subscriptions (no acks; the next message supersedes a lost one):
+  the monitor's statistics and the executor's ClusterStatus.
+* The durable consumer (:class:`pacer.consumer.DurableConsumer`, explicit
+  acks, in stream order): job ends (the config DB), the executor's
+  ``applied`` events and node events (the plan in force and as run,
+  :mod:`.core.running`).  A handler returns to ack, raises a permanent
+  :class:`~pacer.errors.PacerError` to dead-letter, a temporary one to be
+  redelivered; a redelivered event is recognised by its stream sequence
+  and changes nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from nats.aio.msg import Msg
+from pacer import subjects
+from pacer.codec import decode
+from pacer.contracts.brain import HistoryEntry, HistoryList, HistoryQuery, PlanRequest, RunningJob
+from pacer.contracts.executor import ClusterStatus, ExecutorEvent
+from pacer.contracts.jobs import JobEvent, JobState
+from pacer.contracts.monitor import JobStatistics
+from pacer.contracts.nodes import NodeEvent
+from pacer.errors import PacerError, ValidationError
+from pacer_services.brain.core.autoscaler import same_resources
+from pacer_services.brain.core.capacity import status_problem
+from pacer_services.brain.core.history import JobFeatures, JobHistory
+from pacer_services.brain.core.running import as_run, is_new, on_applied, on_node
+from pacer_services.brain.core.warmstart import warm_start
+
+if TYPE_CHECKING:
+    from pacer_services.brain.app import BrainService
+
+log = logging.getLogger("pacer.brain")
+
+Handler = Callable[[str, Msg], Awaitable[None]]
+
+
+# ---------------------------------------------------------------- rpc
+def rpc(svc: BrainService) -> dict[str, Handler]:
+    async def plan(job: str, msg: Msg) -> None:
+        req = decode(PlanRequest, msg.data)
+        if req.job != job or req.spec.name != job:
+            raise ValidationError(f"job: the request names {req.job!r} / spec {req.spec.name!r}, the subject {job!r}")
+        ws = warm_start(req.spec, svc.history.values(), records=req.records or None)
+        svc.counters.inc("plans", start="cold" if ws.cold else "warm")
+        first = replace(ws.plan, job=job)
+        if svc.config.autoscale and req.spec.resources is None:
+            svc.adopt(job, svc.config.autoscaler(req.spec, first, warm=not ws.cold, prior=ws.coefficients))
+        await svc.bus.respond(msg, await svc.placed(first))
+
+    async def history(job: str, msg: Msg) -> None:
+        q = decode(HistoryQuery, msg.data)
+        if not 1 <= q.limit <= 1000:
+            raise ValidationError(f"limit: must be 1..1000, got {q.limit}")
+        out = []
+        for h in sorted(svc.history.values(), key=lambda h: h.finished_at, reverse=True):
+            p = h.final_plan
+            if p is None or (q.model and h.features.model != q.model):
+                continue
+            out.append(HistoryEntry(h.job, h.features.model, h.features.dataset, h.features.records, p.workers,
+                                    p.ps, p.worker_cpu, p.ps_cpu, h.throughput, h.finished_at, h.succeeded))
+        await svc.bus.respond(msg, HistoryList(out[: q.limit]))
+
+    return {subjects.BrainOp.PLAN: plan, subjects.BrainOp.HISTORY: history}
+
+
+# ---------------------------------------------------------------- plain subscriptions
+async def on_statistics(svc: BrainService, msg: Msg) -> None:
+    """A monitor window: to the next cluster round, the job's autoscaler, or OOM prevention."""
+    try:
+        stats = decode(JobStatistics, msg.data)
+        auto = await svc.autoscaler_of(stats.job)
+        if auto is not None and svc.capacity() is not None:
+            svc.latest[stats.job] = stats  # planned with the others in the next cluster round
+            svc.round_due.set()
+            svc.counters.inc("statistics", path="round")
+        elif auto is not None:
+            await svc.autoscale(auto, stats)
+            svc.counters.inc("statistics", path="job")
+        else:
+            await svc.prevent_oom(stats)
+            svc.counters.inc("statistics", path="oom")
+    except PacerError as exc:
+        svc.counters.inc("bad_events", code=exc.code)
+    except Exception:  # the subscription's boundary: the next window tries again
+        svc.counters.inc("internal_errors", op="statistics")
+        log.exception("re-planning from statistics failed")
+
+
+async def on_cluster_status(svc: BrainService, msg: Msg) -> None:
+    """The executor's ClusterStatus: kept unless malformed or older than the one in hand."""
+    try:
+        status = decode(ClusterStatus, msg.data)
+        problem = status_problem(status)
+        if problem:
+            raise ValidationError(f"ClusterStatus from {status.backend!r}: {problem}")
+    except PacerError as exc:
+        svc.counters.inc("bad_events", code=exc.code)
+        log.warning("cluster status ignored: %s", exc)
+        return
+    if svc.cluster is not None and status.ts < svc.cluster.ts:
+        return  # an older one, late
+    svc.cluster, svc.machines = status, list(status.machines)
+
+
+# ---------------------------------------------------------------- the durable consumer
+def events(svc: BrainService) -> Callable[[Msg], Awaitable[None]]:
+    """The durable consumer's handler: by the event's domain and kind."""
+
+    async def handle(msg: Msg) -> None:
+        parts = msg.subject.split(".")  # pacer.events.<domain>.<job>.<kind>
+        domain = parts[2] if len(parts) >= 5 else ""
+        seq = msg.metadata.sequence.stream
+        if domain == "job":
+            await on_job_end(svc, decode(JobEvent, msg.data))
+        elif domain == subjects.EXECUTOR_SERVICE:
+            await on_applied_event(svc, decode(ExecutorEvent, msg.data), seq)
+        elif domain == "node":
+            await on_node_event(svc, decode(NodeEvent, msg.data), seq)
+        else:
+            raise ValidationError(f"subject {msg.subject!r}: not an event the brain follows")
+
+    return handle
+
+
+async def on_applied_event(svc: BrainService, ev: ExecutorEvent, seq: int) -> None:
+    """The executor applied a plan: the plan in force (stored), and the autoscaler's Eq. 8 pause."""
+    rec, new = await svc.store.update_running(ev.job, lambda r: on_applied(r, ev, seq) if is_new(r, seq) else None)
+    if rec is not None:
+        svc.running[ev.job] = rec
+    if new and ev.plan is not None:
+        await svc.applied(ev.job, ev.plan, ev.ts, ev.overhead_s)
+
+
+async def on_node_event(svc: BrainService, ev: NodeEvent, seq: int) -> None:
+    """A node event: its pod's size (the plan as run); an OOM while sampling gets the sample stage's answer."""
+    sampling_oom = ev.kind == subjects.NodeEventKind.DIED and ev.reason == "oom" and ev.job in svc.autoscalers
+
+    def fold(r: RunningJob | None) -> RunningJob | None:
+        if not is_new(r, seq):
+            return None  # delivered again: folded (and answered) already
+        out = on_node(r, ev, seq)
+        # an OOM to answer is remembered even for a job without a record yet, so that it is answered once
+        return out if out is not None or not sampling_oom else RunningJob(ev.job, seq=seq)
+
+    rec, new = await svc.store.update_running(ev.job, fold)
+    if rec is not None:
+        svc.running[ev.job] = rec
+    if new and sampling_oom:
+        await svc.sample_oom(ev)
+
+
+async def on_job_end(svc: BrainService, ev: JobEvent) -> None:
+    """A job ended: its record in the config DB (DLRover-RM Alg. 1's D), and its running state dropped."""
+    rec = await svc.store.job(ev.job)
+    if rec is None:
+        svc.counters.inc("unknown_jobs")
+        return
+    running: RunningJob | None = svc.running.get(ev.job)
+    if rec.plan is not None:
+        span = (rec.finished_at or ev.ts) - (rec.started_at or rec.submitted_at)
+        throughput = rec.progress.records_done / span if span > 0 else 0.0
+        final = as_run(running, rec.plan)
+        plans = (rec.plan,) if same_resources(final, rec.plan) else (rec.plan, final)
+        auto = svc.autoscalers.get(rec.job)
+        h = JobHistory(job=rec.job, features=JobFeatures.from_spec(rec.spec, rec.records or None),
+                       plans=plans, throughput=throughput, finished_at=ev.ts,
+                       succeeded=ev.state is JobState.COMPLETED,
+                       coefficients=auto.learnt() if auto is not None else None)
+        await svc.store.record(h)
+        svc.history[rec.job] = h
+        svc.counters.inc("recorded", state=ev.state.value)
+    await svc.store.drop_running(ev.job)
+    svc.forget(ev.job)
