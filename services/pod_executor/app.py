@@ -208,6 +208,7 @@ class ExecutorService:
         self.queues: JobQueues | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._rpc_sub: Subscription | None = None
+        self._draining = False
 
     @property
     def records(self) -> dict[str, JobRecord]:
@@ -235,6 +236,7 @@ class ExecutorService:
                                                       "pods": len(self.pods)}})
 
     async def drain(self) -> None:
+        self._draining = True  # no more reconcile passes are queued: finish what is in hand
         if self._rpc_sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._rpc_sub.unsubscribe()
@@ -537,7 +539,7 @@ class ExecutorService:
             await self._reap_orphans()
             for job, ej in list(self.jobs.items()):
                 # a pass still queued will see the newest state; a torn-down job has nothing left to do
-                if ej.state is not JS.TORN_DOWN and self._queues().pending(job) == 0:
+                if ej.state is not JS.TORN_DOWN and self._queues().pending(job) == 0 and not self._draining:
                     self._post(job, functools.partial(self._reconcile_job, job), "reconcile")
 
     async def _reconcile_job(self, job: str) -> None:
@@ -562,56 +564,57 @@ class ExecutorService:
                     self.counters.inc("errors", code=exc.code, op="orphan")
                     log.warning("orphan pod %s not deleted: %s", name, exc.message)
 
+    def _observe(self, ej: ExecutorJob) -> core.JobView:
+        """The first phase of a reconcile pass: the record and the pods as they are now."""
+        nodes = []
+        for n in ej.nodes:
+            st = self.fx.current(ej, n)
+            nodes.append(core.NodeView(
+                n.node, n.role, n.state, n.intent, st.phase if st is not None else None,
+                exit_handled=n.handled >= n.generation, resize_due=bool(n.resize_memory_mb),
+                running_at=n.running_at, stop_sent=st is not None and st.name in self.fx.stops_sent,
+                stopping=st is not None and st.name in n.deleting))
+        left = any(p.phase is not PodPhase.EXITED for p in self.pods.values() if p.job == ej.job)
+        return core.JobView(ej.state, ej.migration, ej.applied, ej.plan_at, ej.completing_since, tuple(nodes), left)
+
     async def _reconcile(self, ej: ExecutorJob) -> None:
-        if ej.state is JS.TORN_DOWN:
-            return
-        live = [n for n in ej.nodes if _live(n)]
-        if ej.state.active or ej.state is JS.COMPLETING:
-            for n in live:  # a pod the record names but nobody created (crash between save and create)
-                if self.fx.current(ej, n) is None and n.handled < n.generation:
-                    self.counters.inc("pods_recreated")
-                    if n.resize_memory_mb:  # a replacement was due: the new pod is it
-                        n.cpu, n.memory_mb, n.resize_cpu, n.resize_memory_mb = n.resize_cpu, n.resize_memory_mb, 0.0, 0
-                    move(n, NodeState.PENDING)
-                    await self.fx.create(ej, n)
-            for n in live:  # a replacement decided, but a crash swallowed the stop
-                st = self.fx.current(ej, n)
-                if (n.intent is NodeIntent.RESIZE and st is not None and st.phase is not PodPhase.EXITED
-                        and st.name not in self.fx.stops_sent):
-                    self.counters.inc("stops_resent")
-                    await self.fx.delete(ej, n)
-        resizing = any(n.resize_memory_mb or n.intent is NodeIntent.RESIZE for n in live)
-        if (ej.state.active and ej.migration is MigrationPhase.NONE and not ej.applied and not resizing and live
-                and all(n.running_at for n in live)):
+        """Observe, let :func:`.core.reconcile_pass` decide, act; what fails is observed again next pass."""
+        p = core.reconcile_pass(self._observe(ej), self.clock(), self.cfg.completion_grace_s)
+        nodes = {n.node: n for n in ej.nodes}
+        started = [n.node for n in ej.nodes if _live(n)]
+        for name in p.recreate:
+            n = nodes[name]
+            self.counters.inc("pods_recreated")
+            if n.resize_memory_mb:  # a replacement was due: the new pod is it
+                n.cpu, n.memory_mb, n.resize_cpu, n.resize_memory_mb = n.resize_cpu, n.resize_memory_mb, 0.0, 0
+            move(n, NodeState.PENDING)
+            await self.fx.create(ej, n)
+        for name in p.restop:
+            self.counters.inc("stops_resent")
+            await self.fx.delete(ej, nodes[name])
+        if p.applied_overhead is not None:
             ej.applied, ej.state = True, JS.RUNNING
             await self.fx.save(ej)
-            overhead = max(n.running_at for n in live) - ej.plan_at
-            await self.fx.executor_event(ej, ExecutorEventKind.APPLIED, ej.reason, max(0.0, overhead),
-                                         started=[n.node for n in live])
-        if ej.migration is not MigrationPhase.NONE and ej.state.active:
+            await self.fx.executor_event(ej, ExecutorEventKind.APPLIED, ej.reason, p.applied_overhead,
+                                         started=started)
+        if p.migrate:
             await self._migrate_step(ej)
-        await self._resize_step(ej)
-        workers = [n for n in ej.nodes if n.role == Role.WORKER and n.state is not NodeState.REMOVED]
-        if (ej.state.active or ej.state is JS.COMPLETING) and workers and all(
-                n.state is NodeState.FINISHED for n in workers):
-            await self._teardown(ej, "every worker finished")
-        elif ej.state is JS.COMPLETING and self.clock() - ej.completing_since > self.cfg.completion_grace_s:
-            await self._teardown(ej, f"workers still running {self.cfg.completion_grace_s:.0f}s after completion")
-        if ej.state in (JS.TEARING_DOWN, JS.FAILED):
-            for n in ej.nodes:  # a delete may have been lost in a crash
-                st = self.fx.current(ej, n)
-                if st is not None and st.phase is not PodPhase.EXITED and st.name not in n.deleting:
-                    await self.fx.delete(ej, n)
-            if all(p.phase is PodPhase.EXITED for p in self.pods.values() if p.job == ej.job):
-                try:
-                    await self.backend.release(ej.job)
-                except PacerError as exc:  # leftovers cost memory, not correctness: say so, go on
-                    self.counters.inc("errors", code=exc.code, op="release")
-                    log.warning("resources of %s not released: %s", ej.job, exc.message)
-                ej.state = JS.TORN_DOWN
-                await self.fx.save(ej)
-                await self.fx.executor_event(ej, ExecutorEventKind.TORN_DOWN, ej.reason)
-                self.records.pop(ej.job, None)
+        if p.resize:
+            await self._resize_step(ej)
+        if p.teardown:
+            await self._teardown(ej, p.teardown)
+        for name in p.redelete:  # a delete may have been lost in a crash
+            await self.fx.delete(ej, nodes[name])
+        if p.torn_down:
+            try:
+                await self.backend.release(ej.job)
+            except PacerError as exc:  # leftovers cost memory, not correctness: say so, go on
+                self.counters.inc("errors", code=exc.code, op="release")
+                log.warning("resources of %s not released: %s", ej.job, exc.message)
+            ej.state = JS.TORN_DOWN
+            await self.fx.save(ej)
+            await self.fx.executor_event(ej, ExecutorEventKind.TORN_DOWN, ej.reason)
+            self.records.pop(ej.job, None)
 
     # ================================================================ PS migration
     async def start_migration(self, ej: ExecutorJob, ps: dict[int, tuple[float, int]], reason: str) -> None:

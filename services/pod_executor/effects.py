@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import nats.js.errors
 from nats.js.kv import KeyValue
 from pacer import subjects
 from pacer.bus import NO_RETRY, Bus
@@ -40,7 +41,7 @@ from pacer.contracts.executor import (
 )
 from pacer.contracts.jobs import JobRecord
 from pacer.contracts.nodes import NodeEvent
-from pacer.errors import Conflict, NotFound, StaleRevision
+from pacer.errors import Conflict, NotFound, PacerError, StaleRevision
 from pacer.shards.client import ShardAdmin
 from pacer.subjects import NodeEventKind
 from pacer.telemetry import Counters
@@ -108,14 +109,14 @@ class Effects:
         assert self.kv is not None
         try:
             entry = await self.kv.get(job)
-        except Exception:  # KeyNotFound / deleted: nothing to adopt
+        except nats.js.errors.KeyNotFoundError:  # absent or deleted: nothing to adopt
             self.revisions.pop(job, None)
             return None
         if entry.revision is not None:
             self.revisions[job] = entry.revision
         try:
             ej = decode(ExecutorJob, entry.value or b"")
-        except Exception:
+        except PacerError:
             self.counters.inc("bad_records")
             log.error("unreadable executor record %s; ignored", job)
             return None

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from pacer.contracts.executor import MigrationPhase, NodeIntent, NodeState
+from pacer.contracts.executor import (
+    ExecutorJobState,
+    MigrationPhase,
+    NodeIntent,
+    NodeState,
+    PodPhase,
+)
 from pacer_services.pod_executor.core import (
     RETRYABLE,
     TERMINAL,
@@ -17,11 +23,14 @@ from pacer_services.pod_executor.core import (
     ExitOutcome,
     ExitReason,
     IllegalTransition,
+    JobView,
     MigrationStep,
     MigrationView,
     Node,
     NodeSpec,
+    NodeView,
     Plan,
+    ReconcilePass,
     RequestCheckpoint,
     ResizeView,
     RestartNodes,
@@ -38,6 +47,7 @@ from pacer_services.pod_executor.core import (
     on_exit,
     plan_change,
     reconcile,
+    reconcile_pass,
     relaunch_resized,
     resize_batch,
     resize_batch_size,
@@ -408,3 +418,56 @@ def test_a_failure_relaunches_or_fails_the_job_and_a_migration_stop_waits() -> N
     assert moving.outcome is ExitOutcome.MIGRATING and moving.relaunch is None
     lost = answer_exit(W0, ExitInfo(1, network_error=True))
     assert lost.outcome is ExitOutcome.RELAUNCH and lost.restore  # the chief restores the newest checkpoint
+
+
+# ------------------------------------------------------------ one reconcile pass: observe, then decide
+
+def nv(node: str, state: NodeState = NodeState.RUNNING, pod: PodPhase | None = PodPhase.RUNNING, *,
+       intent: NodeIntent = NodeIntent.NONE, handled: bool = False, resize_due: bool = False,
+       running_at: float = 5.0, stop_sent: bool = False, stopping: bool = False) -> NodeView:
+    return NodeView(node, node.rsplit("-", 1)[0], state, intent, pod, handled, resize_due, running_at, stop_sent,
+                    stopping)
+
+
+def jv(*nodes: NodeView, state: ExecutorJobState = ExecutorJobState.STARTING, applied: bool = False,
+       migration: MigrationPhase = MigrationPhase.NONE, completing_since: float = 0.0,
+       pods_left: bool = True) -> JobView:
+    return JobView(state, migration, applied, 1.0, completing_since, nodes, pods_left)
+
+
+def test_a_plan_is_applied_once_every_live_node_runs() -> None:
+    p = reconcile_pass(jv(nv("ps-0", running_at=3.0), nv("worker-0", running_at=7.5)), 10.0, 300.0)
+    assert p.applied_overhead == 6.5 and p.resize and not p.migrate and not p.teardown
+    waiting = jv(nv("ps-0"), nv("worker-0", NodeState.PENDING, PodPhase.PENDING, running_at=0.0))
+    assert reconcile_pass(waiting, 10.0, 300.0).applied_overhead is None
+    resizing = jv(nv("ps-0"), nv("worker-0", resize_due=True))  # applied only once the replacement ran
+    assert reconcile_pass(resizing, 10.0, 300.0).applied_overhead is None
+    migrating = jv(nv("ps-0"), nv("worker-0"), migration=MigrationPhase.STARTING_PS)
+    p2 = reconcile_pass(migrating, 10.0, 300.0)
+    assert p2.applied_overhead is None and p2.migrate and not p2.resize
+
+
+def test_what_a_crash_left_undone_is_done_again() -> None:
+    job = jv(nv("ps-0"), nv("worker-0", NodeState.PENDING, None, running_at=0.0),  # saved, never created
+             nv("worker-1", NodeState.RELAUNCHING, None, handled=True),  # its exit was handled: not recreated
+             nv("worker-2", NodeState.STOPPING, intent=NodeIntent.RESIZE),  # a stop that a crash swallowed
+             nv("worker-3", NodeState.STOPPING, intent=NodeIntent.RESIZE, stop_sent=True),
+             state=ExecutorJobState.RUNNING)
+    p = reconcile_pass(job, 10.0, 300.0)
+    assert p.recreate == ("worker-0",) and p.restop == ("worker-2",) and p.applied_overhead is None
+
+
+def test_a_job_is_torn_down_when_its_workers_finished_or_the_grace_ran_out_then_reported_gone() -> None:
+    done = jv(nv("ps-0"), nv("worker-0", NodeState.FINISHED, PodPhase.EXITED), state=ExecutorJobState.RUNNING,
+              applied=True)
+    assert reconcile_pass(done, 10.0, 300.0).teardown == "every worker finished"
+    late = jv(nv("ps-0"), nv("worker-1"), state=ExecutorJobState.COMPLETING, completing_since=1.0)
+    assert reconcile_pass(late, 100.0, 300.0).teardown == ""
+    assert "after completion" in reconcile_pass(late, 400.0, 300.0).teardown
+    tearing = jv(nv("ps-0", NodeState.REMOVED, stopping=True), nv("worker-0", NodeState.REMOVED),
+                 state=ExecutorJobState.TEARING_DOWN)
+    p = reconcile_pass(tearing, 10.0, 300.0)
+    assert p.redelete == ("worker-0",) and not p.torn_down and not p.recreate  # ps-0's stop is under way
+    gone = jv(nv("ps-0", NodeState.REMOVED, PodPhase.EXITED), state=ExecutorJobState.FAILED, pods_left=False)
+    assert reconcile_pass(gone, 10.0, 300.0).torn_down
+    assert reconcile_pass(jv(state=ExecutorJobState.TORN_DOWN, pods_left=False), 10.0, 300.0) == ReconcilePass()

@@ -6,6 +6,7 @@
 * :mod:`.plan`: what a plan change starts, stops, replaces and migrates;
 * :mod:`.resize`: the rolling worker replacement (DLRover-RM §5.1);
 * :mod:`.migration`: the seamless PS migration's phases (DLRover-RM §5.2);
+* :mod:`.passes`: one reconcile pass over a job (observe, then decide);
 * :mod:`.effects`: the IO a decision asks for, applied by the service.
 
 The live executor (local processes or Kubernetes) and the simulators call
@@ -63,6 +64,7 @@ from pacer_services.pod_executor.core.node import (
     legacy_state,
     transition,
 )
+from pacer_services.pod_executor.core.passes import JobView, NodeView, ReconcilePass, reconcile_pass
 from pacer_services.pod_executor.core.plan import PlanChange, Reconcile, plan_change, reconcile
 from pacer_services.pod_executor.core.resize import (
     ResizeView,
@@ -98,13 +100,16 @@ __all__ = [
     "ExitOutcome",
     "ExitReason",
     "IllegalTransition",
+    "JobView",
     "MigrationStep",
     "MigrationView",
     "Node",
     "NodeSpec",
+    "NodeView",
     "Plan",
     "PlanChange",
     "Reconcile",
+    "ReconcilePass",
     "RequestCheckpoint",
     "ResizeView",
     "RestartNodes",
@@ -121,6 +126,7 @@ __all__ = [
     "on_exit",
     "plan_change",
     "reconcile",
+    "reconcile_pass",
     "relaunch_resized",
     "resize_batch",
     "resize_batch_size",

@@ -33,17 +33,19 @@ TRANSITIONS: Mapping[NodeState, Mapping[NodeState, str]] = {
         L: "the pod ended by itself with a relaunch due (KILL_RESTART, retryable failure)",
         F: "the trainer exited 0",
         X: "scaled away, stopped by a command, or torn down",
-        P: "a PS migration gives the node a new pod on the next cluster (the old one keeps running)",
+        P: "the executor starts the node's next pod: a migration's new PS (the old one keeps running), "
+           "or a pod that vanished from the backend without an exit",
     },
     S: {
         L: "the pod the executor stopped ended: the next pod is due (at once, or after the migration drained)",
         F: "the trainer exited 0 while being stopped",
         X: "scaled away or torn down while being stopped",
-        P: "a PS migration gives a stopping PS a new pod on the next cluster",
+        P: "the executor starts the node's next pod before the stopped one ended: a migration's new PS, "
+           "or a pod that vanished from the backend",
     },
     L: {
         P: "the next pod was created (generation + 1)",
-        S: "a pod a crashed executor had created turns up and is being stopped",
+        S: "a PS migration drains a worker whose pod already ended (its relaunch waits for the new cluster)",
         F: "a late exit 0 of the ended pod",
         X: "the relaunch was not made: budget spent, unretryable error, scaled away, torn down",
     },
