@@ -114,9 +114,9 @@ class JobSim:
     """The state of one running job; advanced tick by tick by the runners."""
 
     def __init__(self, job: SimJob, truth: JobTruth, cfg: SimConfig, noise_rng: np.random.Generator,
-                 policy: ExecutorPolicy | None = None, *, window_s: float | None = None) -> None:
+                 *, window_s: float | None = None) -> None:
         self.job, self.truth, self.cfg, self.rng = job, truth, cfg, noise_rng
-        self.policy = policy or ExecutorPolicy()
+        self.policy: ExecutorPolicy = cfg.executor
         # The monitor's windows hold each node's last report (short) and last two (long): reports come
         # every ``window_s`` (:meth:`stats`), a window half a tick shorter leaves the previous one out.
         w = cfg.adjust_interval_s if window_s is None else window_s

@@ -25,6 +25,7 @@ from pacer.contracts.jobs import (
 from pacer.contracts.monitor import JobStatistics
 from pacer.errors import ValidationError
 from pacer_services.brain.core.cluster import Resources, ScalingRecord
+from pacer_services.pod_executor.core import ExecutorPolicy
 
 from .truth import JobTruth
 
@@ -137,6 +138,8 @@ class SimConfig:
     noise: float = 0.05  # sigma of the multiplicative lognormal measurement noise
     sigma: float = 0.2  # spread of a job's true parameters around its profile
     max_time_s: float = 7 * 86400.0  # give up (unfinished) after this long
+    # the executor's limits (OOM memory factor and cap, relaunch budget, rolling replacement's share): the live defaults
+    executor: ExecutorPolicy = field(default_factory=ExecutorPolicy)
 
     @property
     def restart_s(self) -> float:
