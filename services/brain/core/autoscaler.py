@@ -27,7 +27,7 @@ Stages (DLRover 2023 §4.2, the cores in :mod:`.stages`):
      (:func:`.pareto.pareto_candidates`) plus the fastest plans of the
      lattice (:func:`.pareto.lattice_best`); a job alone takes the one with
      the largest gain net of the pause it costs (Eq. 8), jobs sharing a
-     quota the weighted greedy choice (Eq. 11-14, :func:`plan_cluster`);
+     quota the weighted greedy choice (Eq. 11-14, :func:`.round.cluster_round`);
   3. where the model cannot be fitted: hot PS get the CPU their share
      needs and idle PS CPU buys workers (DLRover 2023 §4.2 "Hot parameter
      server", "Idle CPU resource in PS").
@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from pacer.contracts.brain import BrainRule as Rule
@@ -126,7 +125,6 @@ __all__ = [
     "Proposal",
     "Rule",
     "Stage",
-    "plan_cluster",
     "same_resources",
 ]
 
@@ -241,7 +239,7 @@ class JobAutoscaler:
     measured as the sample; ``prior`` is the similar jobs' fitted
     coefficients, which come with a warm start (:func:`.warmstart.warm_start`).
     Drive it with :meth:`first_plan`, then :meth:`step` (or, across jobs,
-    :meth:`propose` and :func:`plan_cluster`) on every statistics window,
+    :meth:`propose` and :func:`.round.cluster_round`) on every statistics window,
     :meth:`applied` when the plan in force changed and :meth:`on_oom`
     when a node died of OOM.
     """
@@ -356,7 +354,7 @@ class JobAutoscaler:
             return prop.decision
         assert prop.request is not None
         # Alone in its quota a job wants its shortest JCT: the largest Eq. 8 gain (Eq. 11-14's
-        # efficiency weighting is for sharing resources between jobs, plan_cluster).
+        # efficiency weighting is for sharing resources between jobs, round.cluster_round).
         choice = best_for_job(prop.request, self.quota, prices=self.config.prices, overhead=self.overhead_model())
         return self.accept(choice, now)
 
@@ -676,20 +674,3 @@ class JobAutoscaler:
 def _keep(have: int, need: int) -> int:
     """Memory of a node: what it has while that is enough and at most twice the need, else the need."""
     return have if need <= have <= 2 * need else need
-
-
-def plan_cluster(rounds: Sequence[tuple[JobAutoscaler, float, JobStatistics]], total: Resources,
-                 *, prices: Prices | None = None, rho: float = DEFAULT_RHO) -> dict[str, Decision]:
-    """Deprecated: :func:`.round.cluster_round` is the round; this adapter remains until its last caller moves.
-
-    Each item is (autoscaler, now, statistics); ``total`` is what these jobs
-    may hold together (their current plans included).
-    """
-    from .round import ReadyJob, cluster_round  # round imports this module
-
-    held = Resources()
-    for a, _, _ in rounds:
-        held = held + plan_resources(a.plan)
-    now = max((t for _, t, _ in rounds), default=0.0)
-    out = cluster_round([ReadyJob(a, stats) for a, _, stats in rounds], total - held, now, prices=prices, rho=rho)
-    return out.decisions
