@@ -45,6 +45,8 @@ to one), then defaulted per-node CPU / memory is scaled down (to at least
 0.1 CPU / 128 MiB).  User values are never changed: a user value above a
 limit is a validation error of the spec, and a plan that cannot fit the
 limits without changing user values is a validation error naming the limit.
+The clamp is :func:`pacer.jobs.limits.clamp`, which every brain plan goes
+through too.
 """
 
 from __future__ import annotations
