@@ -80,13 +80,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TypeVar
 
 import nats.errors
@@ -124,9 +120,9 @@ from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.subjects import ExecutorOp, JobEventKind, NodeEventKind
 from pacer.telemetry import Counters
 from pacer.trainer.cluster import ClusterDesc
-from pacer.trainer.straggler import StragglerSpec
 from pacer_services.pod_executor import core, launch
 from pacer_services.pod_executor.backends import Backend
+from pacer_services.pod_executor.config import ExecutorConfig, bus_url
 from pacer_services.pod_executor.core import effects as cfx
 from pacer_services.pod_executor.core.exits import ExitOutcome
 from pacer_services.pod_executor.effects import Effects, PodBuilder, move, node_view
@@ -139,42 +135,6 @@ __all__ = ["ExecutorConfig", "ExecutorService", "PodBuilder", "create", "make_ba
 
 # Last words of a trainer that lost its PS / connection (pacer.trainer.worker prints this).
 NETWORK_MARKERS = ("TensorFlow error", "UnavailableError", "Socket closed", "Connection reset")
-
-
-@dataclass
-class ExecutorConfig:
-    backend: str = "local"  # local | kubernetes
-    root: Path = Path(".pacer/pods")  # local backend: where pod directories live
-    checkpoint_root: str = ""  # where chiefs write checkpoints ("": none)
-    checkpoint_every: int = 500
-    durable: str = "pod-executor"
-    reconcile_s: float = 1.0
-    completion_grace_s: float = 300.0  # after the job completed, workers get this long to exit by themselves
-    delete_grace_s: float = 10.0
-    cluster_every_s: float = 5.0  # how often ClusterStatus is published
-    orphan_grace_s: float = 300.0  # a pod of no known job is deleted after this long
-    agents: bool = True
-    max_worker_slots: int = 0  # TF worker slots per job (0: the first plan's workers, or limits.max_workers)
-    stragglers: dict[str, str] = field(default_factory=dict)  # fault injection: node or "*" -> StragglerSpec JSON
-    policy: core.ExecutorPolicy = field(default_factory=core.ExecutorPolicy)
-    drain_s: float = 10.0  # on stop, how long work already queued for jobs may take to finish
-
-    @classmethod
-    def from_env(cls) -> ExecutorConfig:
-        env = os.environ
-        data = Path(env.get("PACER_DATA_DIR", ".pacer"))
-        return cls(
-            backend=env.get("PACER_EXECUTOR_BACKEND", "local"),
-            root=Path(env.get("PACER_EXECUTOR_ROOT", str(data / "pods"))),
-            checkpoint_root=env.get("PACER_CHECKPOINT_ROOT", str(data / "checkpoints")),
-            checkpoint_every=int(env.get("PACER_CHECKPOINT_EVERY", "500")),
-            stragglers=_stragglers(env.get("PACER_INJECT_STRAGGLERS", "")),
-            policy=core.ExecutorPolicy(
-                relaunch_budget=int(env.get("PACER_RELAUNCH_BUDGET", "3")),
-                oom_memory_factor=float(env.get("PACER_OOM_MEMORY_FACTOR", "2.0")),
-                resize_fraction=float(env.get("PACER_WORKER_RESIZE_FRACTION", "0.25")),
-            ),
-        )
 
 
 class ExecutorService:
@@ -688,25 +648,11 @@ class ExecutorService:
 
     # ================================================================ cluster
     def cluster_status(self, machines: Sequence[MachineInfo] = ()) -> ClusterStatus:
-        """The backend's queue and what is left of its capacity after the limits of live pods.
-
-        Only where limits reserve capacity (Kubernetes): locally nothing is reserved and no
-        pod ever queues, so the cluster is "busy" only while pods are pending (starting).
-        Where the backend lists its ``machines`` and reserves capacity, the totals are theirs
-        (their free capacity counts every tenant's pods, not only ours).
-        """
-        live = [p for p in self.pods.values() if p.phase is not PodPhase.EXITED]
-        pending = sum(1 for p in live if p.phase is PodPhase.PENDING)
-        cpu, mem = self.backend.capacity()
-        reserved = self.backend.reserves_capacity
-        used_cpu = sum(p.cpu for p in live) if reserved else 0.0
-        used_mem = sum(p.memory_mb for p in live) if reserved else 0
-        free_cpu, free_mem = max(0.0, cpu - used_cpu) if cpu else 0.0, max(0, mem - used_mem) if mem else 0
-        if reserved and machines:
-            cpu, mem = sum(m.cpu for m in machines), sum(m.memory_mb for m in machines)
-            free_cpu, free_mem = sum(m.free_cpu for m in machines), sum(m.free_memory_mb for m in machines)
-        return ClusterStatus(self.clock(), self.backend.name, pending, len(live) - pending, cpu, free_cpu, mem,
-                             free_mem, reserves_capacity=reserved, machines=list(machines))
+        """The backend's queue and free capacity now (:func:`.core.cluster_status`)."""
+        status: ClusterStatus = core.cluster_status(self.clock(), self.backend.name, self.pods.values(),
+                                                    self.backend.capacity(), self.backend.reserves_capacity,
+                                                    machines)
+        return status
 
     async def _cluster_loop(self) -> None:
         while True:
@@ -855,30 +801,6 @@ def _check_plan(plan: ResourcePlan) -> None:
             problems.append(f"{name}: must be >= 64 MiB")
     if problems:
         raise ValidationError(f"plan of job {plan.job}: " + "; ".join(problems))
-
-
-def bus_url(bus: Bus) -> str:
-    """The URL pods use to reach the bus (the executor's own, unless PACER_POD_NATS_URL says otherwise)."""
-    url = os.environ.get("PACER_POD_NATS_URL", "")
-    if url:
-        return url
-    srv = bus.nc.connected_url
-    return f"nats://{srv.hostname}:{srv.port}" if srv is not None else "nats://127.0.0.1:4222"
-
-
-def _stragglers(text: str) -> dict[str, str]:
-    """``PACER_INJECT_STRAGGLERS``: ``{"worker-1": {"kind": "persistent", "sleep_s": 0.2}, "*": {...}}``."""
-    if not text.strip():
-        return {}
-    raw = json.loads(text)
-    if not isinstance(raw, dict):
-        raise ValueError("PACER_INJECT_STRAGGLERS must be a JSON map of node -> StragglerSpec fields")
-    out = {}
-    for node, fields in raw.items():
-        sticky = bool(fields.pop("sticky", False))
-        spec = json.loads(StragglerSpec(**fields).to_json())
-        out[str(node)] = json.dumps({**spec, "sticky": sticky})
-    return out
 
 
 def make_backend(cfg: ExecutorConfig) -> Backend:

@@ -7,12 +7,14 @@
 * :mod:`.resize`: the rolling worker replacement (DLRover-RM §5.1);
 * :mod:`.migration`: the seamless PS migration's phases (DLRover-RM §5.2);
 * :mod:`.passes`: one reconcile pass over a job (observe, then decide);
+* :mod:`.cluster`: the cluster's queue and free capacity, for the brain;
 * :mod:`.effects`: the IO a decision asks for, applied by the service.
 
 The live executor (local processes or Kubernetes) and the simulators call
 the same functions.
 """
 
+from pacer_services.pod_executor.core.cluster import cluster_status
 from pacer_services.pod_executor.core.effects import (
     CreatePod,
     DeletePod,
@@ -121,6 +123,7 @@ __all__ = [
     "answer_exit",
     "can_move",
     "classify",
+    "cluster_status",
     "legacy_state",
     "migration_step",
     "on_exit",
