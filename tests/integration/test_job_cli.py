@@ -307,7 +307,7 @@ async def test_jobs_prints_a_row_per_job(cli: Cli, double: ServiceDouble) -> Non
 
     rc, out, _ = await cli("jobs", "--state", "completed", "--json")
     assert rc == 0 and [j["job"] for j in json.loads(out)] == ["beta"]
-    assert double.requests[-1][2] == ListRequest(100, "completed")
+    assert double.requests[-1][2] == ListRequest(100, JobState.COMPLETED)
 
 
 async def test_job_shows_plan_nodes_progress_and_speed(cli: Cli, double: ServiceDouble) -> None:

@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -70,7 +70,8 @@ def spec_yaml(name: str, data: Path, extra: str = "", optimizer: str = "default"
             f"batch_size: 512\npolicies: {{optimizer: {optimizer}}}\n{extra}")
 
 
-async def wait_for(client: JobClient, job: str, done, timeout: float = 240.0, what: str = "") -> JobRecord:
+async def wait_for(client: JobClient, job: str, done: Callable[[JobRecord], bool], timeout: float = 240.0,
+                   what: str = "") -> JobRecord:
     deadline = time.monotonic() + timeout
     rec = await client.get(job)
     while not done(rec):
@@ -103,7 +104,8 @@ def trainer_pid(stack: Stack, job: str, node: str) -> int:
 
 
 async def node_events(stack: Stack, job: str) -> list[NodeEvent]:
-    return await read_events(stack.url, events_of("node", job), NodeEvent)
+    events: list[NodeEvent] = await read_events(stack.url, events_of("node", job), NodeEvent)
+    return events
 
 
 async def test_job_completes_and_an_externally_killed_worker_is_relaunched(
@@ -154,8 +156,10 @@ async def test_kill_9_of_each_service_mid_job_loses_nothing(stack: Stack, client
         # Until it answers its health subject: a loaded machine takes seconds to import a service, longer
         # than a client's retries of a request that finds no responder.
         await asyncio.to_thread(stack.wait_ready, [name])
-        await wait_for(client, "e2e-kills", lambda r, b=before: r.progress.shards_done > b or terminal(r),
-                       what=f"progress after restarting {name}")
+        def progressed(r: JobRecord, b: int = before) -> bool:
+            return r.progress.shards_done > b or terminal(r)
+
+        await wait_for(client, "e2e-kills", progressed, what=f"progress after restarting {name}")
     rec = await wait_for(client, "e2e-kills", terminal, what="the end")
     assert_complete(rec)
     stats = await client.statistics("e2e-kills")  # the restarted monitor rebuilt the job's windows
