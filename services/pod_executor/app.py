@@ -581,8 +581,9 @@ class ExecutorService:
         """Move the job's PS to new resources (or a new PS count) without stopping training first.
 
         DLRover-RM §5.2, seamless migration (:mod:`.core.migration`): the new
-        PS pods are created beside the old cluster, which keeps training; the
-        reconcile passes then step the migration through its phases.
+        PS pods (:func:`.core.migration_start`) are created beside the old
+        cluster, which keeps training; the reconcile passes then step the
+        migration through its phases (:func:`.core.migration_step`).
         """
         if ej.migration is not MigrationPhase.NONE:
             raise Conflict(f"job {ej.job!r}: a PS migration is already under way ({ej.migration.value})")
@@ -594,25 +595,23 @@ class ExecutorService:
             MigrationPhase.STARTING_PS, new.to_json(), self.clock(), "")
         ej.reason = f"migrating PS: {reason}"
         by_index = {n.index: n for n in ej.nodes if n.role == Role.PS}
-        for i, (cpu, mem) in sorted(ps.items()):
-            n = by_index.get(i)
+        live = {i: p.name for i, n in by_index.items()
+                if (p := self.fx.current(ej, n)) is not None and p.phase is not PodPhase.EXITED}
+        plan = core.migration_start([core.PsView(i, n.state is NodeState.REMOVED, live.get(i, ""))
+                                     for i, n in by_index.items()], ps)
+        for s in plan.start:
+            n = by_index.get(s.index)
             if n is None:
-                n = NodeRecord(f"ps-{i}", Role.PS.value, i, cpu, mem, generation=-1)
+                n = NodeRecord(f"ps-{s.index}", Role.PS.value, s.index, s.cpu, s.memory_mb, generation=-1)
                 ej.nodes.append(n)
             else:
-                cur = self.fx.current(ej, n)
-                if cur is not None and cur.phase is not PodPhase.EXITED:
-                    ej.retiring.append(cur.name)
                 n.handled = n.generation  # the old pod's end is the migration's doing
             n.generation += 1
-            n.cpu, n.memory_mb, n.running_at = cpu, mem, 0.0
+            n.cpu, n.memory_mb, n.running_at = s.cpu, s.memory_mb, 0.0
             move(n, NodeState.PENDING)
-        for i, n in by_index.items():
-            if i not in ps and n.state is not NodeState.REMOVED:
-                cur = self.fx.current(ej, n)
-                if cur is not None and cur.phase is not PodPhase.EXITED:
-                    ej.retiring.append(cur.name)
-                move(n, NodeState.REMOVED)
+        ej.retiring.extend(plan.retire)
+        for name in plan.remove:
+            move(next(n for n in ej.nodes if n.node == name), NodeState.REMOVED)
         await self.fx.save(ej)
         for n in ej.nodes:
             if n.role == Role.PS and n.state is not NodeState.REMOVED:

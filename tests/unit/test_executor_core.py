@@ -30,6 +30,7 @@ from pacer_services.pod_executor.core import (
     NodeSpec,
     NodeView,
     Plan,
+    PsView,
     ReconcilePass,
     RequestCheckpoint,
     ResizeView,
@@ -43,6 +44,7 @@ from pacer_services.pod_executor.core import (
     can_move,
     classify,
     legacy_state,
+    migration_start,
     migration_step,
     on_exit,
     plan_change,
@@ -471,3 +473,13 @@ def test_a_job_is_torn_down_when_its_workers_finished_or_the_grace_ran_out_then_
     gone = jv(nv("ps-0", NodeState.REMOVED, PodPhase.EXITED), state=ExecutorJobState.FAILED, pods_left=False)
     assert reconcile_pass(gone, 10.0, 300.0).torn_down
     assert reconcile_pass(jv(state=ExecutorJobState.TORN_DOWN, pods_left=False), 10.0, 300.0) == ReconcilePass()
+
+
+def test_a_migration_starts_every_ps_of_the_next_cluster_beside_the_old_ones() -> None:
+    ps = [PsView(0, False, "j-ps-0-g0"), PsView(1, False, "j-ps-1-g0"), PsView(2, True)]
+    more = migration_start(ps, {0: (1.0, 2048), 1: (1.0, 2048), 2: (1.0, 2048)})
+    assert [(s.index, s.memory_mb) for s in more.start] == [(0, 2048), (1, 2048), (2, 2048)]
+    assert more.retire == ("j-ps-0-g0", "j-ps-1-g0") and more.remove == ()  # a removed slot comes back
+    fewer = migration_start(ps, {0: (2.0, 1024)})
+    assert [s.index for s in fewer.start] == [0] and fewer.remove == ("ps-1",)
+    assert fewer.retire == ("j-ps-0-g0", "j-ps-1-g0")  # both serve until the workers moved

@@ -46,8 +46,11 @@ from pacer_services.pod_executor.core.exits import (
 )
 from pacer_services.pod_executor.core.migration import (
     CHIEF,
+    MigrationStart,
     MigrationStep,
     MigrationView,
+    PsView,
+    migration_start,
     migration_step,
 )
 from pacer_services.pod_executor.core.model import (
@@ -103,6 +106,7 @@ __all__ = [
     "ExitReason",
     "IllegalTransition",
     "JobView",
+    "MigrationStart",
     "MigrationStep",
     "MigrationView",
     "Node",
@@ -110,6 +114,7 @@ __all__ = [
     "NodeView",
     "Plan",
     "PlanChange",
+    "PsView",
     "Reconcile",
     "ReconcilePass",
     "RequestCheckpoint",
@@ -125,6 +130,7 @@ __all__ = [
     "classify",
     "cluster_status",
     "legacy_state",
+    "migration_start",
     "migration_step",
     "on_exit",
     "plan_change",

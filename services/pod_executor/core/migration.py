@@ -9,15 +9,18 @@ new cluster, the chief restores the model into the new PS (re-cut for a new
 PS count), and the old PS pods are stopped.  Records trained between the
 checkpoint and the stop are trained again, none is lost.
 
-:func:`migration_step` looks at one observation and returns the phase after
+:func:`migration_start` says which PS get a pod of the next cluster and which old
+pods retire; :func:`migration_step` looks at one observation and returns the phase after
 it with the effects that get there; the executor applies them in order and
 calls it again on every reconcile pass.  Pure: no IO, no clock.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pacer.contracts.common import Role
 from pacer.contracts.executor import MigrationPhase, NodeIntent
 from pacer_services.pod_executor.core.effects import (
     CreatePod,
@@ -32,6 +35,7 @@ from pacer_services.pod_executor.core.effects import (
     SetIntent,
     SwitchCluster,
 )
+from pacer_services.pod_executor.core.model import NodeSpec
 
 CHIEF = "worker-0"  # checkpoints, restores the model, writes the job's result
 
@@ -87,3 +91,33 @@ def migration_step(view: MigrationView) -> MigrationStep:
         DeletePods(view.retiring),
         SaveRecord(),
     ))
+
+
+@dataclass(frozen=True, slots=True)
+class PsView:
+    """One PS node of the job when a migration starts."""
+
+    index: int
+    removed: bool  # scaled away earlier
+    pod: str = ""  # its current pod while that lives ("": none)
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationStart:
+    start: tuple[NodeSpec, ...]  # every PS slot of the next cluster, with its size: a new pod beside the old
+    retire: tuple[str, ...]  # the old PS pods: they serve until the workers moved, then stop
+    remove: tuple[str, ...]  # PS nodes the next cluster has no slot for
+
+
+def migration_start(ps: Sequence[PsView], wanted: Mapping[int, tuple[float, int]]) -> MigrationStart:
+    """The PS pods a migration to ``wanted`` (slot -> (CPU, MiB)) creates, retires and removes.
+
+    Every slot of the next cluster gets a new pod, also where the size did not
+    change: the next cluster has new addresses, and the chief re-cuts the
+    model over the new PS set when it restores the checkpoint.
+    """
+    start = tuple(NodeSpec(Role.PS.value, i, cpu, mem) for i, (cpu, mem) in sorted(wanted.items()))
+    by_index = sorted(ps, key=lambda p: p.index)
+    kept = [p for p in by_index if p.index in wanted]
+    gone = [p for p in by_index if p.index not in wanted and not p.removed]
+    return MigrationStart(start, tuple(p.pod for p in kept + gone if p.pod), tuple(f"ps-{p.index}" for p in gone))
