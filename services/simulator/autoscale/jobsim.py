@@ -73,7 +73,7 @@ from pacer_services.pod_executor.core import (
     plan_change,
 )
 
-from .truth import JobTruth, cpu_used, ps_rss_mb, throughput
+from .truth import JobTruth, cores_used, ps_rss_mb, throughput
 from .types import JobRun, SimConfig, SimJob, plan_summary
 
 __all__ = ["JobSim", "executor_plan"]
@@ -349,15 +349,24 @@ class JobSim:
             return 0
         return int(np.count_nonzero(self._training(now)))
 
+    def _sizes(self, mask: npt.NDArray[np.bool_]) -> list[tuple[float, int]]:
+        """(CPU size, count) of the training workers ``mask``: one size but during a replacement."""
+        cpus = self.w_cpu[mask]
+        if len(cpus) == 0:
+            return []
+        if (cpus == cpus[0]).all():
+            return [(float(cpus[0]), len(cpus))]
+        sizes, counts = np.unique(cpus, return_counts=True)
+        return [(float(c), int(k)) for c, k in zip(sizes, counts, strict=True)]
+
     def _psi(self, mask: npt.NDArray[np.bool_]) -> float:
         """True throughput of the training workers ``mask`` on the serving PS."""
-        n = int(np.count_nonzero(mask))
         ps = self.ps
+        sizes = self._sizes(mask)
+        n = sum(k for _, k in sizes)
         if n == 0 or ps is None:
             return 0.0
-        cpus, counts = np.unique(self.w_cpu[mask], return_counts=True)
-        return float(sum(int(k) / n * float(throughput(self.truth, n, ps.count, float(c), ps.cpu))
-                         for c, k in zip(cpus, counts, strict=True)))
+        return float(sum(k / n * float(throughput(self.truth, n, ps.count, c, ps.cpu)) for c, k in sizes))
 
     def step(self, now: float, dt: float) -> None:
         """Train from ``now`` for ``dt`` seconds (or until the job finishes)."""
@@ -392,21 +401,19 @@ class JobSim:
         else:
             self.pause_total_s += span
         w_used, ps_used = self._cpu_used(mask, psi)
-        used = sum(w_used) + sum(ps_used)
+        used = sum(w_used[c] * k for c, k in self._sizes(mask)) + sum(ps_used)
         self.core_h_alloc += plan_resources(plan).cpu * span / 3600.0
         self.core_h_used += used * span / 3600.0
 
-    def _cpu_used(self, mask: npt.NDArray[np.bool_], psi: float) -> tuple[list[float], list[float]]:
-        """(cores used by each training worker, cores used by each serving PS) at throughput ``psi``."""
-        ps, plan = self.ps, self.plan
-        n = int(np.count_nonzero(mask))
-        if ps is None or plan is None:
-            return [], []
-        view = replace(plan, ps=ps.count, ps_cpu=ps.cpu)
-        ps_cores = cpu_used(self.truth, view, n, psi)[1]
-        per_size = {float(c): cpu_used(self.truth, replace(view, worker_cpu=float(c)), n, psi)[0]
-                    for c in np.unique(self.w_cpu[mask])}
-        return [per_size[float(c)] for c in self.w_cpu[mask]], ps_cores
+    def _cpu_used(self, mask: npt.NDArray[np.bool_], psi: float) -> tuple[dict[float, float], list[float]]:
+        """(cores used by a training worker of each size, cores used by each serving PS) at throughput ``psi``."""
+        ps = self.ps
+        sizes = self._sizes(mask)
+        n = sum(k for _, k in sizes)
+        if ps is None:
+            return {}, []
+        ps_cores = cores_used(self.truth, 0.0, ps.count, ps.cpu, n, psi)[1]
+        return {c: cores_used(self.truth, c, ps.count, ps.cpu, n, psi)[0] for c, _ in sizes}, ps_cores
 
     # -- what the monitor sees and publishes
 
@@ -443,9 +450,11 @@ class JobSim:
     def _tell_monitor(self, now: float, reason: str = "") -> None:
         """The node events since the last call: pods created, running, died (the executor's view)."""
         phases = self._worker_phases(now)
-        n = max(len(self._w_phase), len(phases))
-        told = np.pad(self._w_phase, (0, n - len(self._w_phase)), constant_values=_ABSENT)
-        now_at = np.pad(phases, (0, n - len(phases)), constant_values=_ABSENT)
+        told, now_at = self._w_phase, phases
+        if len(told) != len(now_at):
+            n = max(len(told), len(now_at))
+            told = np.pad(told, (0, n - len(told)), constant_values=_ABSENT)
+            now_at = np.pad(now_at, (0, n - len(now_at)), constant_values=_ABSENT)
         for i in np.nonzero(told != now_at)[0]:
             self._moved(f"worker-{i}", Role.WORKER, int(told[i]), int(now_at[i]), now, reason)
         self._w_phase = phases
@@ -484,7 +493,6 @@ class JobSim:
         mask = self._training(now)
         psi = self._psi(mask)
         w_used, ps_cores = self._cpu_used(mask, psi)
-        used = iter(w_used)
 
         def noisy(x: float) -> float:
             return x * float(self.rng.lognormal(0.0, cfg.noise)) if cfg.noise > 0 else x
@@ -494,7 +502,7 @@ class JobSim:
         m = job.batch_size
         for i in range(len(self.ready)):
             name = f"worker-{i}"
-            cores = next(used) if mask[i] else 0.0
+            cores = w_used[float(self.w_cpu[i])] if mask[i] else 0.0
             busy, done = float(self.worker_busy[i]), float(self.worker_interval[i])
             if mask[i] and busy > 0 and done > 0:
                 steps = max(1, round(done / m))

@@ -60,6 +60,7 @@ __all__ = [
     "PROFILES",
     "JobTruth",
     "Profile",
+    "cores_used",
     "cpu_used",
     "draw_truth",
     "ps_rss_mb",
@@ -182,11 +183,17 @@ def _effective(cpu: FloatArray, par: float, ovh: float, *, smooth: bool = False)
 
 def cpu_used(t: JobTruth, plan: ResourcePlan, running_workers: int, psi: float) -> tuple[float, list[float]]:
     """(cores used by one running worker, cores used by each PS) at throughput ``psi``."""
+    return cores_used(t, plan.worker_cpu, plan.ps, plan.ps_cpu, running_workers, psi)
+
+
+def cores_used(t: JobTruth, worker_cpu: float, ps: int, ps_cpu: float, running_workers: int,
+               psi: float) -> tuple[float, list[float]]:
+    """:func:`cpu_used` of a plan given by its worker size and PS."""
     if running_workers <= 0 or psi <= 0.0:
-        return 0.0, [0.0] * plan.ps
-    worker = min(plan.worker_cpu, t.par_w, t.ovh_w + t.a_grad * psi / running_workers)
-    cap = min(plan.ps_cpu, t.par_p)
-    return worker, [min(cap, t.ovh_p + s * t.u_ps * psi) for s in ps_shares(t.skew, plan.ps)]
+        return 0.0, [0.0] * ps
+    worker = min(worker_cpu, t.par_w, t.ovh_w + t.a_grad * psi / running_workers)
+    cap = min(ps_cpu, t.par_p)
+    return worker, [min(cap, t.ovh_p + s * t.u_ps * psi) for s in ps_shares(t.skew, ps)]
 
 
 def ps_rss_mb(t: JobTruth, ps: int, trained_s: float) -> list[float]:
