@@ -101,7 +101,8 @@ def test_the_fit_reaches_the_rmsle_minimum_of_a_general_bounded_solver() -> None
     t_obs = np.array([c.workers * c.batch_size / s.throughput for c, s in zip(configs, samples, strict=True)])
 
     def residual(theta: np.ndarray) -> np.ndarray:
-        return np.log(np.maximum(x @ theta, 1e-12)) - np.log(t_obs)
+        out: np.ndarray = np.log(np.maximum(x @ theta, 1e-12)) - np.log(t_obs)
+        return out
 
     ref = least_squares(residual, TRUE.as_vector(), bounds=(0.0, np.inf))
     ref_rmsle = float(np.sqrt(np.mean(residual(ref.x) ** 2)))

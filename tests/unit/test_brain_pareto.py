@@ -56,7 +56,8 @@ def _brute_force_best(space: SearchSpace, model: Model) -> float:
 
 @pytest.fixture(scope="module")
 def front() -> list[Candidate]:
-    return pareto_candidates("job-a", MODEL, SPACE, seed=7)
+    found: list[Candidate] = pareto_candidates("job-a", MODEL, SPACE, seed=7)
+    return found
 
 
 def test_every_candidate_is_non_dominated(front: list[Candidate]) -> None:
