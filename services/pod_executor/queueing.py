@@ -21,7 +21,6 @@ Concurrency contract (kopf ``_core/reactor/queueing.py`` style):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -41,16 +40,18 @@ class JobQueues:
         self._counters = counters
         self._idle_s = idle_s
         self._queues: dict[str, asyncio.Queue[_Item]] = {}
-        self._busy: set[str] = set()
+        self._unfinished = 0  # submitted and not done yet, over every job
 
     def post(self, job: str, work: Callable[[], Awaitable[Any]], what: str = "work") -> None:
         """Queue ``work`` on ``job``'s worker; its errors are logged, not returned."""
         self._queue(job).put_nowait((work, None, what))
+        self._unfinished += 1
 
     async def run(self, job: str, work: Callable[[], Awaitable[T]], what: str = "work") -> T:
         """Queue ``work`` on ``job``'s worker and wait for its result (or its exception)."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue(job).put_nowait((work, fut, what))
+        self._unfinished += 1
         result: T = await fut
         return result
 
@@ -62,7 +63,7 @@ class JobQueues:
         """Wait until every queue is empty and no work runs; False when ``timeout`` passed first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while any(q.qsize() for q in self._queues.values()) or self._busy:
+        while self._unfinished:
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(0.02)
@@ -78,13 +79,13 @@ class JobQueues:
     async def _worker(self, job: str, q: asyncio.Queue[_Item]) -> None:
         while True:
             try:
-                work, fut, what = await asyncio.wait_for(q.get(), self._idle_s)
+                async with asyncio.timeout(self._idle_s):  # a cancelled get leaves its item in the queue
+                    work, fut, what = await q.get()
             except TimeoutError:
                 if q.empty():  # no await between this check and forgetting the queue
                     self._queues.pop(job, None)
                     return
                 continue
-            self._busy.add(job)
             try:
                 result = await work()
             except asyncio.CancelledError:
@@ -105,6 +106,4 @@ class JobQueues:
                 if fut is not None and not fut.done():
                     fut.set_result(result)
             finally:
-                self._busy.discard(job)
-                with contextlib.suppress(ValueError):
-                    q.task_done()
+                self._unfinished -= 1
