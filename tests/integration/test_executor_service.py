@@ -38,7 +38,7 @@ from pacer.contracts.executor import (
 from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
 from pacer.contracts.nodes import NodeEvent
 from pacer.embedded import EmbeddedNats
-from pacer.errors import NotFound, ValidationError
+from pacer.errors import Conflict, NotFound, ValidationError
 from pacer.jobs.spec import parse_job_spec
 from pacer_services.pod_executor import launch
 from pacer_services.pod_executor.app import ExecutorConfig, ExecutorService
@@ -433,3 +433,23 @@ async def test_a_job_whose_backend_hangs_holds_up_no_other_job(env: tuple[Harnes
     assert (await slow).done
     await ev.wait(lambda: [e for e in ev.of("node.running")
                            if (e.job, e.node, e.generation) == ("slowjob", "worker-1", 1)])
+
+
+async def test_a_stop_command_removes_the_node_for_good_and_a_later_command_is_refused(
+        env: tuple[Harness, Events, Bus]) -> None:
+    _h, ev, bus = env
+    await publish_plan(bus, plan(workers=3))
+    await ev.wait(lambda: ev.of("executor.applied"))
+    subject = subjects.executor_rpc(JOB, subjects.ExecutorOp.COMMAND)
+    res = await bus.request(subject, ExecutorCommand(JOB, "worker-2", CommandKind.STOP, "slow", command_id="s1"),
+                            CommandResult, retry=NO_RETRY)
+    assert res.done and res.detail == "stopping"
+    died = await ev.wait(lambda: [e for e in ev.of("node.died") if e.node == "worker-2"])
+    assert not died[0].relaunch  # its shards go back; no pod follows
+    with pytest.raises(Conflict, match="removed"):
+        await bus.request(subject, ExecutorCommand(JOB, "worker-2", CommandKind.RESTART), CommandResult,
+                          retry=NO_RETRY)
+    await asyncio.sleep(0.5)
+    assert not [e for e in ev.of("node.created") if e.node == "worker-2" and e.generation > 0]
+    st = {n.node: n for n in (await status(bus)).nodes}
+    assert st["worker-2"].phase.value == "exited" and st["worker-1"].phase.value == "running"
