@@ -113,6 +113,7 @@ async def test_antdt_nd_restarts_a_persistent_worker_straggler_once_per_cooldown
     await publish(bus, stats("j1", nodes))
     d = await env.wait(lambda: [x for x in env.decisions if x.job == "j1"])
     assert any(a.kind is ActionKind.KILL_RESTART and a.node == "worker-1" for a in d[0].executed)
+    assert d[0].decision_ms > 0  # timed by the policy service that served the pure policy
     cmd = await env.wait(lambda: [c for c in env.commands if c.job == "j1"])
     assert cmd[0].node == "worker-1" and cmd[0].kind is CommandKind.RESTART and cmd[0].command_id
     await publish(bus, stats("j1", nodes))  # the same straggler again: within the cool-down

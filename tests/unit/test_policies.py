@@ -185,7 +185,6 @@ def test_nd_persistent_worker_is_restarted_when_the_cluster_is_idle() -> None:
     assert "2.10x" in a.reason and "persistent" in a.reason and "10 min" in a.reason
     # Its slowness is about to be cured: no batch re-sizing for it.
     assert ActionKind.ADJUST_BS not in kinds(d)
-    assert d.decision_ms > 0
 
 
 def test_nd_busy_cluster_blocks_worker_restart_but_still_adjusts_batches() -> None:
@@ -338,10 +337,11 @@ def test_none_never_acts() -> None:
     assert d.actions == [] and d.reason and d.policy == "none"
 
 
-def test_registry_covers_the_builtins_and_times_them() -> None:
+def test_registry_covers_the_builtins_which_read_no_clock() -> None:
     assert set(registry.BUILTINS) == set(POLICY_BUILTINS)
     req = request(workers(node("worker-9", bpt=2.5, kind=P)))
     for name, decide in registry.BUILTINS.items():
         d = decide(req)
-        assert d.policy == name and d.job == JOB and d.decision_ms > 0
+        # decision_ms is the serving shell's measurement (pacer.policy.serve_policies), not the policy's.
+        assert d.policy == name and d.job == JOB and d.decision_ms == 0
     assert registry.get("my-policy") is None

@@ -3,17 +3,15 @@
 The same functions answer ``pacer.policy.<name>.decide`` in the live system
 and drive the cluster simulator (:mod:`.registry` maps names to them).  This
 module holds what they share: which nodes take part, how fast each worker
-is, and the stopwatch that fills ``decision_ms``.  Nothing here does IO;
-``decision_ms`` is a measurement only and never feeds a decision.
+is.  Nothing here does IO or reads a clock: ``decision_ms`` is measured by
+whoever calls a policy (the policy service, :func:`pacer.policy.serve_policies`;
+the benchmarks), never by the policy itself.
 """
 
 from __future__ import annotations
 
-import functools
 import statistics
-import time
 from collections.abc import Callable
-from dataclasses import replace
 
 from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats
 from pacer.contracts.policy import PolicyDecision, PolicyRequest
@@ -78,15 +76,3 @@ def param_float(req: PolicyRequest, key: str, default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         return default
     return float(value)
-
-
-def timed(fn: Decide) -> Decide:
-    """Fill ``PolicyDecision.decision_ms`` with the time ``fn`` took (a measurement, not an input)."""
-
-    @functools.wraps(fn)
-    def wrapper(req: PolicyRequest) -> PolicyDecision:
-        t0 = time.perf_counter()
-        decision = fn(req)
-        return replace(decision, decision_ms=(time.perf_counter() - t0) * 1000.0)
-
-    return wrapper

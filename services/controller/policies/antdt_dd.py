@@ -31,7 +31,7 @@ from typing import Any
 from pacer.contracts.agent import ActionKind
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 
-from . import current_assignment, live_workers, param_float, timed, worker_speeds
+from . import current_assignment, live_workers, param_float, worker_speeds
 from .batch import DeviceGroup, balance_groups
 
 NAME = "antdt-dd"
@@ -44,7 +44,7 @@ def _per_group(req: PolicyRequest, key: str, group: str, default: int) -> int:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def _decide(req: PolicyRequest) -> PolicyDecision:
+def decide(req: PolicyRequest) -> PolicyDecision:
     def nothing(reason: str) -> PolicyDecision:
         return PolicyDecision(job=req.job, policy=NAME, reason=reason)
 
@@ -98,4 +98,3 @@ def _decide(req: PolicyRequest) -> PolicyDecision:
     return PolicyDecision(job=req.job, policy=NAME, actions=[action], reason="balance device groups once (AntDT-DD)")
 
 
-decide = timed(_decide)

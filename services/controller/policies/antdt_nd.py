@@ -36,7 +36,6 @@ from . import (
     live_servers,
     live_workers,
     param_float,
-    timed,
     worker_speeds,
 )
 from .batch import balance, makespan
@@ -107,7 +106,7 @@ def adjust_batch(req: PolicyRequest, lam: float, expected: dict[str, float] | No
     )
 
 
-def _decide(req: PolicyRequest) -> PolicyDecision:
+def decide(req: PolicyRequest) -> PolicyDecision:
     stats = req.stats
     lam = param_float(req, "lambda", stats.slowness_ratio)
     blocked = set(req.restart_blocked)
@@ -151,4 +150,3 @@ def _decide(req: PolicyRequest) -> PolicyDecision:
     return PolicyDecision(job=req.job, policy=NAME, actions=actions, reason=reason)
 
 
-decide = timed(_decide)

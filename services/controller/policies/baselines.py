@@ -21,7 +21,7 @@ from __future__ import annotations
 from pacer.contracts.agent import ActionKind
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 
-from . import current_assignment, live_workers, param_float, timed, worker_speeds
+from . import current_assignment, live_workers, param_float, worker_speeds
 from .batch import balance, makespan
 
 LB_BSP = "lb-bsp"
@@ -29,7 +29,7 @@ BACKUP_WORKERS = "backup-workers"
 NONE = "none"
 
 
-def _lb_bsp(req: PolicyRequest) -> PolicyDecision:
+def lb_bsp(req: PolicyRequest) -> PolicyDecision:
     def nothing(reason: str) -> PolicyDecision:
         return PolicyDecision(job=req.job, policy=LB_BSP, reason=reason)
 
@@ -71,7 +71,7 @@ def _memory_caps(req: PolicyRequest, names: list[str]) -> list[int] | int | None
     return [int(caps.get(req.device_groups.get(n, ""), default) or default) for n in names]
 
 
-def _backup_workers(req: PolicyRequest) -> PolicyDecision:
+def backup_workers(req: PolicyRequest) -> PolicyDecision:
     def nothing(reason: str) -> PolicyDecision:
         return PolicyDecision(job=req.job, policy=BACKUP_WORKERS, reason=reason)
 
@@ -95,10 +95,7 @@ def _backup_workers(req: PolicyRequest) -> PolicyDecision:
     return PolicyDecision(job=req.job, policy=BACKUP_WORKERS, actions=[action], reason="replication")
 
 
-def _none(req: PolicyRequest) -> PolicyDecision:
+def none(req: PolicyRequest) -> PolicyDecision:
     return PolicyDecision(job=req.job, policy=NONE, reason="policy none: no straggler mitigation")
 
 
-lb_bsp = timed(_lb_bsp)
-backup_workers = timed(_backup_workers)
-none = timed(_none)

@@ -2,7 +2,8 @@
 
 The controller's policy service answers ``pacer.policy.<name>.decide`` for
 each name here by calling the function; the cluster simulator calls the very
-same functions.  Every function fills ``PolicyDecision.decision_ms``.
+same functions.  They read no clock: the serving shell fills
+``PolicyDecision.decision_ms``.
 """
 
 from __future__ import annotations
