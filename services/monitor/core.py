@@ -268,8 +268,11 @@ class JobWindows:
                 nw.lifecycle = NodeState.DEAD
             nw.died_at = ev.ts if nw.died_at is None else max(nw.died_at, ev.ts)
             # The relaunched node may land on another machine (that is the
-            # point of KILL_RESTART): its old BPTs say nothing about it.
+            # point of KILL_RESTART): its old BPTs say nothing about it, and
+            # the dead process's CPU and RSS must not pass for the new one's
+            # until it reports (the brain would calibrate on them).
             nw.samples.clear()
+            nw.cpu_percent, nw.rss_bytes = 0.0, 0
         elif kind in PENDING_KINDS:
             nw.revive()
             nw.begin_pending(now)

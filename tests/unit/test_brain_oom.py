@@ -168,3 +168,18 @@ def test_a_replaced_worker_starts_afresh_without_the_old_process_samples() -> No
         watch.feed(window(100.0 + 10.0 * i, {"worker-1": 700.0}, {"worker-1": 1}))
     assert [s.rss_mb for s in watch.nodes["worker-1"]] == [700.0] * 6
     assert watch.plan_for(replace(PLAN, worker_memory_mb=3648), 1000.0, roles=ALL_ROLES) is None
+
+
+def test_a_dead_node_forecasts_nothing() -> None:
+    """worker-1 grew towards its limit, then was scaled away: the monitor shows it DEAD (with its last RSS)
+    until the job ends.  No process is left to run out of memory, so no plan raises memory for it."""
+    watch = MemoryWatch()
+    for i in range(10):
+        watch.feed(window(10.0 * i, {"worker-0": 900.0, "worker-1": 1800.0 + 20.0 * i}))
+    assert watch.plan_for(PLAN, 1000.0, roles=ALL_ROLES) is not None  # growing while it runs: would be raised
+    gone = window(100.0, {"worker-0": 900.0, "worker-1": 1980.0})
+    gone = replace(gone, nodes=[replace(n, state=NodeState.DEAD) if n.node == "worker-1" else n
+                                for n in gone.nodes])
+    watch.feed(gone)
+    assert "worker-1" not in watch.nodes
+    assert watch.plan_for(PLAN, 1000.0, roles=ALL_ROLES) is None

@@ -257,9 +257,11 @@ def test_died_relaunched_pending_running_counts_restarts_and_pending_time() -> N
     st = by_node(core.statistics(JOB, T0 + 100))["w0"]
     assert st.state is NodeState.DEAD and st.restarts == 0
     assert st.bpt_short_s == 0.0  # the old machine's BPTs are gone
-    # A late report of a step before the death does not revive it.
+    assert (st.cpu_percent, st.rss_bytes) == (0.0, 0)  # and so is the dead process's CPU and RSS
+    # A late report of a step before the death does not revive it, nor bring its readings back.
     core.observe_metrics(metrics("w0", T0 + 95, 1.0), T0 + 101)
-    assert by_node(core.statistics(JOB, T0 + 101))["w0"].state is NodeState.DEAD
+    st = by_node(core.statistics(JOB, T0 + 101))["w0"]
+    assert st.state is NodeState.DEAD and (st.cpu_percent, st.rss_bytes) == (0.0, 0)
     core.observe_node_event(NodeEvent(JOB, "w0", "started", T0 + 110, "", "worker"), T0 + 110)
     st = by_node(core.statistics(JOB, T0 + 150))["w0"]
     assert st.state is NodeState.PENDING and st.restarts == 1

@@ -230,6 +230,8 @@ class MemoryWatch:
     replaced with a new size, moved by a migration) is a new process whose
     RSS starts afresh: its old samples are dropped, and so is the old
     process's last report, which the monitor shows until the new one reports.
+    A DEAD node (scaled away, a PS retired by a migration) has no process:
+    its samples are dropped too, so no OOM is forecast from them.
     """
 
     def __init__(self, config: OomConfig = DEFAULT_OOM) -> None:
@@ -246,6 +248,11 @@ class MemoryWatch:
                 self.forget(n.node)
                 self._stale[n.node] = rss
             self._seen[n.node] = (n.restarts, n.rss_bytes)
+            if n.state is NodeState.DEAD:
+                # Scaled away, or a PS retired by a migration: the monitor keeps showing it
+                # until the job ends, but no process is left to run out of memory.
+                self.forget(n.node)
+                continue
             if n.rss_bytes == self._stale.get(n.node):
                 continue  # the previous process's last report
             self._stale.pop(n.node, None)
