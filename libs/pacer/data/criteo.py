@@ -11,7 +11,7 @@ them without paying TensorFlow's start-up cost:
   stream in chunks of ``RECORD_DTYPE`` records and reject a malformed line
   with :class:`MalformedLine`, naming the file and the line number.
 * :class:`RecordFile`: a 64-byte header followed by fixed-width records.  A
-  shard is ``(offset, length)`` over records (DESIGN.md, "Data"), so a worker
+  shard is ``(offset, length)`` over records (docs/design.md, "Data"), so a worker
   reads its shard with a memory map at a computed byte offset: O(1) to find,
   no scan of the file.
 * :func:`generate`: Criteo-like data with a *planted* signal (skewed dense

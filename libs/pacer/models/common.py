@@ -1,7 +1,7 @@
 """Shared pieces of the models: the spec, inputs, embeddings, dense layers, optimizers.
 
 Everything is ``tf.compat.v1`` graph mode built from ``get_variable`` only:
-Keras 3 breaks ``tf.compat.v1.layers`` (DESIGN.md, "Facts measured"), and
+Keras 3 breaks ``tf.compat.v1.layers`` (docs/design.md, "Facts measured"), and
 raw variables keep the variable names under our control, which between-graph
 PS training needs: every worker process builds the same graph on its own, and
 the variables are matched by name on the parameter servers.

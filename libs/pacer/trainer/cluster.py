@@ -1,7 +1,7 @@
 """The description of one TensorFlow PS cluster on this machine.
 
 The ClusterSpec fixes the worker slots, so the maximum worker count is
-declared up front and unused slots stay idle (DESIGN.md, measured facts);
+declared up front and unused slots stay idle (docs/design.md, measured facts);
 elasticity within that maximum needs no new ClusterSpec.
 """
 

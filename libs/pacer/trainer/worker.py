@@ -1,6 +1,6 @@
 """A training worker: ``python -m pacer.trainer.worker --config JSON``.
 
-Between-graph PS training in ``tf.compat.v1`` graph mode (DESIGN.md, measured
+Between-graph PS training in ``tf.compat.v1`` graph mode (docs/design.md, measured
 facts): each worker builds the graph under ``replica_device_setter``, runs a
 ``Session`` on its own ``tf.distribute.Server`` with ``device_filters`` so it
 depends only on the PS tasks and itself, and reads its data only through the
@@ -292,7 +292,7 @@ class Trainer:
                 break
             if self.is_chief and not restored:
                 # Initialise only what is missing: a restarted chief must not wipe the PS
-                # (MonitoredTrainingSession would; DESIGN.md, measured facts).
+                # (MonitoredTrainingSession would; docs/design.md, measured facts).
                 self.sess.run([self.global_init[m] for m in missing if m in self.global_init])
                 continue
             if time.monotonic() > deadline:
@@ -592,7 +592,7 @@ def run(cfg: WorkerConfig) -> int:
             Path(cfg.result).write_text(json.dumps(result))
         print(json.dumps(result), flush=True)
     except tf.errors.OpError as exc:
-        # A PS died: the session may hang at exit (DESIGN.md): leave at once.
+        # A PS died: the session may hang at exit (docs/design.md): leave at once.
         print(f"worker {cfg.node}: TensorFlow error {type(exc).__name__}: {exc.message[:300]}", file=sys.stderr, flush=True)
         os._exit(1)
     finally:

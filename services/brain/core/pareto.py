@@ -24,7 +24,7 @@ and per GiB of memory (:class:`Prices`).
 
 Budget: population 40, 50 generations (2,000 evaluations, vectorised
 through :meth:`Model.predict_many`): ~0.3 s on this machine class
-(DESIGN.md), the front of a 4-variable problem is stable well before.
+(docs/design.md), the front of a 4-variable problem is stable well before.
 Deterministic for a given ``seed`` (pymoo draws from its own
 ``numpy.random.default_rng(seed)``).
 """

@@ -80,7 +80,7 @@ class StageConfig:
     memory_step_mb: int = 64  # memory is rounded up to this
     min_memory_mb: int = 512  # no node gets less
     max_node_memory_mb: int = 64 * 1024  # no node gets more (OOM doubling stops here)
-    process_base_mb: int = 600  # RSS of a bare TF process (DESIGN.md): not partitioned over PS
+    process_base_mb: int = 600  # RSS of a bare TF process (docs/design.md): not partitioned over PS
     ps_saturated: float = 0.9  # sample: PS CPU use / PS CPU above this -> more PS CPU (§4.2 "like 0.9")
     hot_ps: float = 0.9  # adjust: a PS whose CPU use / its CPU is above this is hot
     idle_ps: float = 0.5  # adjust: PS CPU use / PS CPU below this is idle

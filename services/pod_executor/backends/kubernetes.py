@@ -74,7 +74,7 @@ class KubernetesBackend:
 
     This backend is tested only against an in-process fake of the Kubernetes
     REST endpoints it uses (``tests/fake_k8s.py``), because no API server can
-    run on the development machine (DESIGN.md); it has not been run against a
+    run on the development machine (docs/design.md); it has not been run against a
     real cluster.
 
     ``api_client`` is owned by the caller (``close`` does not close it).

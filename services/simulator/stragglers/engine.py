@@ -75,7 +75,7 @@ The model (all times are simulated seconds from 0; no wall clock anywhere):
   KILL_RESTART of a PS pauses every worker for ``pending_s + init_s`` (they
   cannot push or pull; they restart on the new cluster, so every worker is
   back at B / n, C = 1); no data is lost (the shard log and flash
-  checkpoints keep the state, DESIGN.md).
+  checkpoints keep the state, docs/design.md).
 * Determinism: events are a heap of (time, seq, kind, payload); every random
   draw is seeded from the scenario seed.
 """
