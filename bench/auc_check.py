@@ -1,6 +1,6 @@
 """Does one epoch of single-process training over generated Criteo-like data reach the project's AUC bar?
 
-The bar (DESIGN.md, "Data"): Wide & Deep reaches held-out AUC >= 0.70 after
+The bar (docs/design.md, "Data"): Wide & Deep reaches held-out AUC >= 0.70 after
 one epoch over 1M generated rows, batch 256.  For every model this prints
 one JSON line: model, rows, held-out AUC and log loss, training steps/s, and
 the oracle AUC (the generator's true click probabilities on the same

@@ -5,7 +5,7 @@ as they can over one dataset of S shards (default 20,000); every reply is sent
 only after JetStream has stored the records it depends on.  In the same run,
 for a side-by-side ratio on this noisy shared machine, the same clients run
 in *naive* mode: prefetch 1, one request per shard (what a straightforward
-get/report protocol costs).  DLRover 0.6.1's measured anchor (DESIGN.md:
+get/report protocol costs).  DLRover 0.6.1's measured anchor (docs/design.md:
 ~1.1k pairs/s with one client, 1.3-1.9k with four, over its gRPC master) is
 printed beside it for reference; it is not re-measured here.
 
@@ -41,7 +41,7 @@ from pacer.contracts.shards import DatasetSpec, LeaseRequest
 from pacer.shards.client import ShardAdmin, ShardClient
 from pacer_services.cli.stack import Stack
 
-DLROVER_ANCHOR_PAIRS_PER_S = 1100.0  # DESIGN.md: DLRover 0.6.1 gRPC master, one client
+DLROVER_ANCHOR_PAIRS_PER_S = 1100.0  # docs/design.md: DLRover 0.6.1 gRPC master, one client
 RECORDS_PER_SHARD = 100
 
 

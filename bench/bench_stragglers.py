@@ -89,7 +89,7 @@ ideal_jct_s, speedup_vs_native_pct}``), ``decision_ms_1000_workers``,
     (the shard round trip is a ``BlockingShardClient.next()`` + ``done()``
     measured against the same live shard service, median of 50); without
     ``--real``, from the simulated Table III native BSP run with the check
-    cost measured here and a 1 ms shard round trip (DESIGN.md: shard RPCs
+    cost measured here and a 1 ms shard round trip (docs/design.md: shard RPCs
     ~0.4 ms p50).  It is an upper bound: the trainer's shard client fetches
     the next shard in a background thread, so a hand-over does not always
     block a step.
@@ -129,7 +129,7 @@ NATIVE = {"bsp": "bsp", "asp": "asp"}
 TARGET_IDEAL_PCT = 10.0  # AntDT-ND within 10 % of the straggler-free JCT at SI 0.8
 TARGET_DECISION_MS = 20.0
 TARGET_OVERHEAD_PCT = 0.5
-ASSUMED_SHARD_RTT_MS = 1.0  # without --real: DESIGN.md measures ~0.4 ms p50 per shard RPC; rounded up
+ASSUMED_SHARD_RTT_MS = 1.0  # without --real: docs/design.md measures ~0.4 ms p50 per shard RPC; rounded up
 
 # Table III setup (AntDT §VII-A); worker_speed / ps_time_s / comm_s are our assumption (2 s healthy step).
 CLUSTER = {"workers": 20, "ps": 8, "worker_speed": 2560, "ps_time_s": 0.2, "comm_s": 0.2, "pending_s": 20,

@@ -1,6 +1,6 @@
 """A small in-process fake of the Kubernetes REST endpoints the pod-executor uses.
 
-No Kubernetes API server can run on the development machine (DESIGN.md), so
+No Kubernetes API server can run on the development machine (docs/design.md), so
 :mod:`pacer_services.pod_executor.backends.kubernetes` is tested against this fake over
 real HTTP, with the official ``kubernetes`` client.  It implements only:
 

@@ -1,6 +1,6 @@
 """The Kubernetes backend over real HTTP, against the in-process fake API server.
 
-No API server can run here (DESIGN.md), so these tests check what the
+No API server can run here (docs/design.md), so these tests check what the
 backend sends and how it reads back what a kubelet would report, through the
 official client and ``tests/fake_k8s.py``; they say nothing about a real
 cluster's scheduling, DNS or garbage collection.
