@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import math
@@ -84,6 +85,12 @@ STATUS: dict[str, int] = {
     "unavailable": 503,
 }
 
+#: The shortest bearer token accepted (``secrets.token_urlsafe(32)`` gives 43 characters).
+MIN_TOKEN_LEN = 16
+
+#: Where the SSE endpoint also accepts the token (``EventSource`` cannot set headers).
+TOKEN_QUERY = "access_token"
+
 #: The message class of each event, by (domain, kind); ``"*"`` = any kind.
 EVENT_TYPES: dict[tuple[str, str], type[Any]] = {
     ("job", subjects.JobEventKind.PLAN): ResourcePlan,
@@ -118,12 +125,24 @@ class ApiConfig:
     queue_size: int = 10_000  # live events buffered per SSE client
     rpc_timeout_s: float = 5.0  # job service requests
     part_timeout_s: float = 1.5  # executor / monitor parts of GET /api/jobs/{job} (optional)
+    token: str = ""  # the bearer token every /api request must carry (PACER_API_TOKEN)
 
     @classmethod
     def from_env(cls) -> ApiConfig:
-        """``PACER_API_HOST`` (default 127.0.0.1) and ``PACER_API_PORT`` (default 8750)."""
+        """``PACER_API_HOST`` (default 127.0.0.1), ``PACER_API_PORT`` (default 8750), ``PACER_API_TOKEN``.
+
+        The token is required: an API without one would let anything that
+        reaches the port stop jobs.  ``pacer up`` generates one; in Kubernetes
+        it comes from the ``pacer-api-token`` Secret.
+        """
         env = os.environ
-        return cls(host=env.get("PACER_API_HOST", cls.host), port=int(env.get("PACER_API_PORT", str(cls.port))))
+        token = env.get("PACER_API_TOKEN", "").strip()
+        if len(token) < MIN_TOKEN_LEN:
+            raise ValidationError(
+                f"PACER_API_TOKEN: unset or shorter than {MIN_TOKEN_LEN} characters; "
+                "generate one, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+        return cls(host=env.get("PACER_API_HOST", cls.host), port=int(env.get("PACER_API_PORT", str(cls.port))),
+                   token=token)
 
 
 # ------------------------------------------------------------------ pure helpers
@@ -213,9 +232,12 @@ class ApiService:
 
     name = "api"
 
-    def __init__(self, bus: Bus, cfg: ApiConfig | None = None) -> None:
+    def __init__(self, bus: Bus, cfg: ApiConfig) -> None:
+        if len(cfg.token) < MIN_TOKEN_LEN:
+            raise ValidationError(f"api token: shorter than {MIN_TOKEN_LEN} characters")
         self.bus = bus
-        self.cfg = cfg or ApiConfig()
+        self.cfg = cfg
+        self._token = cfg.token.encode()
         self.counters = Counters(self.name)
         self.jobs = JobClient(bus, timeout=self.cfg.rpc_timeout_s, retry=RetryPolicy(attempts=3))
         # Optional parts of the job page: one quick try, the page works without them.
@@ -227,7 +249,7 @@ class ApiService:
 
     # ================================================================ lifecycle
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors], client_max_size=1 << 20)
+        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=1 << 20)
         r = app.router
         r.add_get("/healthz", self.healthz)
         r.add_get("/api/jobs", self.list_jobs)
@@ -283,6 +305,31 @@ class ApiService:
             self.counters.inc("internal_errors")
             log.exception("request failed: %s %s", request.method, request.path)
             return web.json_response(error_body("internal", f"internal error: {type(exc).__name__}"), status=500)
+
+    @web.middleware
+    async def _auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Every ``/api/`` request carries ``Authorization: Bearer <token>`` (401 otherwise).
+
+        The events stream also takes ``?access_token=`` (RFC 6750 §2.3), since a
+        browser's ``EventSource`` cannot set headers.  The dashboard's static
+        files and ``/healthz`` (the readiness probe; it reveals no job) are open.
+        """
+        if not request.path.startswith("/api/"):
+            return await handler(request)
+        given = ""
+        scheme, _, cred = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            given = cred.strip()
+        elif request.path.endswith("/events"):
+            given = request.query.get(TOKEN_QUERY, "")
+        if not hmac.compare_digest(given.encode(), self._token):  # constant time in the token's content
+            self.counters.inc("errors", code="unauthorized")
+            message = "missing bearer token" if not given else "wrong bearer token"
+            return web.json_response(error_body("unauthorized", f"{message}: send Authorization: Bearer <token>"),
+                                     status=401, headers={"WWW-Authenticate": 'Bearer realm="pacer"'})
+        return await handler(request)
 
     # ================================================================ JSON API
     async def healthz(self, request: web.Request) -> web.Response:

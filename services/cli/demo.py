@@ -118,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
     port = args.api_port or free_port()
     print(f"pacer demo: starting the embedded stack in {data_dir} ...", file=sys.stderr)
     with Stack(data_dir, env={"PACER_API_PORT": str(port)}) as stack:
-        print(f"pacer demo: dashboard at http://127.0.0.1:{port}/  (jobs, live throughput, nodes, shards)",
+        print(f"pacer demo: dashboard at {stack.dashboard_url(port)}  (jobs, live throughput, nodes, shards)",
               file=sys.stderr)
         data = data_dir / "data" / "train.rec"
         data.parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +129,7 @@ def main(args: argparse.Namespace) -> int:
         rec = asyncio.run(_follow(stack.url, _spec(data, heldout_path(data)), args.kill_one, args.timeout))
         out = summary(rec)
         if args.keep:
-            print(f"pacer demo: the stack keeps running; dashboard at http://127.0.0.1:{port}/ "
+            print(f"pacer demo: the stack keeps running; dashboard at {stack.dashboard_url(port)} "
                   "(Ctrl-C to stop)", file=sys.stderr)
             try:
                 while True:

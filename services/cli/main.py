@@ -45,7 +45,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     stack.start()
     print(f"pacer up: NATS at {stack.url}; services: {', '.join(stack.procs)}; logs in {args.data_dir}")
     api = os.environ.get("PACER_API_PORT", "8750")
-    print(f"pacer up: dashboard and HTTP API at http://127.0.0.1:{api}/")
+    print(f"pacer up: dashboard at {stack.dashboard_url(api)}")
+    print(f"pacer up: HTTP API at http://127.0.0.1:{api}/api/ with 'Authorization: Bearer {stack.api_token}'")
     print(f"export PACER_NATS_URL={stack.url}   # Ctrl-C stops everything")
     try:
         while not stopping:

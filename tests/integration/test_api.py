@@ -194,8 +194,13 @@ def executor_status(job: str) -> ExecutorStatus:
 # ------------------------------------------------------------------ fixtures and helpers
 
 
+TOKEN = "test-token-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
 def api_config() -> ApiConfig:
-    return ApiConfig(host="127.0.0.1", port=0, keepalive_s=0.5, poll_s=0.1, rpc_timeout_s=2.0, part_timeout_s=0.5)
+    return ApiConfig(host="127.0.0.1", port=0, keepalive_s=0.5, poll_s=0.1, rpc_timeout_s=2.0, part_timeout_s=0.5,
+                     token=TOKEN)
 
 
 @pytest.fixture
@@ -215,7 +220,7 @@ async def api_service(nats_server: EmbeddedNats) -> AsyncIterator[ApiService]:
 
 @pytest.fixture
 async def http(api_service: ApiService) -> AsyncIterator[Client]:
-    async with aiohttp.ClientSession(f"http://127.0.0.1:{api_service.port}") as session:
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{api_service.port}", headers=AUTH) as session:
         yield Client(session)
 
 
@@ -389,6 +394,50 @@ async def test_malformed_input_is_400_and_unknown_is_404(http: Client, peers: Pe
     assert status == 200 and health["status"] == "ok"  # nothing above hurt the service
 
 
+async def test_every_api_request_needs_the_bearer_token(api_service: ApiService, peers: PeerDouble) -> None:
+    peers.add_running("tok1")
+    paths = [("GET", "/api/jobs"), ("GET", "/api/jobs/tok1"), ("POST", "/api/jobs/tok1/stop"),
+             ("GET", "/api/jobs/tok1/logs?node=worker-0"), ("GET", "/api/events?job=tok1"),
+             ("GET", "/api/nothing-here")]
+    wrong = [{}, {"Authorization": "Bearer wrong-token-0123456789abcdef"}, {"Authorization": f"Basic {TOKEN}"},
+             {"Authorization": "Bearer "}, {"Authorization": f"Bearer {TOKEN}x"}]
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{api_service.port}") as session:
+        http = Client(session)
+        for method, path in paths:
+            for headers in wrong:
+                status, body = await http.call(method, path, headers=headers)
+                assert status == 401, (method, path, headers, status, body)
+                assert body["error"]["code"] == "unauthorized", body
+        # The token in the query is for the event stream only (EventSource cannot set headers).
+        status, body = await http.call("GET", f"/api/jobs?access_token={TOKEN}")
+        assert status == 401
+        async with session.get(f"/api/events?job=tok1&replay=0&access_token={TOKEN}") as resp:
+            assert resp.status == 200 and resp.content_type == "text/event-stream"
+        async with session.get("/api/events?job=tok1&access_token=nope") as resp:
+            assert resp.status == 401
+        status, body = await http.call("GET", "/api/jobs", headers=AUTH)
+        assert status == 200 and [r["job"] for r in body["jobs"]] == ["tok1"]
+        status, body = await http.call("GET", "/api/jobs", headers={"Authorization": f"bearer {TOKEN}"})
+        assert status == 200  # the scheme is case-insensitive (RFC 7235)
+        # Open: the readiness probe and the dashboard's files (they hold no data).
+        for path in ("/healthz", "/", "/static/app.js"):
+            async with session.get(path) as resp:
+                assert resp.status == 200, path
+    assert peers.records["tok1"].state is JobState.RUNNING  # no unauthenticated stop got through
+    assert api_service.counters.snapshot()["errors"] >= len(paths) * len(wrong)
+
+
+def test_the_api_refuses_to_start_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PACER_API_TOKEN", raising=False)
+    with pytest.raises(ValidationError, match="PACER_API_TOKEN"):
+        ApiConfig.from_env()
+    monkeypatch.setenv("PACER_API_TOKEN", "short")
+    with pytest.raises(ValidationError, match="PACER_API_TOKEN"):
+        ApiConfig.from_env()
+    monkeypatch.setenv("PACER_API_TOKEN", TOKEN)
+    assert ApiConfig.from_env().token == TOKEN
+
+
 async def test_job_service_down_is_503(http: Client) -> None:
     status, body = await http.call("GET", "/api/jobs")
     assert status == 503 and body["error"]["code"] == "unavailable"
@@ -493,7 +542,7 @@ async def test_sse_history_is_capped_at_the_newest(nats_server: EmbeddedNats, bu
             await bus.publish_durable(subjects.node_event(job, "created"),
                                       NodeEvent(job=job, node=f"worker-{i}", kind="created", ts=float(i)))
             await bus.publish_durable(subjects.monitor_statistics(job), statistics(job, float(i), float(i)))
-        async with aiohttp.ClientSession(f"http://127.0.0.1:{svc.port}") as session:
+        async with aiohttp.ClientSession(f"http://127.0.0.1:{svc.port}", headers=AUTH) as session:
             async with session.get(f"/api/events?job={job}") as resp:
                 events = [e for e in await read_sse(resp, "replayed") if e[0] != ":"]
         nodes = [d["node"] for n, d in events if n == "node.created"]

@@ -39,7 +39,7 @@ from pacer.contracts.jobs import JobEvent, JobState
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetMode, DatasetStatus, ProgressEvent
 from pacer_services.api.app import ApiService
-from test_api import PeerDouble, statistics
+from test_api import TOKEN, PeerDouble, statistics
 
 # The API's fixtures, shared with its own tests.
 api_service = test_api.api_service
@@ -313,7 +313,7 @@ async def test_job_page_shows_a_running_job_live(base_url: str, bus: Bus, peers:
     await bus.publish_durable(subjects.event("shard", job, "progress"), progress(job, todo=6, doing=2, done=2))
 
     async with Browser() as b:
-        await b.goto(f"{base_url}/#/jobs/{job}")
+        await b.goto(f"{base_url}/#token={TOKEN}&/jobs/{job}")  # the form `pacer up` prints
         await b.wait_for("document.querySelector('#conn')?.dataset.state === 'live'"
                          " && document.querySelector('#throughput')?.dataset.value === '1500'"
                          " && document.querySelectorAll('#nodes-body tr[data-node]').length === 3"
@@ -366,13 +366,13 @@ async def test_render_opened_mid_job_and_unknown_job(base_url: str, bus: Bus, pe
     peers.add_running(job)
     await bus.publish_durable(subjects.node_event(job, "running"), node_event(job, "worker-0", "running"))
     await bus.publish_durable(subjects.monitor_statistics(job), statistics(job, 42.0))
-    html = await render(f"{base_url}/jobs/{job}",  # the path form of the job page
+    html = await render(f"{base_url}/jobs/{job}#token={TOKEN}",  # the path form of the job page
                         until="document.querySelector('#throughput')?.dataset.value === '42'")
     page = parse_dom(html)
     assert page.find(id="job-state").text == "running"
     assert page.find(tag="tr", data_node="worker-0").find(data_field="state").text == "running"
 
-    html = await render(f"{base_url}/#/jobs/ghost",
+    html = await render(f"{base_url}/#token={TOKEN}&/jobs/ghost",
                         until="document.querySelector('#job-error')?.hidden === false")
     assert "No job named ghost" in parse_dom(html).find(id="job-error").text
 
@@ -380,7 +380,7 @@ async def test_render_opened_mid_job_and_unknown_job(base_url: str, bus: Bus, pe
 async def test_jobs_list_page(base_url: str, peers: PeerDouble) -> None:
     peers.add_running("alpha")
     peers.add_running("beta", now=time.time() - 100)
-    html = await dump_dom(f"{base_url}/", budget_ms=2000)
+    html = await dump_dom(f"{base_url}/#token={TOKEN}", budget_ms=2000)
     page = parse_dom(html)
     rows = page.find(id="jobs-body").find_all(tag="tr")
     assert [r.attrs["data-job"] for r in rows] == ["alpha", "beta"]  # newest first, as listed

@@ -195,9 +195,8 @@ async def test_dashboard_shows_the_running_job_and_stop_works(stack: Stack, clie
     await client.submit("e2e-dash", spec_yaml("e2e-dash", data))
     await wait_for(client, "e2e-dash", lambda r: r.state is JobState.RUNNING and r.progress.shards_done > 0,
                    what="a running job")
-    url = f"http://127.0.0.1:{stack.env['PACER_API_PORT']}"
     async with Browser() as b:
-        await b.goto(f"{url}/#/jobs/e2e-dash")
+        await b.goto(stack.dashboard_url(stack.env["PACER_API_PORT"], "/jobs/e2e-dash"))  # as `pacer up` prints it
         await b.wait_for("document.querySelector('#job-state')?.dataset.state === 'running'"
                          " && document.querySelectorAll('#nodes-body tr[data-node]').length === 4"
                          " && Number(document.querySelector('#throughput')?.dataset.value) > 0"

@@ -9,6 +9,13 @@
 // or a reason cannot inject markup.  Elements that tests and scripts read
 // have stable ids or data attributes: #job-state, #throughput[data-value],
 // [data-node="worker-0"] [data-field="state"], #shards-done, #timeline li[data-kind].
+//
+// The API wants a bearer token.  `pacer up` prints the dashboard URL with it in
+// the fragment, #token=<token> (optionally followed by &<route>, e.g.
+// #token=abc&/jobs/demo): a fragment never reaches a server or its logs.  The
+// page keeps it in sessionStorage (this tab only), removes it from the address
+// bar, and sends it as `Authorization: Bearer` on every fetch; the event stream
+// (EventSource cannot set headers) carries it as ?access_token=.
 "use strict";
 
 const TERMINAL = new Set(["completed", "failed", "stopped"]);
@@ -26,6 +33,23 @@ const EVENT_NAMES = [
 const SERIES_MAX = 300;     // throughput points kept for the chart
 const TIMELINE_MAX = 400;   // timeline entries kept
 const METRICS_FRESH_S = 30; // agent metrics older than this do not count in the fallback throughput
+
+// ------------------------------------------------------------------ the API token
+
+const TOKEN_KEY = "pacer.token";
+let memToken = ""; // when sessionStorage is unavailable (privacy modes)
+
+function takeToken() {
+  const m = location.hash.match(/^#token=([^&]*)(?:&(.*))?$/);
+  if (!m) return;
+  memToken = decodeURIComponent(m[1]);
+  try { sessionStorage.setItem(TOKEN_KEY, memToken); } catch (e) { /* memToken serves */ }
+  history.replaceState(null, "", location.pathname + location.search + (m[2] ? "#" + m[2] : ""));
+}
+
+function token() {
+  try { return sessionStorage.getItem(TOKEN_KEY) || memToken; } catch (e) { return memToken; }
+}
 
 // ------------------------------------------------------------------ helpers
 
@@ -100,7 +124,7 @@ function jct(rec) {
 }
 
 async function api(method, path, body, type) {
-  const opts = { method, headers: {} };
+  const opts = { method, headers: { Authorization: "Bearer " + token() } };
   if (body !== undefined) {
     opts.body = body;
     opts.headers["Content-Type"] = type || "application/json";
@@ -110,7 +134,9 @@ async function api(method, path, body, type) {
   try { data = await resp.json(); } catch (e) { data = null; }
   if (!resp.ok) {
     const err = (data && data.error) || { code: "http_" + resp.status, message: resp.statusText };
-    const e = new Error(err.message);
+    const e = new Error(resp.status === 401
+      ? `${err.message} (open the dashboard with the URL \`pacer up\` printed: it carries the token)`
+      : err.message);
     e.code = err.code;
     e.status = resp.status;
     throw e;
@@ -138,7 +164,7 @@ function route() {
   current = m ? new JobView(m[1]) : new JobsView();
 }
 
-window.addEventListener("hashchange", route);
+window.addEventListener("hashchange", () => { takeToken(); route(); });
 
 // ------------------------------------------------------------------ jobs list
 
@@ -323,7 +349,7 @@ class JobView {
 
   connect() {
     setConn("connecting", "connecting...");
-    const es = new EventSource(`/api/events?job=${encodeURIComponent(this.job)}`);
+    const es = new EventSource(`/api/events?job=${encodeURIComponent(this.job)}&access_token=${encodeURIComponent(token())}`);
     this.es = es;
     es.onopen = () => {
       // Every (re)connection replays the history: start the timeline and the series over.
@@ -666,4 +692,5 @@ function nodeOrder(name) {
   return name.startsWith("ps-") ? 0 : name.startsWith("chief") ? 1 : 2;
 }
 
+takeToken();
 route();
