@@ -31,7 +31,7 @@ from pacer.jobs import (
     load_job_spec,
     parse_job_spec,
 )
-from pacer.jobs.spec import spec_to_json
+from pacer.jobs.spec import JOB_NAME_MAX_LEN, is_job_name, spec_to_json
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples" / "jobs").glob("*.yaml"))
@@ -231,6 +231,49 @@ def test_every_problem_is_reported_at_once() -> None:
 def test_not_a_document(text: str) -> None:
     with pytest.raises(JobSpecError, match=r"^spec: "):
         parse_job_spec(text)
+
+
+# ------------------------------------------------------------ job names
+
+# A job's name names its Kubernetes Service and pods: a DNS-1035 label.
+GOOD_NAMES = ["j", "j1", "wide-deep-demo", "a-b-c", "x" * JOB_NAME_MAX_LEN]
+BAD_NAMES = {
+    "My_Job": "capitals and '_'",
+    "myJob": "a capital",
+    "my_job": "an underscore",
+    "my.job": "a dot",
+    "1job": "starts with a digit",
+    "-job": "starts with '-'",
+    "job-": "ends with '-'",
+    "x" * (JOB_NAME_MAX_LEN + 1): "64 characters",
+    "job\n": "a trailing newline",
+    "": "empty",
+}
+
+
+@pytest.mark.parametrize("name", GOOD_NAMES)
+def test_dns_1035_job_names_are_accepted(name: str) -> None:
+    assert is_job_name(name)
+    assert parse_job_spec(_with(name=name)).name == name
+
+
+@pytest.mark.parametrize("name", list(BAD_NAMES), ids=list(BAD_NAMES.values()))
+def test_job_names_that_are_not_dns_1035_labels_are_refused_with_the_rule(name: str) -> None:
+    assert not is_job_name(name)
+    with pytest.raises(JobSpecError) as ei:
+        parse_job_spec(_with(name=name))
+    (problem,) = [p for p in ei.value.problems if p.startswith("name: ")]
+    # The message names the rule, says why, and quotes the name.
+    assert "DNS-1035 label" in problem
+    assert "Kubernetes Service" in problem
+    assert f"at most {JOB_NAME_MAX_LEN} lowercase letters, digits or '-'" in problem
+    assert "starting with a letter and ending with a letter or digit" in problem
+    assert problem.endswith(f"got {name!r}")
+
+
+def test_example_job_names_are_dns_1035_labels() -> None:
+    for path in EXAMPLES:
+        assert is_job_name(load_job_spec(str(path)).name), path.name
 
 
 # ------------------------------------------------------------ default plan

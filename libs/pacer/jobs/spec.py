@@ -32,6 +32,13 @@ Defaults (a field left out)
 ``limits``              none: unbounded
 ======================  =====================================================
 
+The job's name
+--------------
+``name`` is required and must be a DNS-1035 label (at most 63 lowercase
+letters, digits or ``-``, starting with a letter and ending with a letter or
+digit): it names the job's Kubernetes Service and pods.  ``My_Job`` is refused
+with a message that states the rule.
+
 The default plan
 ----------------
 Until the brain-optimizer exists the executor runs :func:`default_plan`:
@@ -54,6 +61,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -95,6 +103,20 @@ class DefaultPlan:
 
 
 DEFAULT_PLAN = DefaultPlan()
+
+# A job's name becomes Kubernetes names (its headless Service, its pods'
+# names and hostnames), so it must be a DNS-1035 label: the rule Kubernetes
+# applies to Service names.
+JOB_NAME_MAX_LEN = 63
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+JOB_NAME_RULE = (f"a DNS-1035 label (it names the job's Kubernetes Service and pods): at most "
+                 f"{JOB_NAME_MAX_LEN} lowercase letters, digits or '-', starting with a letter "
+                 f"and ending with a letter or digit")
+
+
+def is_job_name(value: str) -> bool:
+    """Whether ``value`` is a valid job name (:data:`JOB_NAME_RULE`)."""
+    return len(value) <= JOB_NAME_MAX_LEN and _DNS_1035.fullmatch(value) is not None
 
 
 class JobSpecError(ValidationError):
@@ -180,6 +202,19 @@ class _Checker:
         if not is_token(v):
             self.bad(full, f"must be 1-{MAX_TOKEN_LEN} of letters, digits, '_' or '-', got {v!r}")
             return default
+        return v
+
+    def job_name(self, obj: Mapping[str, Any]) -> str | None:
+        if obj.get("name") is None:
+            self.bad("name", "required")
+            return None
+        v = obj["name"]
+        if type(v) is not str:
+            self.bad("name", f"must be a string, got {_kind(v)} {v!r}")
+            return None
+        if not is_job_name(v):
+            self.bad("name", f"must be {JOB_NAME_RULE}, got {v!r}")
+            return None
         return v
 
     def text(self, obj: Mapping[str, Any], key: str, path: str, required: bool) -> str:
@@ -379,7 +414,7 @@ def validate_job_spec(data: Any) -> JobSpec:
     top = c.section(data, "", TOP_LEVEL)
     if top is None:
         raise JobSpecError(c.problems)
-    name = c.token(top, "name", "", None)
+    name = c.job_name(top)
     model = _model(c, top.get("model"))
     dataset = _dataset(c, top.get("dataset"))
     epochs = c.integer(top, "epochs", "", 1, 1) or 1
