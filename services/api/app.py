@@ -2,37 +2,44 @@
 
 Routes (JSON unless said otherwise; errors are ``{"error": {"code", "message"}}``
 with the HTTP status of the :class:`~pacer.errors.PacerError` code, see
-:data:`STATUS`):
+:data:`STATUS`).  Every ``/api/`` route wants ``Authorization: Bearer <token>``
+(``PACER_API_TOKEN``; 401 otherwise), and every mutating one
+``Content-Type: application/json`` (415 otherwise, so that no cross-site form
+can stop a job):
 
-* ``GET  /api/jobs?limit=&state=``        job service ``list`` -> ``{"jobs": [JobRecord]}``
-* ``POST /api/jobs``                      body: a job spec (YAML or JSON text) -> 201 + JobRecord
-* ``GET  /api/jobs/{job}``                ``{"job": JobRecord, "nodes": ExecutorStatus | null,
+* ``GET  /api/v1/jobs?limit=&state=``     job service ``list`` -> ``{"jobs": [JobRecord]}``
+* ``POST /api/v1/jobs``                   body: the spec as a JSON object, or ``{"spec": "<YAML text>"}``
+  -> 201 + JobRecord
+* ``GET  /api/v1/jobs/{job}``             ``{"job": JobRecord, "nodes": ExecutorStatus | null,
   "statistics": JobStatistics | null, "unavailable": {part: why}}``; the executor and the
   monitor parts are optional (null when that service does not answer)
-* ``POST /api/jobs/{job}/stop``           optional JSON body ``{"reason": ...}`` -> JobRecord
-* ``GET  /api/jobs/{job}/logs?node=&tail=&container=``  executor ``logs`` -> LogsReply
-* ``GET  /api/events?job=<job>&replay=1`` Server-Sent Events: every ``pacer.events.*.<job>.*``
-  event as ``event: <domain>.<kind>`` / ``data: <message as JSON>``; on connect, first the
-  job's recent history from ``PACER_EVENTS`` then ``event: replayed``, then live events and
-  a ``: keep-alive`` comment every ``keepalive_s``
+* ``POST /api/v1/jobs/{job}/stop``        JSON body ``{"reason": ...}`` (or empty) -> JobRecord
+* ``GET  /api/v1/jobs/{job}/logs?node=&tail=&container=``  executor ``logs`` -> LogsReply
+* ``GET  /api/v1/events?job=<job>&replay=1`` Server-Sent Events: every ``pacer.events.*.<job>.*``
+  event as ``id: <PACER_EVENTS sequence>`` / ``event: <domain>.<kind>`` / ``data: <message as
+  JSON>``; on connect, first the job's recent history from ``PACER_EVENTS`` then ``event:
+  replayed``, then live events and a ``: keep-alive`` comment every ``keepalive_s``.  A client
+  that reconnects with ``Last-Event-ID`` (EventSource does so by itself) gets only what came
+  after that id.  Also takes the token as ``?access_token=`` (EventSource cannot set headers).
 * ``GET  /healthz``                        ``{"status": "ok" | "degraded", ...}`` (503 without NATS)
-* ``GET  /`` and ``GET /jobs/{job}``       the dashboard (one page, ``static/``)
+* ``GET  /`` and ``GET /jobs/{job}``       the dashboard (one page, ``static/``, relative URLs only)
 
 Concurrency contract
 --------------------
 Every request runs on the service's event loop.  Each SSE client owns one
-core NATS subscription and one bounded queue; the subscription is removed in
+JetStream ordered consumer and one bounded queue; it is removed in
 a ``finally`` when the client goes away (noticed within ``poll_s``), when the
 write fails, or when the service drains.  A client too slow to keep up loses
 live events (counted as ``sse_dropped``) rather than growing memory.
 
-History replay: before the replay the live subscription already buffers, so
-nothing falls between the two; messages that reached both (published during
-the replay) are sent once.  The replay keeps the newest ``replay_limit``
-timeline events and the newest ``replay_series`` periodic ones (monitor
-statistics, shard progress) so that a long job's series cannot push its node
-events out.  Agent heartbeats and metrics are live only: they are many and
-the monitor's statistics summarise them.
+History replay: the last stream sequence at connect splits history (read
+with a pull consumer, up to it) from live (an ordered push consumer from the
+next one), so nothing falls between the two and nothing is sent twice.  The
+replay keeps the newest ``replay_limit`` timeline events and the newest
+``replay_series`` periodic ones (monitor statistics, shard progress) so that a
+long job's series cannot push its node events out.  Agent heartbeats and
+metrics are live only: they are many and the monitor's statistics summarise
+them.
 """
 
 from __future__ import annotations
@@ -85,6 +92,12 @@ STATUS: dict[str, int] = {
     "unavailable": 503,
 }
 
+#: The prefix of every API route: a breaking change gets ``/api/v2`` beside it.
+API = "/api/v1"
+
+#: Methods that change something: their body must be JSON (see ``_json_only``).
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
 #: The shortest bearer token accepted (``secrets.token_urlsafe(32)`` gives 43 characters).
 MIN_TOKEN_LEN = 16
 
@@ -108,10 +121,6 @@ EVENT_TYPES: dict[tuple[str, str], type[Any]] = {
 #: Periodic events: replayed with their own cap (see the module docstring).
 SERIES_KINDS = frozenset({"monitor.statistics", "shard.progress"})
 
-#: Spec content types accepted by ``POST /api/jobs`` (empty = not given).
-SPEC_TYPES = frozenset(
-    {"", "text/yaml", "application/yaml", "application/x-yaml", "text/x-yaml", "application/json", "text/plain"}
-)
 
 
 @dataclass
@@ -198,8 +207,9 @@ def decode_event(domain: str, kind: str, data: bytes) -> Any:
     return jsonable(obj)
 
 
-def sse_frame(event: str, data: Any) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+def sse_frame(event: str, data: Any, seq: int) -> bytes:
+    """One Server-Sent Event; its ``id`` is the PACER_EVENTS sequence, which a reconnecting client sends back."""
+    return f"id: {seq}\nevent: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
 def spec_name(text: str) -> str:
@@ -249,15 +259,15 @@ class ApiService:
 
     # ================================================================ lifecycle
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._auth], client_max_size=1 << 20)
+        app = web.Application(middlewares=[self._errors, self._auth, self._json_only], client_max_size=1 << 20)
         r = app.router
         r.add_get("/healthz", self.healthz)
-        r.add_get("/api/jobs", self.list_jobs)
-        r.add_post("/api/jobs", self.submit)
-        r.add_get("/api/jobs/{job}", self.get_job)
-        r.add_post("/api/jobs/{job}/stop", self.stop_job)
-        r.add_get("/api/jobs/{job}/logs", self.logs)
-        r.add_get("/api/events", self.events)
+        r.add_get(f"{API}/jobs", self.list_jobs)
+        r.add_post(f"{API}/jobs", self.submit)
+        r.add_get(f"{API}/jobs/{{job}}", self.get_job)
+        r.add_post(f"{API}/jobs/{{job}}/stop", self.stop_job)
+        r.add_get(f"{API}/jobs/{{job}}/logs", self.logs)
+        r.add_get(f"{API}/events", self.events)
         r.add_get("/", self.index)
         r.add_get("/jobs/{job}", self.index)
         r.add_static("/static/", STATIC_DIR, follow_symlinks=False)
@@ -331,6 +341,26 @@ class ApiService:
                                      status=401, headers={"WWW-Authenticate": 'Bearer realm="pacer"'})
         return await handler(request)
 
+    @web.middleware
+    async def _json_only(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """A mutating ``/api/`` request must say ``Content-Type: application/json`` (415 otherwise).
+
+        A cross-site form or a bodiless ``fetch`` can only send simple content
+        types without a CORS preflight, which this API never grants: so a page
+        elsewhere cannot stop a job through a user's port-forward (CSRF), even
+        if a token leaked into the browser.
+        """
+        if request.method in MUTATING and request.path.startswith("/api/") and request.content_type != "application/json":
+            self.counters.inc("errors", code="unsupported_media_type")
+            given = request.headers.get("Content-Type", "")
+            return web.json_response(
+                error_body("unsupported_media_type",
+                           f"Content-Type {given!r}: {request.method} requests take application/json"),
+                status=415)
+        return await handler(request)
+
     # ================================================================ JSON API
     async def healthz(self, request: web.Request) -> web.Response:
         connected = self.bus.nc.is_connected
@@ -345,15 +375,22 @@ class ApiService:
         return web.json_response(to_json(jobs))
 
     async def submit(self, request: web.Request) -> web.Response:
-        if request.content_type not in SPEC_TYPES and request.content_type != "application/octet-stream":
-            raise ValidationError(f"body: content type {request.content_type!r}; send the spec as text/yaml or application/json")
+        """The body is the spec as a JSON object, or ``{"spec": "<the spec as YAML text>"}``."""
         raw = await request.read()
         if not raw.strip():
-            raise ValidationError("body: empty; send the job spec as YAML or JSON text")
+            raise ValidationError('body: empty; send the job spec as a JSON object or {"spec": "<YAML text>"}')
         try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ValidationError("body: not UTF-8 text") from None
+            payload = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ValidationError('body: not JSON; send the job spec as a JSON object or {"spec": "<YAML text>"}') from None
+        if not isinstance(payload, dict):
+            raise ValidationError('body: expected a JSON object (the spec, or {"spec": "<YAML text>"})')
+        if set(payload) == {"spec"}:
+            if not isinstance(payload["spec"], str) or not payload["spec"].strip():
+                raise ValidationError("spec: expected the job spec as YAML (or JSON) text")
+            text = payload["spec"]
+        else:
+            text = json.dumps(payload)  # YAML is a superset of JSON: one parser, one set of messages
         record = await self.jobs.submit(spec_name(text), text)
         self.counters.inc("requests", op="submit")
         return web.json_response(to_json(record), status=201)
@@ -405,15 +442,21 @@ class ApiService:
         self.counters.inc("requests", op="logs")
         return web.json_response(to_json(reply))
 
-    async def index(self, request: web.Request) -> web.FileResponse:
-        return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+    async def index(self, request: web.Request) -> web.Response:
+        """The page; at ``/jobs/{job}`` with ``<base href="../">``, so that its relative URLs
+        (``static/``, ``api/v1/``) resolve from the dashboard's root, behind any path prefix."""
+        html = (STATIC_DIR / "index.html").read_text()
+        if "job" in request.match_info:
+            html = html.replace("<head>", '<head>\n<base href="../">', 1)
+        return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-cache"})
 
     # ================================================================ SSE
     async def events(self, request: web.Request) -> web.StreamResponse:
         job = request.query.get("job", "")
         if not is_token(job):
-            raise ValidationError(f"job: {job!r} is not a job id; use /api/events?job=<job>")
+            raise ValidationError(f"job: {job!r} is not a job id; use {API}/events?job=<job>")
         replay = request.query.get("replay", "1") not in ("0", "false", "no")
+        resume = _last_event_id(request)
         queue: asyncio.Queue[Msg] = asyncio.Queue(self.cfg.queue_size)
 
         async def on_msg(msg: Msg) -> None:
@@ -422,33 +465,36 @@ class ApiService:
             except asyncio.QueueFull:
                 self.counters.inc("sse_dropped")
 
-        sub = await self.bus.nc.subscribe(subjects.events_of("*", job), cb=on_msg)
+        # Everything up to ``end`` is history, everything after it live: one stream sequence splits
+        # them, so nothing falls between the two and nothing is sent twice.
+        info = await self.bus.js.stream_info(subjects.EVENTS_STREAM)
+        end = int(info.state.last_seq)
+        sub = await self.bus.js.subscribe(
+            subjects.events_of("*", job), stream=subjects.EVENTS_STREAM, cb=on_msg, ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=end + 1,
+                                  inactive_threshold=30.0))
         self.streams += 1
         self.counters.inc("sse_clients")
         try:
-            await self.bus.nc.flush()  # the subscription is live before the history is read
             resp = web.StreamResponse(headers={
                 "Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no",
             })
             await resp.prepare(request)
             await resp.write(b"retry: 2000\n\n")
-            seen: set[tuple[str, bytes]] = set()
-            if replay:
-                history = await self._history(job)
-                for subject, data in history:
-                    await self._send(resp, subject, data)
-                    seen.add((subject, data))
-                await resp.write(sse_frame("replayed", {"count": len(history)}))
-            dedup = queue.qsize()  # only what arrived during the replay can also be in it
-            await self._live(request, resp, queue, seen if dedup else set(), dedup)
+            if resume is not None or replay:
+                history = await self._history(job, 1 if resume is None else resume + 1, end)
+                for seq, subject, data in history:
+                    await self._send(resp, seq, subject, data)
+                await resp.write(sse_frame("replayed", {"count": len(history), "resumed": resume is not None},
+                                           max(end, resume or 0)))
+            await self._live(request, resp, queue)
             return resp
         finally:
             self.streams -= 1
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
 
-    async def _live(self, request: web.Request, resp: web.StreamResponse, queue: asyncio.Queue[Msg],
-                    seen: set[tuple[str, bytes]], dedup: int) -> None:
+    async def _live(self, request: web.Request, resp: web.StreamResponse, queue: asyncio.Queue[Msg]) -> None:
         last_write = time.monotonic()
         while not self._closing.is_set():
             transport = request.transport
@@ -461,14 +507,10 @@ class ApiService:
                     await resp.write(b": keep-alive\n\n")
                     last_write = time.monotonic()
                 continue
-            if dedup > 0:
-                dedup -= 1
-                if (msg.subject, msg.data) in seen:
-                    continue
-            await self._send(resp, msg.subject, msg.data)
+            await self._send(resp, msg.metadata.sequence.stream, msg.subject, msg.data)
             last_write = time.monotonic()
 
-    async def _send(self, resp: web.StreamResponse, subject: str, data: bytes) -> None:
+    async def _send(self, resp: web.StreamResponse, seq: int, subject: str, data: bytes) -> None:
         name = event_name(subject)
         if name is None:
             return
@@ -479,14 +521,12 @@ class ApiService:
             self.counters.inc("bad_events", domain=domain)
             log.debug("undecodable event on %s: %s", subject, exc.message)
             return
-        await resp.write(sse_frame(f"{domain}.{kind}", body))
+        await resp.write(sse_frame(f"{domain}.{kind}", body, seq))
         self.counters.inc("sse_events")
 
-    async def _history(self, job: str) -> list[tuple[str, bytes]]:
-        """The job's recent stored events, oldest first (caps in :class:`ApiConfig`)."""
-        info = await self.bus.js.stream_info(subjects.EVENTS_STREAM)
-        end = int(info.state.last_seq)
-        if end == 0:
+    async def _history(self, job: str, start: int, end: int) -> list[tuple[int, str, bytes]]:
+        """The job's stored events with sequences in ``start..end``, oldest first (caps in :class:`ApiConfig`)."""
+        if end == 0 or start > end:
             return []
         filters = [subjects.events_of(d, job) for d in ("job", "node", "executor", "monitor", "shard")]
         filters.append(subjects.events_of(subjects.AGENT_SERVICE, job, subjects.AgentEventKind.ACTION))
@@ -495,7 +535,8 @@ class ApiService:
             stream=subjects.EVENTS_STREAM,
             config=ConsumerConfig(
                 ack_policy=AckPolicy.NONE,
-                deliver_policy=DeliverPolicy.ALL,
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=start,
                 filter_subjects=filters,
                 inactive_threshold=30.0,  # the server drops it soon if we die mid-replay
                 mem_storage=True,
@@ -512,6 +553,9 @@ class ApiService:
                     break  # nothing (more) stored for this job
                 for m in msgs:
                     md = m.metadata
+                    if md.sequence.stream > end:
+                        done = True  # live from here: the live consumer sends it
+                        break
                     name = event_name(m.subject)
                     kind = f"{name[0]}.{name[2]}" if name else ""
                     (series if kind in SERIES_KINDS else timeline).append((md.sequence.stream, m.subject, m.data))
@@ -521,8 +565,17 @@ class ApiService:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        merged = sorted([*timeline, *series])
-        return [(subject, data) for _seq, subject, data in merged]
+        return sorted([*timeline, *series])
+
+
+def _last_event_id(request: web.Request) -> int | None:
+    """Where a reconnecting client left off: ``Last-Event-ID`` (what EventSource sends), or ``?last_event_id=``."""
+    raw = request.headers.get("Last-Event-ID") or request.query.get("last_event_id", "")
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise ValidationError(f"Last-Event-ID: {raw[:40]!r} is not an event id this API sent")
+    return int(raw)
 
 
 def _job(request: web.Request) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
@@ -196,6 +197,7 @@ def executor_status(job: str) -> ExecutorStatus:
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+JSON = {"Content-Type": "application/json"}
 
 
 def api_config() -> ApiConfig:
@@ -238,16 +240,17 @@ class Client:
 
 
 async def read_sse(resp: aiohttp.ClientResponse, until: str, timeout: float = 10.0,
-                   out: list[tuple[str, Any]] | None = None) -> list[tuple[str, Any]]:
+                   out: list[tuple[str, Any]] | None = None, ids: list[str | None] | None = None,
+                   ) -> list[tuple[str, Any]]:
     """Read Server-Sent Events until one named ``until`` (included); returns (event, data) pairs.
 
-    Comment lines are collected as ``(":", text)``.
+    Comment lines are collected as ``(":", text)``; ``ids``, if given, gets each event's ``id:``.
     """
     events = out if out is not None else []
-    name, data = "message", ""
+    name, data, eid = "message", "", None
 
     async def loop() -> None:
-        nonlocal name, data
+        nonlocal name, data, eid
         while True:
             raw = await resp.content.readline()
             if not raw:
@@ -257,6 +260,8 @@ async def read_sse(resp: aiohttp.ClientResponse, until: str, timeout: float = 10
                 events.append((":", line[1:].strip()))
                 if until == ":":
                     return
+            elif line.startswith("id:"):
+                eid = line[3:].strip()
             elif line.startswith("event:"):
                 name = line[6:].strip()
             elif line.startswith("data:"):
@@ -264,10 +269,12 @@ async def read_sse(resp: aiohttp.ClientResponse, until: str, timeout: float = 10
             elif line == "":
                 if data:
                     events.append((name, json.loads(data)))
+                    if ids is not None:
+                        ids.append(eid)
                     if name == until:
-                        name, data = "message", ""
+                        name, data, eid = "message", "", None
                         return
-                name, data = "message", ""
+                name, data, eid = "message", "", None
 
     await asyncio.wait_for(loop(), timeout)
     return events
@@ -285,37 +292,36 @@ async def eventually(check: Any, timeout: float = 5.0) -> None:
 
 
 async def test_submit_list_get_stop_map_to_the_job_service(http: Client, peers: PeerDouble) -> None:
-    status, rec = await http.call("POST", "/api/jobs", data=SPEC_YAML.format(name="yaml-job"),
-                                  headers={"Content-Type": "text/yaml"})
+    status, rec = await http.call("POST", "/api/v1/jobs", json={"spec": SPEC_YAML.format(name="yaml-job")})
     assert status == 201, rec
     assert rec["job"] == "yaml-job" and rec["state"] == "submitted"
     assert rec["spec"]["model"]["name"] == "wide_deep"  # enums as their values
     assert ("pacer.rpc.jobs.yaml-job.submit", "submit") in peers.calls
 
     spec_json = json.dumps({"name": "json-job", "model": "dcn", "dataset": {"path": "data/train.tsv"}})
-    status, rec = await http.call("POST", "/api/jobs", data=spec_json, headers={"Content-Type": "application/json"})
+    status, rec = await http.call("POST", "/api/v1/jobs", data=spec_json, headers={"Content-Type": "application/json"})
     assert status == 201 and rec["spec"]["model"]["name"] == "dcn"
 
-    status, listed = await http.call("GET", "/api/jobs")
+    status, listed = await http.call("GET", "/api/v1/jobs")
     assert status == 200
     assert sorted(j["job"] for j in listed["jobs"]) == ["json-job", "yaml-job"]
     assert ("pacer.rpc.jobs._all.list", "list") in peers.calls
-    status, listed = await http.call("GET", "/api/jobs?state=running")
+    status, listed = await http.call("GET", "/api/v1/jobs?state=running")
     assert status == 200 and listed["jobs"] == []
 
-    status, body = await http.call("GET", "/api/jobs/yaml-job")
+    status, body = await http.call("GET", "/api/v1/jobs/yaml-job")
     assert status == 200
     assert body["job"]["state"] == "submitted"
     assert body["nodes"] is None and body["statistics"] is None  # neither peer knows the job
     assert set(body["unavailable"]) == {"nodes", "statistics"}
 
-    status, rec = await http.call("POST", "/api/jobs/yaml-job/stop", json={"reason": "enough"})
+    status, rec = await http.call("POST", "/api/v1/jobs/yaml-job/stop", json={"reason": "enough"})
     assert status == 200 and rec["state"] == "stopped" and rec["reason"] == "enough"
     assert ("pacer.rpc.jobs.yaml-job.stop", "stop") in peers.calls
-    status, err = await http.call("POST", "/api/jobs/yaml-job/stop")
+    status, err = await http.call("POST", "/api/v1/jobs/yaml-job/stop", headers=JSON)  # no body: the default reason
     assert status == 409 and err["error"]["code"] == "conflict"
 
-    status, err = await http.call("POST", "/api/jobs", data=SPEC_YAML.format(name="yaml-job"))
+    status, err = await http.call("POST", "/api/v1/jobs", json={"spec": SPEC_YAML.format(name="yaml-job")})
     assert status == 409, err
 
 
@@ -323,7 +329,7 @@ async def test_get_joins_executor_and_monitor_when_they_answer(http: Client, pee
     peers.add_running("run1")
     peers.executor["run1"] = executor_status("run1")
     peers.stats["run1"] = statistics("run1", 1234.5)
-    status, body = await http.call("GET", "/api/jobs/run1")
+    status, body = await http.call("GET", "/api/v1/jobs/run1")
     assert status == 200, body
     assert body["job"]["state"] == "running" and body["job"]["plan"]["workers"] == 2
     assert [n["node"] for n in body["nodes"]["nodes"]] == ["ps-0", "worker-0", "worker-1"]
@@ -332,62 +338,67 @@ async def test_get_joins_executor_and_monitor_when_they_answer(http: Client, pee
     assert body["statistics"]["nodes"][1]["state"] == "running"
     assert body["unavailable"] == {}
 
-    status, logs = await http.call("GET", "/api/jobs/run1/logs?node=worker-0&tail=3&container=agent")
+    status, logs = await http.call("GET", "/api/v1/jobs/run1/logs?node=worker-0&tail=3&container=agent")
     assert status == 200 and logs["text"].splitlines() == ["agent line 0", "agent line 1", "agent line 2"]
     assert logs["pod"] == "run1-worker-0-g0"
 
 
 async def test_invalid_specs_are_400_naming_the_field(http: Client, peers: PeerDouble) -> None:
     bad = SPEC_YAML.format(name="bad1").replace("epochs: 2", "epochs: 0")
-    status, err = await http.call("POST", "/api/jobs", data=bad, headers={"Content-Type": "text/yaml"})
+    status, err = await http.call("POST", "/api/v1/jobs", json={"spec": bad})
     assert status == 400 and err["error"]["code"] == "invalid"
     assert "epochs" in err["error"]["message"]  # the job service's own message
     assert ("pacer.rpc.jobs.bad1.submit", "submit") in peers.calls
 
     bad = SPEC_YAML.format(name="bad2").replace("wide_deep", "resnet")
-    status, err = await http.call("POST", "/api/jobs", data=bad)
+    status, err = await http.call("POST", "/api/v1/jobs", json={"spec": bad})
     assert status == 400 and "model" in err["error"]["message"]
 
     # No usable name: the API cannot build the subject, and says why field by field.
     no_name = "model: wide_deep\ndataset:\n  path: data/train.tsv\n"
-    status, err = await http.call("POST", "/api/jobs", data=no_name, headers={"Content-Type": "text/yaml"})
+    status, err = await http.call("POST", "/api/v1/jobs", json={"spec": no_name})
     assert status == 400 and "name" in err["error"]["message"]
-    status, err = await http.call("POST", "/api/jobs", data=SPEC_YAML.format(name="a.b*c"))
+    status, err = await http.call("POST", "/api/v1/jobs", json={"model": "dcn", "dataset": {"path": "x"}})
+    assert status == 400 and "name" in err["error"]["message"]
+    status, err = await http.call("POST", "/api/v1/jobs", json={"spec": SPEC_YAML.format(name="a.b*c")})
     assert status == 400 and "name" in err["error"]["message"]
 
 
 async def test_malformed_input_is_400_and_unknown_is_404(http: Client, peers: PeerDouble,
                                                         api_service: ApiService) -> None:
     cases: list[tuple[str, str, dict[str, Any], int]] = [
-        ("POST", "/api/jobs", {"data": "{{{ not: yaml", "headers": {"Content-Type": "text/yaml"}}, 400),
-        ("POST", "/api/jobs", {"data": "", "headers": {"Content-Type": "text/yaml"}}, 400),
-        ("POST", "/api/jobs", {"data": b"\xff\xfe\x00garbage", "headers": {"Content-Type": "text/yaml"}}, 400),
-        ("POST", "/api/jobs", {"data": "[1, 2, 3]", "headers": {"Content-Type": "application/json"}}, 400),
-        ("POST", "/api/jobs", {"data": b"\x89PNG", "headers": {"Content-Type": "image/png"}}, 400),
-        ("POST", "/api/jobs/x/stop", {"data": "{not json", "headers": {"Content-Type": "application/json"}}, 400),
-        ("POST", "/api/jobs/x/stop", {"json": {"reason": 42}}, 400),
-        ("GET", "/api/jobs?limit=lots", {}, 400),
-        ("GET", "/api/jobs?limit=0", {}, 400),
-        ("GET", "/api/jobs?state=sleeping", {}, 400),
-        ("GET", "/api/jobs/bad.id", {}, 400),
-        ("GET", "/api/jobs/x/logs", {}, 400),  # no node
-        ("GET", "/api/jobs/x/logs?node=worker-0&tail=-1", {}, 400),
-        ("GET", "/api/jobs/x/logs?node=worker-0&container=sidecar", {}, 400),
-        ("GET", "/api/events", {}, 400),  # no job
-        ("GET", "/api/events?job=a.>", {}, 400),
-        ("GET", "/api/jobs/nope", {}, 404),
-        ("POST", "/api/jobs/nope/stop", {}, 404),
-        ("GET", "/api/nothing-here", {}, 404),
-        ("DELETE", "/api/jobs", {}, 405),
+        ("POST", "/api/v1/jobs", {"json": {"spec": "{{{ not: yaml"}}, 400),
+        ("POST", "/api/v1/jobs", {"data": "", "headers": JSON}, 400),
+        ("POST", "/api/v1/jobs", {"data": "{not json", "headers": JSON}, 400),
+        ("POST", "/api/v1/jobs", {"data": b"\xff\xfe\x00garbage", "headers": JSON}, 400),
+        ("POST", "/api/v1/jobs", {"data": "[1, 2, 3]", "headers": JSON}, 400),
+        ("POST", "/api/v1/jobs", {"json": {"spec": 42}}, 400),
+        ("POST", "/api/v1/jobs", {"json": {"spec": "  "}}, 400),
+        ("POST", "/api/v1/jobs/x/stop", {"data": "{not json", "headers": {"Content-Type": "application/json"}}, 400),
+        ("POST", "/api/v1/jobs/x/stop", {"json": {"reason": 42}}, 400),
+        ("GET", "/api/v1/jobs?limit=lots", {}, 400),
+        ("GET", "/api/v1/jobs?limit=0", {}, 400),
+        ("GET", "/api/v1/jobs?state=sleeping", {}, 400),
+        ("GET", "/api/v1/jobs/bad.id", {}, 400),
+        ("GET", "/api/v1/jobs/x/logs", {}, 400),  # no node
+        ("GET", "/api/v1/jobs/x/logs?node=worker-0&tail=-1", {}, 400),
+        ("GET", "/api/v1/jobs/x/logs?node=worker-0&container=sidecar", {}, 400),
+        ("GET", "/api/v1/events", {}, 400),  # no job
+        ("GET", "/api/v1/events?job=a.>", {}, 400),
+        ("GET", "/api/v1/jobs/nope", {}, 404),
+        ("POST", "/api/v1/jobs/nope/stop", {"headers": JSON}, 404),
+        ("GET", "/api/v1/nothing-here", {}, 404),
+        ("GET", "/api/jobs", {}, 404),  # unversioned paths are gone
+        ("DELETE", "/api/v1/jobs", {"headers": JSON}, 405),
     ]
     for method, path, kw, want in cases:
         status, body = await http.call(method, path, **kw)
         assert status == want, (method, path, status, body)
         assert isinstance(body, dict) and set(body["error"]) == {"code", "message"}, body
         assert body["error"]["message"]
-    status, body = await http.call("GET", "/api/jobs/nope")
+    status, body = await http.call("GET", "/api/v1/jobs/nope")
     assert body["error"]["code"] == "not_found" and "nope" in body["error"]["message"]
-    status, body = await http.call("GET", "/api/jobs?state=sleeping")
+    status, body = await http.call("GET", "/api/v1/jobs?state=sleeping")
     assert body["error"]["code"] == "invalid" and body["error"]["message"].startswith("state: must be one of")
     assert api_service.counters.snapshot().get("errors", 0) >= len(cases)
     status, health = await http.call("GET", "/healthz")
@@ -396,9 +407,10 @@ async def test_malformed_input_is_400_and_unknown_is_404(http: Client, peers: Pe
 
 async def test_every_api_request_needs_the_bearer_token(api_service: ApiService, peers: PeerDouble) -> None:
     peers.add_running("tok1")
-    paths = [("GET", "/api/jobs"), ("GET", "/api/jobs/tok1"), ("POST", "/api/jobs/tok1/stop"),
-             ("GET", "/api/jobs/tok1/logs?node=worker-0"), ("GET", "/api/events?job=tok1"),
-             ("GET", "/api/nothing-here")]
+    paths = [("GET", "/api/v1/jobs"), ("GET", "/api/v1/jobs/tok1"), ("POST", "/api/v1/jobs/tok1/stop"),
+             ("POST", "/api/v1/jobs"),
+             ("GET", "/api/v1/jobs/tok1/logs?node=worker-0"), ("GET", "/api/v1/events?job=tok1"),
+             ("GET", "/api/v1/nothing-here")]
     wrong = [{}, {"Authorization": "Bearer wrong-token-0123456789abcdef"}, {"Authorization": f"Basic {TOKEN}"},
              {"Authorization": "Bearer "}, {"Authorization": f"Bearer {TOKEN}x"}]
     async with aiohttp.ClientSession(f"http://127.0.0.1:{api_service.port}") as session:
@@ -409,15 +421,15 @@ async def test_every_api_request_needs_the_bearer_token(api_service: ApiService,
                 assert status == 401, (method, path, headers, status, body)
                 assert body["error"]["code"] == "unauthorized", body
         # The token in the query is for the event stream only (EventSource cannot set headers).
-        status, body = await http.call("GET", f"/api/jobs?access_token={TOKEN}")
+        status, body = await http.call("GET", f"/api/v1/jobs?access_token={TOKEN}")
         assert status == 401
-        async with session.get(f"/api/events?job=tok1&replay=0&access_token={TOKEN}") as resp:
+        async with session.get(f"/api/v1/events?job=tok1&replay=0&access_token={TOKEN}") as resp:
             assert resp.status == 200 and resp.content_type == "text/event-stream"
-        async with session.get("/api/events?job=tok1&access_token=nope") as resp:
+        async with session.get("/api/v1/events?job=tok1&access_token=nope") as resp:
             assert resp.status == 401
-        status, body = await http.call("GET", "/api/jobs", headers=AUTH)
+        status, body = await http.call("GET", "/api/v1/jobs", headers=AUTH)
         assert status == 200 and [r["job"] for r in body["jobs"]] == ["tok1"]
-        status, body = await http.call("GET", "/api/jobs", headers={"Authorization": f"bearer {TOKEN}"})
+        status, body = await http.call("GET", "/api/v1/jobs", headers={"Authorization": f"bearer {TOKEN}"})
         assert status == 200  # the scheme is case-insensitive (RFC 7235)
         # Open: the readiness probe and the dashboard's files (they hold no data).
         for path in ("/healthz", "/", "/static/app.js"):
@@ -425,6 +437,24 @@ async def test_every_api_request_needs_the_bearer_token(api_service: ApiService,
                 assert resp.status == 200, path
     assert peers.records["tok1"].state is JobState.RUNNING  # no unauthenticated stop got through
     assert api_service.counters.snapshot()["errors"] >= len(paths) * len(wrong)
+
+
+async def test_mutating_requests_must_be_json(http: Client, peers: PeerDouble, api_service: ApiService) -> None:
+    """A cross-site form posts text/plain, form-urlencoded or multipart, or nothing: all 415, nothing stopped."""
+    peers.add_running("csrf1")
+    spec = SPEC_YAML.format(name="csrf2")
+    for ctype in (None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+                  "text/yaml", "application/jsonx"):
+        headers = {} if ctype is None else {"Content-Type": ctype}
+        for path, body in (("/api/v1/jobs/csrf1/stop", b""), ("/api/v1/jobs/csrf1/stop", b'{"reason": "x"}'),
+                           ("/api/v1/jobs", spec.encode())):
+            status, err = await http.call("POST", path, data=body, headers=headers)
+            assert status == 415, (ctype, path, status, err)
+            assert err["error"]["code"] == "unsupported_media_type" and "application/json" in err["error"]["message"]
+    assert peers.records["csrf1"].state is JobState.RUNNING and "csrf2" not in peers.records
+    assert not [c for c in peers.calls if c[1] in ("stop", "submit")]  # none reached the job service
+    status, rec = await http.call("POST", "/api/v1/jobs/csrf1/stop", headers={"Content-Type": "application/json; charset=utf-8"})
+    assert status == 200 and rec["state"] == "stopped" and rec["reason"] == "stopped by the user"
 
 
 def test_the_api_refuses_to_start_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -439,19 +469,27 @@ def test_the_api_refuses_to_start_without_a_token(monkeypatch: pytest.MonkeyPatc
 
 
 async def test_job_service_down_is_503(http: Client) -> None:
-    status, body = await http.call("GET", "/api/jobs")
+    status, body = await http.call("GET", "/api/v1/jobs")
     assert status == 503 and body["error"]["code"] == "unavailable"
-    status, body = await http.call("GET", "/api/jobs/x")
+    status, body = await http.call("GET", "/api/v1/jobs/x")
     assert status == 503
 
 
 async def test_dashboard_is_served(http: Client) -> None:
-    for path in ("/", "/jobs/some-job"):
+    for path, base in (("/", None), ("/jobs/some-job", "../")):
         async with http.session.get(path) as resp:
             assert resp.status == 200 and resp.content_type == "text/html"
             html = await resp.text()
-            assert '<script src="/static/app.js">' in html and 'id="app"' in html
+            assert '<script src="static/app.js">' in html and 'id="app"' in html
             assert "http://" not in html and "https://" not in html  # nothing from outside
+            # Relative URLs only, so that the page works behind a path prefix (an Ingress at /pacer/);
+            # the job page's base is the dashboard's root, one level up.
+            assert re.findall(r'<base href="([^"]*)">', html) == ([] if base is None else [base])
+            assert not re.search(r'(?:src|href)="/', html), html
+    async with http.session.get("/static/app.js") as resp:
+        js = await resp.text()
+    assert "api/v1/jobs" in js and "api/v1/events" in js
+    assert not re.search(r'["`\'](?:/api|/static)', js)  # no absolute path to the API or the files
     for path, ctype in (("/static/app.js", "application/javascript"), ("/static/style.css", "text/css")):
         async with http.session.get(path) as resp:
             assert resp.status == 200 and resp.content_type in (ctype, "text/javascript"), resp.content_type
@@ -474,7 +512,7 @@ async def test_sse_replays_history_then_streams_live(http: Client, bus: Bus, api
                               NodeEvent(job="other", node="worker-9", kind="created", ts=now - 4))
     await bus.publish_durable(subjects.monitor_statistics(job), statistics(job, 500.0, now - 3))
 
-    async with http.session.get(f"/api/events?job={job}") as resp:
+    async with http.session.get(f"/api/v1/events?job={job}") as resp:
         assert resp.status == 200 and resp.content_type == "text/event-stream"
         events = await read_sse(resp, "replayed")
         named = [e for e in events if e[0] != ":"]
@@ -482,7 +520,7 @@ async def test_sse_replays_history_then_streams_live(http: Client, bus: Bus, api
         assert named[0][1]["state"] == "running" and named[0][1]["previous"] == "planning"
         assert named[1][1]["node"] == "worker-0"
         assert named[2][1]["throughput_samples_per_s"] == 500.0
-        assert named[3][1] == {"count": 3}
+        assert named[3][1] == {"count": 3, "resumed": False}
         await eventually(lambda: api_service.streams == 1)
 
         # Live: a node event as the executor publishes it.
@@ -510,6 +548,43 @@ async def test_sse_replays_history_then_streams_live(http: Client, bus: Bus, api
     await eventually(lambda: api_service.streams == 0, timeout=5.0)
 
 
+async def test_sse_ids_let_a_client_resume_where_it_left_off(http: Client, bus: Bus) -> None:
+    job = "resume1"
+    for i in range(3):
+        await bus.publish_durable(subjects.node_event(job, "created"),
+                                  NodeEvent(job=job, node=f"worker-{i}", kind="created", ts=time.time()))
+    ids: list[str | None] = []
+    async with http.session.get(f"/api/v1/events?job={job}") as resp:
+        events = [e for e in await read_sse(resp, "replayed", ids=ids) if e[0] != ":"]
+        assert [d.get("node") for _n, d in events[:3]] == ["worker-0", "worker-1", "worker-2"]
+        assert all(i is not None and i.isdigit() for i in ids), ids  # an id on every event, the marker's too
+        seqs = [int(i) for i in ids if i is not None]
+        assert seqs[:3] == sorted(set(seqs[:3])) and seqs[3] >= seqs[2]
+        assert events[3] == ("replayed", {"count": 3, "resumed": False})
+        await bus.publish(subjects.node_event(job, "running"),
+                          NodeEvent(job=job, node="worker-0", kind="running", ts=time.time()))
+        await read_sse(resp, "node.running", ids=ids)
+        live_id = int(ids[-1] or 0)
+        assert live_id > seqs[2]
+    # The connection dropped after worker-1; the browser reconnects with Last-Event-ID.
+    ids = []
+    async with http.session.get(f"/api/v1/events?job={job}", headers={"Last-Event-ID": str(seqs[1])}) as resp:
+        events = [e for e in await read_sse(resp, "replayed", ids=ids) if e[0] != ":"]
+    assert [(n, d.get("node")) for n, d in events[:-1]] == [("node.created", "worker-2"), ("node.running", "worker-0")]
+    assert events[-1] == ("replayed", {"count": 2, "resumed": True})
+    assert [int(i or 0) for i in ids[:2]] == [seqs[2], live_id]
+    # Up to date: nothing to replay, live follows.
+    async with http.session.get(f"/api/v1/events?job={job}&last_event_id={live_id}") as resp:
+        events = [e for e in await read_sse(resp, "replayed") if e[0] != ":"]
+        assert events == [("replayed", {"count": 0, "resumed": True})]
+        await bus.publish(subjects.node_event(job, "died"),
+                          NodeEvent(job=job, node="worker-1", kind="died", ts=time.time()))
+        events = await read_sse(resp, "node.died")
+        assert events[-1][1]["node"] == "worker-1"
+    status, err = await http.call("GET", f"/api/v1/events?job={job}", headers={"Last-Event-ID": "abc"})
+    assert status == 400 and "Last-Event-ID" in err["error"]["message"]
+
+
 async def test_sse_without_replay_and_many_clients_leave_nothing_behind(
     http: Client, bus: Bus, api_service: ApiService
 ) -> None:
@@ -518,7 +593,7 @@ async def test_sse_without_replay_and_many_clients_leave_nothing_behind(
                               NodeEvent(job=job, node="worker-0", kind="created", ts=time.time()))
     base = len(bus.nc._subs)  # the API shares the server, not this connection: count the API's own
     api_subs = len(api_service.bus.nc._subs)
-    responses = [await http.session.get(f"/api/events?job={job}&replay=0") for _ in range(5)]
+    responses = [await http.session.get(f"/api/v1/events?job={job}&replay=0") for _ in range(5)]
     await eventually(lambda: api_service.streams == 5)
     assert len(api_service.bus.nc._subs) == api_subs + 5
     await bus.publish(subjects.node_event(job, "running"),
@@ -543,13 +618,13 @@ async def test_sse_history_is_capped_at_the_newest(nats_server: EmbeddedNats, bu
                                       NodeEvent(job=job, node=f"worker-{i}", kind="created", ts=float(i)))
             await bus.publish_durable(subjects.monitor_statistics(job), statistics(job, float(i), float(i)))
         async with aiohttp.ClientSession(f"http://127.0.0.1:{svc.port}", headers=AUTH) as session:
-            async with session.get(f"/api/events?job={job}") as resp:
+            async with session.get(f"/api/v1/events?job={job}") as resp:
                 events = [e for e in await read_sse(resp, "replayed") if e[0] != ":"]
         nodes = [d["node"] for n, d in events if n == "node.created"]
         stats = [d["throughput_samples_per_s"] for n, d in events if n == "monitor.statistics"]
         assert nodes == [f"worker-{i}" for i in range(15, 20)]
         assert stats == [18.0, 19.0]
-        assert events[-1] == ("replayed", {"count": 7})
+        assert events[-1] == ("replayed", {"count": 7, "resumed": False})
     finally:
         await runner.stop()
 
@@ -561,7 +636,7 @@ async def test_service_survives_garbage_on_every_event_subject(http: Client, bus
                          ("shard", "progress"), ("agent", "metrics"), ("agent", "action"), ("executor", "failed")):
         for data in garbage:
             await bus.js.publish(subjects.event(domain, job, kind), data)
-    async with http.session.get(f"/api/events?job={job}") as resp:
+    async with http.session.get(f"/api/v1/events?job={job}") as resp:
         events = [e for e in await read_sse(resp, "replayed") if e[0] != ":"]
         # Only valid msgpack gets through (generically); nothing crashed.
         assert all(isinstance(d, list | int | dict) for n, d in events if n != "replayed")

@@ -2,8 +2,11 @@
 //
 //   #/                 the jobs list (polled every 2 s)
 //   #/jobs/<job>       one job (also served at /jobs/<job>): the record from
-//                      GET /api/jobs/<job>, then live events from the
-//                      EventSource /api/events?job=<job> (history first).
+//                      GET api/v1/jobs/<job>, then live events from the
+//                      EventSource api/v1/events?job=<job> (history first).
+//
+// Every URL is relative (to the page, or at /jobs/<job> to its <base href="../">),
+// so the dashboard works behind a path prefix (an Ingress at /pacer/, a proxy).
 //
 // Every value is written with textContent (never innerHTML), so a job name
 // or a reason cannot inject markup.  Elements that tests and scripts read
@@ -159,7 +162,7 @@ function route() {
   if (current) current.stop();
   current = null;
   const m = location.hash.match(/^#\/jobs\/([A-Za-z0-9_-]{1,64})/) ||
-    (!location.hash || location.hash === "#") && location.pathname.match(/^\/jobs\/([A-Za-z0-9_-]{1,64})/);
+    (!location.hash || location.hash === "#") && location.pathname.match(/\/jobs\/([A-Za-z0-9_-]{1,64})$/);
   app.replaceChildren();
   current = m ? new JobView(m[1]) : new JobsView();
 }
@@ -191,7 +194,7 @@ class JobsView {
 
   async load() {
     try {
-      const data = await api("GET", "/api/jobs");
+      const data = await api("GET", "api/v1/jobs");
       this.error.hidden = true;
       this.render(data.jobs || []);
     } catch (e) {
@@ -225,7 +228,7 @@ class JobsView {
       result.className = "result";
       result.textContent = "Submitting...";
       try {
-        const rec = await api("POST", "/api/jobs", text.value, "text/yaml");
+        const rec = await api("POST", "api/v1/jobs", JSON.stringify({ spec: text.value }));
         result.textContent = `Submitted ${rec.job}: ${rec.state}`;
         location.hash = `#/jobs/${rec.job}`;
       } catch (e) {
@@ -316,7 +319,7 @@ class JobView {
   async load() {
     let data;
     try {
-      data = await api("GET", `/api/jobs/${this.job}`);
+      data = await api("GET", `api/v1/jobs/${this.job}`);
     } catch (e) {
       const err = document.getElementById("job-error");
       err.hidden = false;
@@ -349,13 +352,18 @@ class JobView {
 
   connect() {
     setConn("connecting", "connecting...");
-    const es = new EventSource(`/api/events?job=${encodeURIComponent(this.job)}&access_token=${encodeURIComponent(token())}`);
+    const es = new EventSource(`api/v1/events?job=${encodeURIComponent(this.job)}&access_token=${encodeURIComponent(token())}`);
     this.es = es;
+    let first = true;
     es.onopen = () => {
-      // Every (re)connection replays the history: start the timeline and the series over.
-      this.timeline = [];
-      this.series = [];
-      this.lastStatsTs = 0;
+      // The first connection replays the history; a reconnection sends Last-Event-ID (the
+      // browser does) and gets only what it missed, so the timeline and series carry on.
+      if (first) {
+        this.timeline = [];
+        this.series = [];
+        this.lastStatsTs = 0;
+        first = false;
+      }
       setConn("replaying", "loading history...");
     };
     es.onerror = () => setConn("error", "reconnecting...");
@@ -661,7 +669,7 @@ class JobView {
   async stopJob() {
     if (!confirm(`Stop job ${this.job}?`)) return;
     try {
-      const rec = await api("POST", `/api/jobs/${this.job}/stop`, JSON.stringify({ reason: "stopped from the dashboard" }));
+      const rec = await api("POST", `api/v1/jobs/${this.job}/stop`, JSON.stringify({ reason: "stopped from the dashboard" }));
       setText("stop-result", `now ${rec.state}`);
       this.load();
     } catch (e) {
@@ -676,7 +684,7 @@ class JobView {
     if (!node) { out.textContent = "No node yet."; return; }
     out.textContent = "Loading...";
     try {
-      const r = await api("GET", `/api/jobs/${this.job}/logs?node=${encodeURIComponent(node)}&tail=200&container=${container}`);
+      const r = await api("GET", `api/v1/jobs/${this.job}/logs?node=${encodeURIComponent(node)}&tail=200&container=${container}`);
       out.textContent = r.text || "(empty)";
     } catch (e) {
       out.textContent = e.message;
