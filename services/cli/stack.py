@@ -2,7 +2,11 @@
 
 ``pacer up`` runs it in the foreground; ``pacer demo`` and the benchmarks
 start it in the background.  Services are separate OS processes (as in a
-cluster), each ``python -m <module>`` with ``PACER_NATS_URL`` set.
+cluster), each ``python -m <module>`` with ``PACER_NATS_URL`` set and, as the
+bus is secured by default, its own NATS user (``PACER_NATS_USER`` /
+``PACER_NATS_PASSWORD``, permissions from :mod:`pacer.security`); the pods the
+executor starts get the ``agent`` user in their URL (``PACER_POD_NATS_URL``)
+and ``Stack.url`` carries the operator's ``admin`` user.
 
 ``start()`` returns once every service answers its health subject with
 ``ready``: a client that talks to the stack right after (a test, the demo)
@@ -24,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pacer import security
 from pacer.embedded import EmbeddedNats
 
 # Every service of the embedded stack: name -> module to run.
@@ -47,11 +52,26 @@ class Stack:
     nats: EmbeddedNats | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # extra environment of every service
+    # Bus security: every service, the pods (role ``agent``) and the operator (``admin``) get a NATS
+    # user of their own with the permissions of pacer.security; off, the server admits anyone.
+    secure: bool = True
+    passwords: dict[str, str] = field(default_factory=dict)  # user (= role) -> password
 
     @property
     def url(self) -> str:
+        """The operator's URL (with the ``admin`` user's credentials when secure): CLI, tests, demo."""
+        return self.url_as("admin")
+
+    @property
+    def bare_url(self) -> str:
         assert self.nats is not None
         return self.nats.url
+
+    def url_as(self, user: str) -> str:
+        """The server's URL carrying ``user``'s credentials (the bare URL when not secure)."""
+        if not self.secure:
+            return self.bare_url
+        return security.with_credentials(self.bare_url, user, self.passwords[user])
 
     @property
     def api_token(self) -> str:
@@ -66,7 +86,13 @@ class Stack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.api_token:  # the API refuses to run without one
             self.env["PACER_API_TOKEN"] = secrets.token_urlsafe(32)
-        self.nats = EmbeddedNats(store_dir=self.data_dir / "nats", port=self.port).start()
+        authorization = ""
+        if self.secure:
+            if not self.passwords:
+                self.passwords = {role: secrets.token_urlsafe(18) for role in security.ROLES}
+            authorization = security.render_authorization({u: (pw, u) for u, pw in self.passwords.items()})
+        self.nats = EmbeddedNats(store_dir=self.data_dir / "nats", port=self.port,
+                                 authorization=authorization).start()
         for name in self.services:
             self.start_service(name)
         try:
@@ -137,7 +163,8 @@ class Stack:
         # brain's first estimates of a re-plan's pause (DLRover-RM Eq. 8) say so until it measures them.
         env = {"PACER_BRAIN_CPU_QUOTA": cores, "PACER_BRAIN_NODE_CPU": cores,
                "PACER_BRAIN_WORKER_PAUSE_S": "5", "PACER_BRAIN_PS_PAUSE_S": "15",
-               **os.environ, "PACER_NATS_URL": self.url, "PACER_DATA_DIR": str(self.data_dir), **self.env}
+               **os.environ, "PACER_NATS_URL": self.bare_url, "PACER_DATA_DIR": str(self.data_dir),
+               **self._credentials(name), **self.env}
         log = open(self.data_dir / f"{name}.log", "ab")
         try:
             proc = subprocess.Popen([sys.executable, "-m", SERVICES[name]], env=env, stdout=log, stderr=log)
@@ -145,6 +172,15 @@ class Stack:
             log.close()
         self.procs[name] = proc
         return proc
+
+    def _credentials(self, name: str) -> dict[str, str]:
+        """The service's own user (``PACER_NATS_USER``/``_PASSWORD``); the executor also gets the pods' URL."""
+        if not self.secure:
+            return {}
+        out = {"PACER_NATS_USER": name, "PACER_NATS_PASSWORD": self.passwords[name]}
+        if name == "executor":
+            out["PACER_POD_NATS_URL"] = self.url_as("agent")
+        return out
 
     def check(self) -> list[str]:
         """Names of services that exited."""

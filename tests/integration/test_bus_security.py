@@ -1,0 +1,203 @@
+"""Bus security against a real nats-server configured with pacer.security's users.
+
+Each test starts a server whose ``authorization`` block is what ``pacer up``
+renders, then connects as one role and checks what the server lets it do:
+a forbidden publish is refused by the server (a permissions violation
+reaches the client's error callback) and nothing is delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client
+from pacer import security, subjects
+from pacer.bus import Bus
+from pacer.embedded import EmbeddedNats
+
+ROLES = [*security.ROLES, "policy:my-policy"]
+PASSWORDS = {role.replace(":", "-"): f"pw-{i}" for i, role in enumerate(ROLES)}
+USERS = {user: (pw, role) for (user, pw), role in zip(PASSWORDS.items(), ROLES, strict=True)}
+
+
+@pytest.fixture
+def secure_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    srv = EmbeddedNats(store_dir=tmp_path / "nats", authorization=security.render_authorization(USERS)).start()
+    yield srv
+    srv.stop()
+
+
+async def connect(srv: EmbeddedNats, user: str) -> tuple[Client, list[Exception]]:
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    nc = await nats.connect(srv.url, user=user, password=PASSWORDS[user], error_cb=on_error,
+                            allow_reconnect=False)
+    return nc, errors
+
+
+async def violation(errors: list[Exception], subject: str, timeout: float = 2.0) -> str:
+    """The permissions violation about ``subject`` that the server sent, waiting up to ``timeout``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        for e in errors:
+            if "permissions violation" in str(e).lower() and subject in str(e):
+                return str(e)
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no permissions violation for {subject}: {errors}")
+
+
+async def test_without_credentials_nothing_connects(secure_server: EmbeddedNats) -> None:
+    with pytest.raises((nats.errors.Error, OSError)):
+        await nats.connect(secure_server.url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+
+
+@pytest.mark.parametrize("user", ["policy-my-policy", "agent", "monitor", "api", "shard"])
+async def test_a_user_without_rights_cannot_command_an_executor(secure_server: EmbeddedNats, user: str) -> None:
+    executor, _ = await connect(secure_server, "executor")
+    intruder, errors = await connect(secure_server, user)
+    try:
+        sub = await executor.subscribe(subjects.rpc_wildcard(subjects.EXECUTOR_SERVICE))
+        await executor.flush()
+        cmd = subjects.executor_rpc("j1", subjects.ExecutorOp.COMMAND)
+        await intruder.publish(cmd, b'{"kill": "worker-0"}')
+        await intruder.flush()
+        assert cmd in await violation(errors, cmd)
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.next_msg(timeout=0.5)  # nothing reached the executor
+    finally:
+        await intruder.close()
+        await executor.close()
+
+
+@pytest.mark.parametrize("user", ["controller", "brain", "jobs"])
+async def test_controller_brain_and_job_service_command_the_executor(secure_server: EmbeddedNats,
+                                                                     user: str) -> None:
+    executor, exec_errors = await connect(secure_server, "executor")
+    sender, errors = await connect(secure_server, user)
+    try:
+        sub = await executor.subscribe(subjects.rpc_wildcard(subjects.EXECUTOR_SERVICE))
+
+        async def answer() -> None:
+            msg = await sub.next_msg(timeout=5)
+            await msg.respond(b"applied")  # the reply goes back through allow_responses
+
+        task = asyncio.create_task(answer())
+        await executor.flush()
+        reply = await sender.request(subjects.executor_rpc("j1", subjects.ExecutorOp.COMMAND), b"{}", timeout=5)
+        await task
+        assert reply.data == b"applied"
+        assert errors == [] and exec_errors == []
+    finally:
+        await sender.close()
+        await executor.close()
+
+
+async def test_a_policy_cannot_publish_node_events_nor_answer_for_another_policy(
+        secure_server: EmbeddedNats) -> None:
+    watcher, _ = await connect(secure_server, "admin")
+    policy, errors = await connect(secure_server, "policy-my-policy")
+    try:
+        seen = await watcher.subscribe(">")
+        await watcher.flush()
+        died = subjects.node_event("j1", subjects.NodeEventKind.DIED)
+        await policy.publish(died, b'{"node": "worker-0"}')
+        await policy.flush()
+        assert died in await violation(errors, died)
+        other = subjects.policy_decide("antdt-nd")
+        await policy.subscribe(other)
+        await policy.flush()
+        assert other in await violation(errors, other)
+        # its own decide subject is allowed
+        own = await policy.subscribe(subjects.policy_decide("my-policy"))
+        await policy.flush()
+        with pytest.raises(nats.errors.TimeoutError):
+            m = await seen.next_msg(timeout=0.5)
+            pytest.fail(f"delivered: {m.subject}")
+        assert own.subject == subjects.policy_decide("my-policy")
+    finally:
+        await policy.close()
+        await watcher.close()
+
+
+async def test_only_the_executor_publishes_node_events(secure_server: EmbeddedNats) -> None:
+    watcher, _ = await connect(secure_server, "admin")
+    executor, errors = await connect(secure_server, "executor")
+    agent, agent_errors = await connect(secure_server, "agent")
+    try:
+        sub = await watcher.subscribe(subjects.events_of("node"))
+        await watcher.flush()
+        died = subjects.node_event("j1", subjects.NodeEventKind.DIED)
+        await agent.publish(died, b"forged")
+        await agent.flush()
+        await violation(agent_errors, died)
+        await executor.publish(died, b"real")
+        await executor.flush()
+        msg = await sub.next_msg(timeout=2)
+        assert msg.data == b"real" and errors == []
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.next_msg(timeout=0.3)
+    finally:
+        await agent.close()
+        await executor.close()
+        await watcher.close()
+
+
+async def test_the_shard_service_appends_to_its_log_stream_and_an_agent_cannot(
+        secure_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PACER_NATS_USER", "shard")
+    monkeypatch.setenv("PACER_NATS_PASSWORD", PASSWORDS["shard"])
+    bus = await Bus.connect(secure_server.url, name="shard")  # credentials from the settings
+    agent, errors = await connect(secure_server, "agent")
+    try:
+        await bus.ensure_streams()
+        ack = await bus.js.publish(subjects.shard_log("j1"), b"entry")
+        assert ack.stream == subjects.SHARD_LOG_STREAM and ack.seq == 1
+        await agent.publish(subjects.shard_log("j1"), b"forged")
+        await agent.flush()
+        await violation(errors, subjects.shard_log("j1"))
+        info = await bus.js.stream_info(subjects.SHARD_LOG_STREAM)
+        assert info.state.messages == 1
+    finally:
+        await agent.close()
+        await bus.close()
+
+
+async def test_credentials_in_the_url_win_over_the_settings(
+        secure_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PACER_NATS_USER", "shard")
+    monkeypatch.setenv("PACER_NATS_PASSWORD", "wrong")
+    bus = await Bus.connect(security.with_credentials(secure_server.url, "agent", PASSWORDS["agent"]))
+    try:
+        await bus.nc.publish(subjects.agent_heartbeat("j1"), b"{}")
+        await bus.nc.flush()
+        assert bus.nc.is_connected
+    finally:
+        await bus.close()
+
+
+def test_unknown_roles_are_refused() -> None:
+    from pacer.errors import ValidationError
+
+    with pytest.raises(ValidationError):
+        security.permissions("root")
+    with pytest.raises(ValidationError):
+        security.permissions("policy:a.>")
+
+
+def test_only_controller_brain_and_jobs_may_publish_executor_commands() -> None:
+    cmd = "pacer.rpc.executor.*.command"
+    for role in security.ROLES:
+        pub = security.permissions(role).publish
+        may = any(p in (">", "pacer.rpc.executor.>", cmd) for p in pub)
+        assert may == (role in ("controller", "brain", "jobs", "admin")), role
+    node = [r for r in security.ROLES if any(p in (">", "pacer.events.node.*.*") for p in
+                                             security.permissions(r).publish)]
+    assert sorted(node) == ["admin", "executor"]
