@@ -389,3 +389,74 @@ async def test_jobs_list_page(base_url: str, peers: PeerDouble) -> None:
     assert alpha.find(data_field="model").text == "wide_deep"
     assert alpha.find(data_field="name").find(tag="a").attrs["href"] == "#/jobs/alpha"
     assert alpha.find(data_field="progress").text.strip() == "0%"
+
+
+# ------------------------------------------------------------------ behind a path prefix, with and without the token
+
+
+@contextlib.asynccontextmanager
+async def prefix_proxy(upstream: str, prefix: str) -> AsyncIterator[str]:
+    """A reverse proxy serving ``upstream`` under ``prefix`` (as an Ingress at /pacer/ does); its base URL.
+
+    Streams responses (the event stream included) and forwards the headers the API reads.
+    """
+    from aiohttp import web
+
+    session = aiohttp.ClientSession(upstream)
+    seen: list[str] = []
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        seen.append(request.path_qs)
+        if not request.path.startswith(prefix):
+            return web.Response(status=404, text=f"outside {prefix}")
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() in ("authorization", "content-type", "last-event-id", "accept")}
+        async with session.request(request.method, "/" + request.path_qs[len(prefix):], headers=headers,
+                                   data=await request.read()) as up:
+            resp = web.StreamResponse(status=up.status, headers={
+                k: v for k, v in up.headers.items() if k.lower() in ("content-type", "cache-control")})
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}{prefix}"
+    finally:
+        await runner.cleanup()
+        await session.close()
+        assert not [p for p in seen if not p.startswith(prefix)], seen  # the page never left the prefix
+
+
+async def test_dashboard_behind_a_path_prefix_submits_and_follows_a_job(
+        base_url: str, bus: Bus, peers: PeerDouble) -> None:
+    job = "pfx"
+    async with prefix_proxy(base_url, "/pacer/") as root, Browser() as b:
+        # Without the token: the list says how to get in, rather than showing nothing.
+        await b.goto(root)
+        await b.wait_for("document.querySelector('#jobs-error')?.hidden === false")
+        assert "carries the token" in await b.eval("document.querySelector('#jobs-error').textContent")
+        # With it (as `pacer up` prints it): the token leaves the address bar; the form submits.
+        await b.goto(f"{root}#token={TOKEN}")
+        await b.wait_for("document.querySelector('#jobs-body') !== null && !location.hash.includes('token')")
+        await b.eval(f"document.querySelector('#submit-spec').value = {json.dumps(test_api.SPEC_YAML.format(name=job))};"
+                     " document.querySelector('#submit-spec').form.requestSubmit(); true")
+        await b.wait_for(f"location.hash === '#/jobs/{job}' && document.querySelector('#job-state')?.textContent"
+                         " === 'submitted'")
+        assert job in peers.records
+        # Live events reach the page through the prefix (the event stream with its token).
+        await bus.publish(subjects.job_event(job, "running"),
+                          JobEvent(job, JobState.RUNNING, time.time(), "plan applied", JobState.SUBMITTED))
+        await b.wait_for("document.querySelector('#job-state')?.dataset.state === 'running'")
+        # The path form of the job page, under the prefix: <base href="../"> keeps the URLs inside it.
+        await b.goto(f"{root}jobs/{job}")
+        await b.wait_for("document.querySelector('#conn')?.dataset.state === 'live'"
+                         " && document.querySelector('#job-state')?.dataset.state === 'running'")
+        assert b.errors == [] or all("401" in e for e in b.errors), b.errors
