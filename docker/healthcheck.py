@@ -23,10 +23,28 @@ import argparse
 import asyncio
 import os
 import socket
+import ssl
 import sys
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
 
 import msgpack
 import nats
+
+
+def auth_options(url: str, env: Mapping[str, str]) -> dict[str, Any]:
+    """The settings ``Bus.connect`` reads (pacer.security.connect_options), repeated without a Pacer import:
+    ``PACER_NATS_USER``/``PACER_NATS_PASSWORD`` (unless the URL has ``user:pass@``), ``PACER_NATS_CREDS``,
+    ``PACER_NATS_CA``.  The service's own user may publish its health subject and gets the reply."""
+    out: dict[str, Any] = {}
+    if not urlsplit(url).username and env.get("PACER_NATS_USER"):
+        out["user"], out["password"] = env["PACER_NATS_USER"], env.get("PACER_NATS_PASSWORD", "")
+    if env.get("PACER_NATS_CREDS"):
+        out["user_credentials"] = env["PACER_NATS_CREDS"]
+    if env.get("PACER_NATS_CA"):
+        out["tls"] = ssl.create_default_context(cafile=env["PACER_NATS_CA"])
+    return out
 
 
 async def probe(service: str, url: str, wait: float, live: bool) -> int:
@@ -36,7 +54,8 @@ async def probe(service: str, url: str, wait: float, live: bool) -> int:
     try:
         # nats-py keeps retrying the first connect on its own: bound it here.
         nc = await asyncio.wait_for(
-            nats.connect(url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=0, error_cb=quiet),
+            nats.connect(url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=0, error_cb=quiet,
+                         **auth_options(url, os.environ)),
             timeout=3,
         )
     except Exception as exc:  # any failure to reach the bus (TimeoutError included)

@@ -201,3 +201,34 @@ def test_only_controller_brain_and_jobs_may_publish_executor_commands() -> None:
     node = [r for r in security.ROLES if any(p in (">", "pacer.events.node.*.*") for p in
                                              security.permissions(r).publish)]
     assert sorted(node) == ["admin", "executor"]
+
+
+async def test_the_health_check_probes_with_the_services_own_user(
+        secure_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+    import socket
+
+    import msgpack
+
+    spec = importlib.util.spec_from_file_location("healthcheck", Path(__file__).parents[2] / "docker" / "healthcheck.py")
+    assert spec is not None and spec.loader is not None
+    hc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hc)
+    shard, errors = await connect(secure_server, "shard")
+    try:
+        async def answer(msg: nats.aio.msg.Msg) -> None:
+            await msg.respond(msgpack.packb({"instance": f"{socket.gethostname()}-1", "status": "ready"}))
+
+        await shard.subscribe(subjects.health("shard"), cb=answer)
+        await shard.flush()
+        monkeypatch.setenv("PACER_NATS_USER", "shard")
+        monkeypatch.setenv("PACER_NATS_PASSWORD", PASSWORDS["shard"])
+        assert await hc.probe("shard", secure_server.url, 2.0, False) == 0
+        monkeypatch.setenv("PACER_NATS_USER", "agent")  # may not publish the shard service's health subject
+        monkeypatch.setenv("PACER_NATS_PASSWORD", PASSWORDS["agent"])
+        assert await hc.probe("shard", secure_server.url, 0.5, False) == 1
+        monkeypatch.delenv("PACER_NATS_USER")  # no user: the server refuses the connection
+        assert await hc.probe("shard", secure_server.url, 0.5, False) == 1
+        assert errors == []
+    finally:
+        await shard.close()
