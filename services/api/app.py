@@ -21,6 +21,7 @@ can stop a job):
   replayed``, then live events and a ``: keep-alive`` comment every ``keepalive_s``.  A client
   that reconnects with ``Last-Event-ID`` (EventSource does so by itself) gets only what came
   after that id.  Also takes the token as ``?access_token=`` (EventSource cannot set headers).
+* ``GET  /api/v1/openapi.json``          this list as an OpenAPI 3.1 document (no token needed)
 * ``GET  /healthz``                        ``{"status": "ok" | "degraded", ...}`` (503 without NATS)
 * ``GET  /`` and ``GET /jobs/{job}``       the dashboard (one page, ``static/``, relative URLs only)
 
@@ -78,6 +79,7 @@ from pacer.jobs.client import JobClient
 from pacer.jobs.spec import parse_job_spec
 from pacer.runtime import RuntimeConfig
 from pacer.telemetry import Counters
+from pacer_services.api import openapi
 
 log = logging.getLogger("pacer.api")
 
@@ -93,7 +95,10 @@ STATUS: dict[str, int] = {
 }
 
 #: The prefix of every API route: a breaking change gets ``/api/v2`` beside it.
-API = "/api/v1"
+API = openapi.API
+
+#: API paths without the token: they hold no job data.
+OPEN_PATHS = frozenset({f"{API}/openapi.json"})
 
 #: Methods that change something: their body must be JSON (see ``_json_only``).
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -256,6 +261,7 @@ class ApiService:
         self.streams = 0  # SSE clients connected now
         self._closing = asyncio.Event()
         self._runner: web.AppRunner | None = None
+        self._openapi: str | None = None  # the document, rendered on first request
 
     # ================================================================ lifecycle
     def make_app(self) -> web.Application:
@@ -268,6 +274,7 @@ class ApiService:
         r.add_post(f"{API}/jobs/{{job}}/stop", self.stop_job)
         r.add_get(f"{API}/jobs/{{job}}/logs", self.logs)
         r.add_get(f"{API}/events", self.events)
+        r.add_get(f"{API}/openapi.json", self.openapi)
         r.add_get("/", self.index)
         r.add_get("/jobs/{job}", self.index)
         r.add_static("/static/", STATIC_DIR, follow_symlinks=False)
@@ -326,7 +333,7 @@ class ApiService:
         browser's ``EventSource`` cannot set headers.  The dashboard's static
         files and ``/healthz`` (the readiness probe; it reveals no job) are open.
         """
-        if not request.path.startswith("/api/"):
+        if not request.path.startswith("/api/") or request.path in OPEN_PATHS:
             return await handler(request)
         given = ""
         scheme, _, cred = request.headers.get("Authorization", "").partition(" ")
@@ -441,6 +448,11 @@ class ApiService:
         reply = await self.jobs.logs(job, node, tail, container)
         self.counters.inc("requests", op="logs")
         return web.json_response(to_json(reply))
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        if self._openapi is None:
+            self._openapi = json.dumps(openapi.document(), separators=(",", ":"))
+        return web.Response(text=self._openapi, content_type="application/json")
 
     async def index(self, request: web.Request) -> web.Response:
         """The page; at ``/jobs/{job}`` with ``<base href="../">``, so that its relative URLs

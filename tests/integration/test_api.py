@@ -468,6 +468,48 @@ def test_the_api_refuses_to_start_without_a_token(monkeypatch: pytest.MonkeyPatc
     assert ApiConfig.from_env().token == TOKEN
 
 
+async def test_openapi_document_validates_and_describes_what_is_served(
+        api_service: ApiService, peers: PeerDouble) -> None:
+    import jsonschema
+    from openapi_spec_validator import validate
+
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{api_service.port}") as session:
+        http = Client(session)
+        status, doc = await http.call("GET", "/api/v1/openapi.json")  # no token: it holds no job data
+        assert status == 200
+        validate(doc)  # OpenAPI 3.1, every $ref resolved, every path parameter declared
+        # Every route the app serves is in the document, and nothing else.
+        served = {(r.method.lower(), r.resource.canonical) for r in api_service_routes(api_service)
+                  if r.resource is not None and r.method != "HEAD"
+                  and r.resource.canonical.startswith(("/api/", "/healthz"))}
+        documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
+        assert served == documented, served ^ documented
+
+        # Real answers validate against their documented schemas.
+        def check(schema: str, body: Any) -> None:
+            jsonschema.Draft202012Validator(
+                {"$ref": f"#/components/schemas/{schema}", "components": doc["components"]}).validate(body)
+
+        peers.add_running("doc1")
+        peers.executor["doc1"] = executor_status("doc1")
+        peers.stats["doc1"] = statistics("doc1", 10.0)
+        http.session.headers.update(AUTH)
+        for path, schema in (("/api/v1/jobs", "job.JobList"), ("/api/v1/jobs/doc1", "JobPage"),
+                             ("/api/v1/jobs/doc1/logs?node=worker-0&tail=2", "executor.LogsReply"),
+                             ("/api/v1/jobs/nope", "Error")):
+            status, body = await http.call("GET", path)
+            check(schema, body)
+        status, body = await http.call("POST", "/api/v1/jobs", json={"spec": SPEC_YAML.format(name="doc2")})
+        assert status == 201
+        check("job.JobRecord", body)
+        with pytest.raises(jsonschema.ValidationError):
+            check("job.JobRecord", {**body, "state": "sleeping"})  # the check can fail
+
+
+def api_service_routes(svc: ApiService) -> list[Any]:
+    return list(svc.make_app().router.routes())
+
+
 async def test_job_service_down_is_503(http: Client) -> None:
     status, body = await http.call("GET", "/api/v1/jobs")
     assert status == 503 and body["error"]["code"] == "unavailable"
