@@ -37,7 +37,7 @@ History replay: the last stream sequence at connect splits history (read
 with a pull consumer, up to it) from live (an ordered push consumer from the
 next one), so nothing falls between the two and nothing is sent twice.  The
 replay keeps the newest ``replay_limit`` timeline events and the newest
-``replay_series`` periodic ones (monitor statistics, shard progress) so that a
+``replay_series`` periodic ones (monitor statistics, shard progress, controller rounds) so that a
 long job's series cannot push its node events out.  Agent heartbeats and
 metrics are live only: they are many and the monitor's statistics summarise
 them.
@@ -68,10 +68,12 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pacer import codec, subjects
 from pacer.bus import Bus, RetryPolicy
 from pacer.contracts.agent import ActionResult, AgentMetrics, Heartbeat
+from pacer.contracts.brain import BrainDecision
 from pacer.contracts.executor import ExecutorEvent
 from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
+from pacer.contracts.policy import ControllerDecision
 from pacer.contracts.shards import ProgressEvent, ShardEvent
 from pacer.errors import DecodeError, PacerError, ValidationError
 from pacer.ids import is_token
@@ -121,10 +123,16 @@ EVENT_TYPES: dict[tuple[str, str], type[Any]] = {
     ("agent", subjects.AgentEventKind.METRICS): AgentMetrics,
     ("agent", subjects.AgentEventKind.HEARTBEAT): Heartbeat,
     ("agent", subjects.AgentEventKind.ACTION): ActionResult,
+    (subjects.CONTROLLER_SERVICE, "decision"): ControllerDecision,
+    (subjects.BRAIN_SERVICE, "decision"): BrainDecision,
 }
 
-#: Periodic events: replayed with their own cap (see the module docstring).
-SERIES_KINDS = frozenset({"monitor.statistics", "shard.progress"})
+#: Periodic events: replayed with their own cap (see the module docstring).  The controller
+#: decides once per statistics round, acting or not.
+SERIES_KINDS = frozenset({"monitor.statistics", "shard.progress", "controller.decision"})
+
+#: The event domains replayed from history (agent actions too; agent heartbeats and metrics are live only).
+REPLAY_DOMAINS = ("job", "node", "executor", "monitor", "shard", subjects.CONTROLLER_SERVICE, subjects.BRAIN_SERVICE)
 
 
 
@@ -540,7 +548,7 @@ class ApiService:
         """The job's stored events with sequences in ``start..end``, oldest first (caps in :class:`ApiConfig`)."""
         if end == 0 or start > end:
             return []
-        filters = [subjects.events_of(d, job) for d in ("job", "node", "executor", "monitor", "shard")]
+        filters = [subjects.events_of(d, job) for d in REPLAY_DOMAINS]
         filters.append(subjects.events_of(subjects.AGENT_SERVICE, job, subjects.AgentEventKind.ACTION))
         sub = await self.bus.js.pull_subscribe(
             "",

@@ -29,6 +29,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pacer import codec, subjects
 from pacer.bus import Bus
+from pacer.contracts.agent import ActionKind
+from pacer.contracts.brain import BrainDecision, BrainRule, BrainStage
 from pacer.contracts.executor import ExecutorStatus, LogsQuery, LogsReply, NodeInfo, PodPhase
 from pacer.contracts.executor import JobQuery as ExecutorQuery
 from pacer.contracts.jobs import (
@@ -43,6 +45,7 @@ from pacer.contracts.jobs import (
 )
 from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StatsQuery
 from pacer.contracts.nodes import NodeEvent
+from pacer.contracts.policy import ControllerDecision, PolicyAction, RefusedAction
 from pacer.embedded import EmbeddedNats
 from pacer.errors import Conflict, NotFound, ValidationError
 from pacer.jobs.spec import default_plan, parse_job_spec
@@ -588,6 +591,44 @@ async def test_sse_replays_history_then_streams_live(http: Client, bus: Bus, api
 
     # The client went away: its subscription is gone.
     await eventually(lambda: api_service.streams == 0, timeout=5.0)
+
+
+def decisions(job: str, ts: float) -> tuple[ControllerDecision, ControllerDecision, BrainDecision]:
+    """An idle controller round, one that restarted a straggler, and a brain re-plan (as the services publish them)."""
+    spec = parse_job_spec(SPEC_YAML.format(name=job))
+    before = default_plan(spec)
+    after = replace(before, workers=before.workers + 2)
+    idle = ControllerDecision(job=job, ts=ts, policy="none")
+    acted = ControllerDecision(job=job, ts=ts + 1, policy="straggler",
+                               executed=[PolicyAction(ActionKind.KILL_RESTART, "worker-1", reason="3x slower")],
+                               refused=[RefusedAction("ADJUST_LR", "", "cooldown")])
+    brain = BrainDecision(job=job, ts=ts + 2, stage=BrainStage.ADJUST, rule=BrainRule.OPTIMIZE, plan=after,
+                          previous=before, measured_throughput=900.0, predicted_throughput=1400.0)
+    return idle, acted, brain
+
+
+async def test_sse_replays_controller_and_brain_decisions(http: Client, bus: Bus) -> None:
+    job = "dec1"
+    idle, acted, brain = decisions(job, time.time() - 10)
+    await bus.publish_durable(subjects.node_event(job, "created"),
+                              NodeEvent(job=job, node="worker-0", kind="created", ts=idle.ts - 1))
+    for d in (idle, acted):
+        await bus.publish_durable(subjects.controller_decision(job), d)
+    await bus.publish_durable(subjects.brain_decision(job), brain)
+    async with http.session.get(f"/api/v1/events?job={job}") as resp:
+        events = [e for e in await read_sse(resp, "replayed") if e[0] != ":"]
+        assert [n for n, _ in events] == ["node.created", "controller.decision", "controller.decision",
+                                          "brain.decision", "replayed"]
+        ctl = events[2][1]
+        assert ctl["policy"] == "straggler" and ctl["executed"][0]["kind"] == "KILL_RESTART"
+        assert ctl["executed"][0]["node"] == "worker-1" and ctl["refused"][0]["reason"] == "cooldown"
+        b = events[3][1]
+        assert (b["rule"], b["stage"], b["plan"]["workers"], b["previous"]["workers"]) == (
+            "optimize", "adjust", brain.plan.workers, brain.previous.workers if brain.previous else -1)
+        # Live, decoded by their contracts too.
+        await bus.publish_durable(subjects.brain_decision(job), replace(brain, ts=time.time(), rule=BrainRule.OOM))
+        events = await read_sse(resp, "brain.decision")
+        assert events[-1][1]["rule"] == "oom" and events[-1][1]["predicted_throughput"] == 1400.0
 
 
 async def test_sse_ids_let_a_client_resume_where_it_left_off(http: Client, bus: Bus) -> None:

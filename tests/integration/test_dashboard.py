@@ -366,9 +366,20 @@ async def test_render_opened_mid_job_and_unknown_job(base_url: str, bus: Bus, pe
     peers.add_running(job)
     await bus.publish_durable(subjects.node_event(job, "running"), node_event(job, "worker-0", "running"))
     await bus.publish_durable(subjects.monitor_statistics(job), statistics(job, 42.0))
+    idle, acted, brain = test_api.decisions(job, time.time() - 5)
+    for d in (idle, acted):
+        await bus.publish_durable(subjects.controller_decision(job), d)
+    await bus.publish_durable(subjects.brain_decision(job), brain)
     html = await render(f"{base_url}/jobs/{job}#token={TOKEN}",  # the path form of the job page
-                        until="document.querySelector('#throughput')?.dataset.value === '42'")
+                        until="document.querySelector('#throughput')?.dataset.value === '42'"
+                              " && document.querySelector('#timeline li[data-kind=\"brain.decision\"]') !== null")
     page = parse_dom(html)
+    # The controller's round that acted and the brain's re-plan are on the timeline; the idle round is not.
+    decided = [li.text for li in page.find(id="timeline").find_all(tag="li")
+               if li.attrs.get("data-kind") in ("controller.decision", "brain.decision")]
+    assert len(decided) == 2, decided
+    assert any("KILL_RESTART worker-1" in t and "3x slower" in t for t in decided), decided
+    assert any(f"brain optimize: {brain.plan.workers} workers" in t for t in decided), decided
     assert page.find(id="job-state").text == "running"
     assert page.find(tag="tr", data_node="worker-0").find(data_field="state").text == "running"
 

@@ -32,6 +32,7 @@ const EVENT_NAMES = [
   "shard.progress", "shard.registered", "shard.epoch_started", "shard.requeued", "shard.parked",
   "shard.finished", "shard.checkpointed", "shard.restored",
   "agent.metrics", "agent.heartbeat", "agent.action",
+  "controller.decision", "brain.decision",
 ];
 const SERIES_MAX = 300;     // throughput points kept for the chart
 const TIMELINE_MAX = 400;   // timeline entries kept
@@ -425,6 +426,26 @@ class JobView {
           this.addTimeline(msg.ts, name, `shards ${kind}`, bits.filter(Boolean).join("; "), { node: msg.node || null });
         }
         break;
+      case "controller": {
+        // One per statistics round: only the rounds that did (or refused, or failed) something.
+        const acts = [...(msg.executed || []).map((a) => `${a.kind}${a.node ? " " + a.node : ""}`),
+          ...(msg.refused || []).map((a) => `${a.kind} refused`), ...(msg.failed || []).map((a) => `${a.kind} failed`)];
+        if (acts.length || msg.fallback) {
+          const why = [...(msg.executed || []).map((a) => a.reason), ...(msg.refused || []).map((a) => a.reason),
+            ...(msg.failed || []).map((a) => a.reason), msg.fallback && "policy did not answer: fallback", msg.reason];
+          this.addTimeline(msg.ts, name, `controller (${msg.policy}): ${acts.join(", ") || "no action"}`,
+            why.filter(Boolean).join("; "));
+        }
+        break;
+      }
+      case "brain": {
+        const p = msg.plan || {};
+        const bits = [msg.stage && `stage ${msg.stage}`,
+          msg.measured_throughput > 0 && `measured ${fmtNum(msg.measured_throughput)}/s`,
+          msg.predicted_throughput > 0 && `predicted ${fmtNum(msg.predicted_throughput)}/s`];
+        this.addTimeline(msg.ts, name, `brain ${msg.rule}: ${p.workers} workers, ${p.ps} PS`, bits.filter(Boolean).join("; "));
+        break;
+      }
       case "agent":
         if (kind === "metrics") this.onMetrics(msg);
         else if (kind === "action") {
