@@ -67,6 +67,7 @@ class EmbeddedNats:
     # An ``authorization { users = [...] }`` block (pacer.security.render_authorization): empty, the
     # server admits anyone (the bare server of the tests); ``pacer up`` gives every service a user.
     authorization: str = ""
+    tls: str = ""  # a ``tls { ... }`` block (pacer.tls.server_tls_config): clients must then use TLS
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -83,6 +84,7 @@ class EmbeddedNats:
             f"  store_dir: {str(self.store_dir)!r}{sync}\n"
             "}\n"
             f"{self.authorization}"
+            f"{self.tls}"
         )
 
     def start(self, timeout: float = 15.0) -> EmbeddedNats:

@@ -135,7 +135,8 @@ def _table() -> dict[str, Permissions]:
                              js=False),
         S.BRAIN_SERVICE: _service(
             S.BRAIN_SERVICE,
-            publish=[_events(S.BRAIN_SERVICE), kv(S.BRAIN_BUCKET), kv(S.BRAIN_JOBS_BUCKET), _EXECUTOR_ALL,
+            publish=[_events(S.BRAIN_SERVICE), S.events_of("job", kind=S.JobEventKind.PLAN),  # a re-plan
+                     kv(S.BRAIN_BUCKET), kv(S.BRAIN_JOBS_BUCKET), _EXECUTOR_ALL,
                      _rpc(S.MONITOR_SERVICE), _rpc(S.JOB_SERVICE)],
             subscribe=[_rpc(S.BRAIN_SERVICE), S.EVENTS_SUBJECTS]),
         # An agent sidecar and the trainer processes of its pod (they share the pod's credentials).

@@ -56,6 +56,9 @@ class Stack:
     # user of their own with the permissions of pacer.security; off, the server admits anyone.
     secure: bool = True
     passwords: dict[str, str] = field(default_factory=dict)  # user (= role) -> password
+    # TLS with a CA of the stack's own (pacer.tls), made in <data_dir>/nats/tls on the first start.
+    tls: bool = field(default_factory=lambda: os.environ.get("PACER_NATS_TLS", "") == "1")
+    ca_file: Path | None = None
 
     @property
     def url(self) -> str:
@@ -91,8 +94,16 @@ class Stack:
             if not self.passwords:
                 self.passwords = {role: secrets.token_urlsafe(18) for role in security.ROLES}
             authorization = security.render_authorization({u: (pw, u) for u, pw in self.passwords.items()})
+        tls = ""
+        if self.tls:
+            from pacer.tls import ensure_server_tls, server_tls_config
+
+            files = ensure_server_tls(self.data_dir / "nats" / "tls")
+            self.ca_file, tls = files.ca, server_tls_config(files)
+            # This process's own clients (the readiness probe, `pacer up`'s CLI, a test) verify with it too.
+            os.environ["PACER_NATS_CA"] = str(files.ca)
         self.nats = EmbeddedNats(store_dir=self.data_dir / "nats", port=self.port,
-                                 authorization=authorization).start()
+                                 authorization=authorization, tls=tls).start()
         for name in self.services:
             self.start_service(name)
         try:
@@ -175,9 +186,10 @@ class Stack:
 
     def _credentials(self, name: str) -> dict[str, str]:
         """The service's own user (``PACER_NATS_USER``/``_PASSWORD``); the executor also gets the pods' URL."""
+        out = {"PACER_NATS_CA": str(self.ca_file)} if self.ca_file is not None else {}
         if not self.secure:
-            return {}
-        out = {"PACER_NATS_USER": name, "PACER_NATS_PASSWORD": self.passwords[name]}
+            return out
+        out |= {"PACER_NATS_USER": name, "PACER_NATS_PASSWORD": self.passwords[name]}
         if name == "executor":
             out["PACER_POD_NATS_URL"] = self.url_as("agent")
         return out

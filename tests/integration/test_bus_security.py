@@ -9,6 +9,7 @@ reaches the client's error callback) and nothing is delivered.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -232,3 +233,57 @@ async def test_the_health_check_probes_with_the_services_own_user(
         assert errors == []
     finally:
         await shard.close()
+
+
+def connz(srv: EmbeddedNats) -> list[dict[str, object]]:
+    """The server's view of its client connections (monitoring endpoint ``/connz``)."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.monitor_port}/connz", timeout=2) as r:
+        conns: list[dict[str, object]] = json.load(r)["connections"]
+    return conns
+
+
+async def test_tls_with_the_stacks_own_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pacer.tls import ensure_server_tls, server_tls_config
+
+    files = ensure_server_tls(tmp_path / "tls")
+    assert ensure_server_tls(tmp_path / "tls") == files and files.ca.read_bytes() == files.ca.read_bytes()
+    assert files.key.stat().st_mode & 0o077 == 0
+    srv = EmbeddedNats(store_dir=tmp_path / "nats", authorization=security.render_authorization(USERS),
+                       tls=server_tls_config(files)).start()
+    try:
+        monkeypatch.setenv("PACER_NATS_USER", "shard")
+        monkeypatch.setenv("PACER_NATS_PASSWORD", PASSWORDS["shard"])
+        monkeypatch.setenv("PACER_NATS_CA", str(files.ca))
+        bus = await Bus.connect(srv.url, name="tls", connect_timeout=3)
+        try:
+            await bus.ensure_streams()
+            assert bus.nc.is_connected
+            conns = [c for c in await asyncio.to_thread(connz, srv) if c.get("name") == "tls"]
+            assert conns and conns[0].get("tls_version"), conns  # the server sees a TLS connection
+        finally:
+            await bus.close()
+        # A client that trusts another CA is refused by its own TLS check.
+        other = ensure_server_tls(tmp_path / "other")
+        with pytest.raises(Exception):  # noqa: B017 - ssl or nats error, both end the connect
+            await nats.connect(srv.url, user="shard", password=PASSWORDS["shard"], allow_reconnect=False,
+                               max_reconnect_attempts=0, connect_timeout=2,
+                               tls=__import__("ssl").create_default_context(cafile=str(other.ca)))
+    finally:
+        srv.stop()
+
+
+def test_a_tls_stack_gives_its_services_the_ca_and_they_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pacer_services.cli.stack import Stack
+
+    monkeypatch.setenv("PACER_NATS_CA", "")  # restored after: the stack points this process at its CA
+    st = Stack(tmp_path / "stack", services=["shard"], tls=True).start(ready_timeout=60)
+    try:
+        assert st.ca_file is not None and os.environ["PACER_NATS_CA"] == str(st.ca_file)
+        conf = (tmp_path / "stack" / "nats" / "nats-server.conf").read_text()
+        assert "tls {" in conf and "authorization {" in conf
+        assert "Violation" not in (tmp_path / "stack" / "nats" / "nats-server.log").read_text()
+    finally:
+        st.stop()
