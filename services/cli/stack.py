@@ -56,6 +56,10 @@ class Stack:
     # user of their own with the permissions of pacer.security; off, the server admits anyone.
     secure: bool = True
     passwords: dict[str, str] = field(default_factory=dict)  # user (= role) -> password
+    # Custom policies admitted with a user of their own, ``policy-<name>`` (role ``policy:<name>``: its
+    # decide subject only): give such a policy ``url_as("policy-<name>")``.  PACER_NATS_POLICY_USERS=a,b
+    policy_users: list[str] = field(default_factory=lambda: [
+        n for n in os.environ.get("PACER_NATS_POLICY_USERS", "").split(",") if n.strip()])
     # TLS with a CA of the stack's own (pacer.tls), made in <data_dir>/nats/tls on the first start.
     tls: bool = field(default_factory=lambda: os.environ.get("PACER_NATS_TLS", "") == "1")
     ca_file: Path | None = None
@@ -91,9 +95,10 @@ class Stack:
             self.env["PACER_API_TOKEN"] = secrets.token_urlsafe(32)
         authorization = ""
         if self.secure:
-            if not self.passwords:
-                self.passwords = {role: secrets.token_urlsafe(18) for role in security.ROLES}
-            authorization = security.render_authorization({u: (pw, u) for u, pw in self.passwords.items()})
+            roles = {role: role for role in security.ROLES}
+            roles |= {f"policy-{n.strip()}": f"{security.POLICY_ROLE_PREFIX}{n.strip()}" for n in self.policy_users}
+            self.passwords = {u: self.passwords.get(u) or secrets.token_urlsafe(18) for u in roles}
+            authorization = security.render_authorization({u: (self.passwords[u], r) for u, r in roles.items()})
         tls = ""
         if self.tls:
             from pacer.tls import ensure_server_tls, server_tls_config

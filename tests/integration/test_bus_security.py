@@ -279,11 +279,31 @@ def test_a_tls_stack_gives_its_services_the_ca_and_they_serve(tmp_path: Path, mo
     from pacer_services.cli.stack import Stack
 
     monkeypatch.setenv("PACER_NATS_CA", "")  # restored after: the stack points this process at its CA
-    st = Stack(tmp_path / "stack", services=["shard"], tls=True).start(ready_timeout=60)
+    st = Stack(tmp_path / "stack", services=["shard"], tls=True, policy_users=["mine"]).start(ready_timeout=60)
     try:
         assert st.ca_file is not None and os.environ["PACER_NATS_CA"] == str(st.ca_file)
+        # the custom policy's own user: its decide subject, not another policy's, nor node events
+        errors: list[Exception] = []
+
+        async def as_policy() -> None:
+            async def on_error(exc: Exception) -> None:
+                errors.append(exc)
+
+            bus = await Bus.connect(st.url_as("policy-mine"), name="mine")
+            bus.nc._error_cb = on_error
+            try:
+                await bus.nc.subscribe(subjects.policy_decide("mine"))
+                await bus.nc.publish(subjects.node_event("j", subjects.NodeEventKind.DIED), b"forged")
+                await bus.nc.flush()
+                await violation(errors, subjects.node_event("j", subjects.NodeEventKind.DIED))
+                assert not any(subjects.policy_decide("mine") in str(e) for e in errors)
+            finally:
+                await bus.close()
+
+        asyncio.run(as_policy())
         conf = (tmp_path / "stack" / "nats" / "nats-server.conf").read_text()
         assert "tls {" in conf and "authorization {" in conf
-        assert "Violation" not in (tmp_path / "stack" / "nats" / "nats-server.log").read_text()
+        log = (tmp_path / "stack" / "nats" / "nats-server.log").read_text()
+        assert [line for line in log.splitlines() if "Violation" in line and "policy-mine" not in line] == []
     finally:
         st.stop()
