@@ -28,14 +28,14 @@ can stop a job):
 Concurrency contract
 --------------------
 Every request runs on the service's event loop.  Each SSE client owns one
-JetStream ordered consumer and one bounded queue; it is removed in
+JetStream push consumer and one bounded queue; it is removed in
 a ``finally`` when the client goes away (noticed within ``poll_s``), when the
 write fails, or when the service drains.  A client too slow to keep up loses
 live events (counted as ``sse_dropped``) rather than growing memory.
 
 History replay: the last stream sequence at connect splits history (read
-with a pull consumer, up to it) from live (an ordered push consumer from the
-next one), so nothing falls between the two and nothing is sent twice.  The
+with a pull consumer, up to it) from live (a push consumer from the next
+one), so nothing falls between the two and nothing is sent twice.  The
 replay keeps the newest ``replay_limit`` timeline events and the newest
 ``replay_series`` periodic ones (monitor statistics, shard progress, controller rounds) so that a
 long job's series cannot push its node events out.  Agent heartbeats and
@@ -489,10 +489,13 @@ class ApiService:
         # them, so nothing falls between the two and nothing is sent twice.
         info = await self.bus.js.stream_info(subjects.EVENTS_STREAM)
         end = int(info.state.last_seq)
+        # A plain push consumer without acks or flow control: nothing for the client to publish back
+        # (the API's NATS user may publish only $JS.API/$JS.ACK), and the server drops it once the
+        # subscription is gone (inactive_threshold).
         sub = await self.bus.js.subscribe(
-            subjects.events_of("*", job), stream=subjects.EVENTS_STREAM, cb=on_msg, ordered_consumer=True,
+            subjects.events_of("*", job), stream=subjects.EVENTS_STREAM, cb=on_msg,
             config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=end + 1,
-                                  inactive_threshold=30.0))
+                                  ack_policy=AckPolicy.NONE, mem_storage=True, inactive_threshold=10.0))
         self.streams += 1
         self.counters.inc("sse_clients")
         try:
