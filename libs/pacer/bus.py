@@ -8,8 +8,10 @@
 * ``request`` sends a message and decodes the typed reply, retrying on
   timeouts, missing responders and *temporary* error replies with capped
   exponential backoff; permanent errors are raised at once.
-* Trace context travels in the W3C ``traceparent`` header when a span is
-  recording, so a worker's request and the service's handling are one trace.
+* ``request``, ``publish`` and ``publish_durable`` each run in a span
+  (``CLIENT`` / ``PRODUCER``, :mod:`pacer.tracing`) whose W3C ``traceparent``
+  travels in the NATS headers, so the receiver's handling is a child span and
+  a request and everything it causes are one trace.
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.kv import KeyValue
-from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind
 
-from pacer import subjects
+from pacer import subjects, tracing
 from pacer.codec import decode, encode
 from pacer.contracts.common import decode_reply, encode_error
 from pacer.errors import PacerError, StaleRevision, Unavailable
@@ -75,11 +77,7 @@ DEFAULT_RETRY = RetryPolicy()
 
 def trace_headers() -> dict[str, str] | None:
     """W3C trace headers of the current span, or None when nothing is traced."""
-    if not trace.get_current_span().is_recording():
-        return None
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return carrier or None
+    return tracing.inject()
 
 
 class Bus:
@@ -249,6 +247,10 @@ class Bus:
         retry: RetryPolicy = DEFAULT_RETRY,
     ) -> T:
         """Send ``msg`` and return the decoded reply, retrying what may succeed later."""
+        with tracing.span(f"request {_op(subject)}", SpanKind.CLIENT, subject):
+            return await self._request(subject, msg, reply_cls, timeout, retry)
+
+    async def _request(self, subject: str, msg: Any, reply_cls: type[T], timeout: float, retry: RetryPolicy) -> T:
         payload = b"" if msg is None else encode(msg)
         last: Exception | None = None
         delays = retry.delays()
@@ -278,9 +280,19 @@ class Bus:
     # ------------------------------------------------------------ events
     async def publish(self, subject: str, msg: Any) -> None:
         """Fire-and-forget publish (events land in PACER_EVENTS without an ack wait)."""
-        await self.nc.publish(subject, encode(msg), headers=trace_headers())
+        with tracing.span(f"publish {_op(subject)}", SpanKind.PRODUCER, subject):
+            await self.nc.publish(subject, encode(msg), headers=trace_headers())
 
     async def publish_durable(self, subject: str, msg: Any, timeout: float = 5.0) -> int:
         """Publish to JetStream and wait until it is stored; returns the stream sequence."""
-        ack = await self.js.publish(subject, encode(msg), timeout=timeout, headers=trace_headers())
-        return int(ack.seq)
+        with tracing.span(f"publish {_op(subject)}", SpanKind.PRODUCER, subject):
+            ack = await self.js.publish(subject, encode(msg), timeout=timeout, headers=trace_headers())
+            return int(ack.seq)
+
+
+def _op(subject: str) -> str:
+    """A low-cardinality span name for ``subject``: the job id (3rd token) replaced by ``*``."""
+    parts = subject.split(".")
+    if len(parts) > 3 and parts[1] in ("rpc", "events"):
+        parts[3] = "*"
+    return ".".join(parts)

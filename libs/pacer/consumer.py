@@ -30,8 +30,9 @@ from collections.abc import Awaitable, Callable
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from opentelemetry.trace import SpanKind
 
-from pacer import subjects
+from pacer import subjects, tracing
 from pacer.bus import Bus
 from pacer.errors import PacerError
 from pacer.telemetry import Counters
@@ -134,9 +135,14 @@ class DurableConsumer:
                 tg.create_task(in_order(group))
 
     async def _one(self, m: Msg) -> None:
+        with tracing.span(f"consume {self.service}", SpanKind.CONSUMER, m.subject, m.headers):
+            await self._handle_one(m)
+
+    async def _handle_one(self, m: Msg) -> None:
         try:
             await self.handle(m)
         except PacerError as exc:
+            tracing.fail(exc, exc.message)
             if exc.temporary:
                 self.counters.inc("events_retried")
                 await m.nak(delay=self.retry_delay_s)
@@ -146,6 +152,7 @@ class DurableConsumer:
             await self._refuse(m, exc.message)
             return
         except Exception as exc:  # loop boundary: a bug must not stop the service
+            tracing.fail(exc)
             self.counters.inc("internal_errors", op="event")
             log.exception("event failed", extra={"fields": {"subject": m.subject}})
             await self._refuse(m, f"internal error: {type(exc).__name__}: {exc}")

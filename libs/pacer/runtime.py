@@ -7,7 +7,11 @@ Long-lived loops run inside :func:`guard`, which logs an unexpected exit and
 restarts the loop after a pause instead of letting one bad cycle kill the
 service; ``CancelledError`` is always re-raised.
 
-Every service answers ``pacer.svc.<service>.health`` with a ``Health`` reply.
+Every service answers ``pacer.svc.<service>.health`` with a ``Health`` reply,
+and serves Prometheus ``/metrics`` when ``PACER_METRICS_PORT`` is set
+(:mod:`pacer.metrics`).  Every request a service handles through
+:func:`dispatch_rpc` is a ``SERVER`` span continuing the caller's trace and
+counts into ``pacer_requests_total`` / ``pacer_request_duration_seconds``.
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from aiohttp import web
 from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
 
-from pacer import subjects, telemetry
+from pacer import metrics, subjects, telemetry, tracing
 from pacer.bus import Bus
 from pacer.contracts.common import Health
 from pacer.errors import NotFound, PacerError
@@ -76,22 +83,32 @@ async def dispatch_rpc(bus: Bus, counters: telemetry.Counters, handlers: Mapping
     counted as ``internal_errors`` and answered too, and never kills the
     subscription.
     """
-    op = "?"
-    try:
-        job, op = subjects.parse_rpc(msg.subject)
-        handler = handlers.get(op)
-        if handler is None:
-            raise NotFound(f"unknown operation {op!r}; one of {sorted(handlers)}")
-        counters.inc("requests", op=op)
-        await handler(job, msg)
-    except PacerError as exc:
-        counters.inc("errors", code=exc.code, op=op)
-        log.debug("request refused: %s", exc.message)
-        await bus.respond_error(msg, exc)
-    except Exception as exc:
-        counters.inc("internal_errors", op=op)
-        log.exception("request failed")
-        await bus.respond_error(msg, PacerError(f"internal error: {type(exc).__name__}"))
+    parts = msg.subject.split(".")
+    op = parts[4] if len(parts) == 5 and parts[4] in handlers else "?"  # a bounded label: known ops only
+    outcome = "ok"
+    t0 = time.perf_counter()
+    with tracing.span(f"handle {counters.service}.{op}", SpanKind.SERVER, msg.subject, msg.headers):
+        try:
+            job, op_ = subjects.parse_rpc(msg.subject)
+            handler = handlers.get(op_)
+            if handler is None:
+                raise NotFound(f"unknown operation {op_!r}; one of {sorted(handlers)}")
+            counters.inc("requests", op=op)
+            await handler(job, msg)
+        except PacerError as exc:
+            outcome = exc.code
+            tracing.fail(exc, exc.message)
+            counters.inc("errors", code=exc.code, op=op)
+            log.debug("request refused: %s", exc.message)
+            await bus.respond_error(msg, exc)
+        except Exception as exc:
+            outcome = "internal"
+            tracing.fail(exc)
+            counters.inc("internal_errors", op=op)
+            log.exception("request failed")
+            await bus.respond_error(msg, PacerError(f"internal error: {type(exc).__name__}"))
+        finally:
+            metrics.observe_request(counters.service, op, outcome, time.perf_counter() - t0)
 
 
 async def run_service(
@@ -110,6 +127,7 @@ async def run_service(
     uptime = telemetry.Stopwatch()
     status = "starting"
     svc: Service | None = None
+    metrics_runner: web.AppRunner | None = None
 
     async def on_health(msg: Msg) -> None:
         counters = svc.counters.snapshot() if svc else {}
@@ -119,6 +137,8 @@ async def run_service(
     try:
         async with asyncio.TaskGroup() as tg:
             svc = await factory(bus, cfg)
+            if port := metrics.port_for(svc.name):
+                metrics_runner = await metrics.serve(svc.counters, port)
             health_sub = await bus.nc.subscribe(subjects.health(svc.name), cb=on_health)
             await svc.start(tg)
             status = "ready"
@@ -133,6 +153,8 @@ async def run_service(
             await health_sub.unsubscribe()
             await _cancel_service_tasks()
     finally:
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await bus.close()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):

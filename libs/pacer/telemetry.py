@@ -1,10 +1,19 @@
 """Logs, traces and metrics, set up once per process.
 
 * Logs: one JSON object per line on stderr (``PACER_LOG_LEVEL``, default INFO).
-* Traces and metrics: OpenTelemetry, exporter chosen by ``PACER_OTEL_EXPORTER``:
-  ``none`` (default: API calls are no-ops), ``console``, or ``otlp`` (needs the
-  ``opentelemetry-exporter-otlp`` package; endpoint from the standard
-  ``OTEL_EXPORTER_OTLP_ENDPOINT``).
+  A line logged inside a span carries its ``trace_id`` and ``span_id``.
+* Traces and metrics: OpenTelemetry, exporter chosen by the standard
+  ``OTEL_TRACES_EXPORTER`` (and ``OTEL_METRICS_EXPORTER``, default: the
+  traces one) or its older alias ``PACER_OTEL_EXPORTER``, which wins when both
+  are set: ``none`` (default: spans only pass on a received context),
+  ``console`` (JSON on stdout) or ``otlp`` (OTLP over HTTP/protobuf, the
+  ``opentelemetry-exporter-otlp-proto-http`` dependency; endpoint from the
+  standard ``OTEL_EXPORTER_OTLP_ENDPOINT``, e.g. ``http://collector:4318``).
+  ``OTEL_SDK_DISABLED=true`` turns both off.  The service name is
+  ``OTEL_SERVICE_NAME`` if set, else ``pacer-<service>``; other standard
+  variables (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_BSP_*``,
+  ``OTEL_EXPORTER_OTLP_HEADERS``...) are read by the SDK itself.
+* Prometheus metrics: :mod:`pacer.metrics`.
 * :class:`Counters` counts locally *and* in OpenTelemetry, so a health reply
   and a test can read what a dashboard would see.
 """
@@ -21,6 +30,8 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 
+from pacer import tracing
+
 _configured = False
 
 
@@ -32,6 +43,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        ids = tracing.current_ids()
+        if ids is not None:
+            out["trace_id"], out["span_id"] = ids
         extra = getattr(record, "fields", None)
         if isinstance(extra, dict):
             out.update(extra)
@@ -52,9 +66,34 @@ def setup(service: str, exporter: str | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(os.environ.get("PACER_LOG_LEVEL", "INFO").upper())
     logging.getLogger("nats").setLevel(logging.WARNING)
+    setup_otel(service, exporter)
 
-    exporter = exporter or os.environ.get("PACER_OTEL_EXPORTER", "none")
-    if exporter == "none":
+
+def exporters(exporter: str | None = None) -> tuple[str, str]:
+    """(traces exporter, metrics exporter) from the argument or the environment (see the module doc)."""
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return "none", "none"
+    traces = exporter or env.get("PACER_OTEL_EXPORTER") or env.get("OTEL_TRACES_EXPORTER") or "none"
+    metrics_ = exporter or env.get("PACER_OTEL_EXPORTER") or env.get("OTEL_METRICS_EXPORTER") or traces
+    for what, value in (("traces", traces), ("metrics", metrics_)):
+        if value not in ("none", "console", "otlp"):
+            raise RuntimeError(f"OTEL_{what.upper()}_EXPORTER / PACER_OTEL_EXPORTER: unknown exporter {value!r} "
+                               "(none|console|otlp)")
+    return traces, metrics_
+
+
+_otel_configured = False
+
+
+def setup_otel(service: str, exporter: str | None = None) -> None:
+    """Configure only OpenTelemetry (what a CLI command does: its logging stays as it is); idempotent."""
+    global _otel_configured
+    if _otel_configured:
+        return
+    _otel_configured = True
+    traces, metrics_ = exporters(exporter)
+    if traces == "none" and metrics_ == "none":
         return
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -62,34 +101,43 @@ def setup(service: str, exporter: str | None = None) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    resource = Resource.create({"service.name": f"pacer-{service}"})
-    if exporter == "console":
-        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+    name = os.environ.get("OTEL_SERVICE_NAME") or f"pacer-{service}"
+    resource = Resource.create({"service.name": name, "pacer.service": service})
+    if traces != "none":
+        tp = TracerProvider(resource=resource)
+        tp.add_span_processor(BatchSpanProcessor(_span_exporter(traces)))
+        trace.set_tracer_provider(tp)
+    if metrics_ != "none":
+        metrics.set_meter_provider(
+            MeterProvider(resource=resource, metric_readers=[PeriodicExportingMetricReader(_metric_exporter(metrics_))])
+        )
+
+
+def _span_exporter(kind: str) -> Any:
+    if kind == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        span_exp: Any = ConsoleSpanExporter()
-        metric_exp: Any = ConsoleMetricExporter()
-    elif exporter == "otlp":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError as exc:
-            raise RuntimeError("PACER_OTEL_EXPORTER=otlp needs opentelemetry-exporter-otlp") from exc
-        span_exp, metric_exp = OTLPSpanExporter(), OTLPMetricExporter()
-    else:
-        raise RuntimeError(f"PACER_OTEL_EXPORTER: unknown exporter {exporter!r} (none|console|otlp)")
-    tp = TracerProvider(resource=resource)
-    tp.add_span_processor(BatchSpanProcessor(span_exp))
-    trace.set_tracer_provider(tp)
-    metrics.set_meter_provider(
-        MeterProvider(resource=resource, metric_readers=[PeriodicExportingMetricReader(metric_exp)])
-    )
+        return ConsoleSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
+def _metric_exporter(kind: str) -> Any:
+    if kind == "console":
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+        return ConsoleMetricExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    return OTLPMetricExporter()
 
 
 class Counters:
     """Named monotonic counters, kept locally and exported as OpenTelemetry counters."""
 
     def __init__(self, service: str) -> None:
+        self.service = service
         self._meter = metrics.get_meter(f"pacer.{service}")
         self._otel: dict[str, Any] = {}
         self.values: Counter[str] = Counter()

@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from opentelemetry import trace
+from pacer import telemetry
 from pacer.bus import Bus, RetryPolicy
 from pacer.codec import to_dict
 from pacer.contracts.executor import ExecutorStatus
@@ -219,12 +221,16 @@ async def _connect(url: str) -> Bus:
 def _run(cmd: str, url: str, body: Callable[[JobClient], Awaitable[int]]) -> int:
     """Connect, run ``body``, close; turn every expected failure into a message and an exit code."""
 
+    # OTEL_TRACES_EXPORTER=otlp (or PACER_OTEL_EXPORTER): the command is the root span of what it causes
+    telemetry.setup_otel("cli")
+
     async def go() -> int:
-        bus = await _connect(url)
-        try:
-            return await body(JobClient(bus))
-        finally:
-            await bus.close()
+        with trace.get_tracer("pacer.cli").start_as_current_span(f"pacer {cmd}"):
+            bus = await _connect(url)
+            try:
+                return await body(JobClient(bus))
+            finally:
+                await bus.close()
 
     try:
         return asyncio.run(go())

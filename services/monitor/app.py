@@ -61,7 +61,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
-from pacer import subjects
+from pacer import metrics, subjects
 from pacer.bus import Bus
 from pacer.consumer import dead_letter
 from pacer.errors import PacerError
@@ -253,13 +253,16 @@ class MonitorService:
             age = now - self.last_data.get(job, now)
             if age > self.forget_after_s():
                 self.core.forget(job)
+                metrics.JOBS.forget(job)
                 self.last_data.pop(job, None)
                 self.counters.inc("jobs_forgotten")
                 continue
             if age > self.core.cfg.window_long_s:
                 continue
             try:
-                await publish_statistics(self.bus, self.core.statistics(job, now))
+                stats = self.core.statistics(job, now)
+                metrics.JOBS.set(stats)  # what /metrics shows: the same numbers as the event
+                await publish_statistics(self.bus, stats)
                 sent += 1
             except Exception:  # one job's statistics must not stop the others'
                 self.counters.inc("internal_errors", op="publish")
