@@ -66,7 +66,7 @@ from dataclasses import dataclass, field, replace
 import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from pacer import subjects
+from pacer import subjects, tracing
 from pacer.bus import Bus
 from pacer.consumer import DurableConsumer
 from pacer.contracts.brain import BrainDecision, RunningJob
@@ -214,8 +214,9 @@ class BrainService:
         self._subs = [
             await nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name, cb=self._on_rpc),
             await nc.subscribe(subjects.events_of(subjects.MONITOR_SERVICE, kind="statistics"), queue=self.name,
-                               cb=on_statistics),
-            await nc.subscribe(subjects.cluster_status(), queue=self.name, cb=on_cluster_status),
+                               cb=tracing.traced("consume brain.statistics", on_statistics)),
+            await nc.subscribe(subjects.cluster_status(), queue=self.name,
+                               cb=tracing.traced("consume brain.cluster_status", on_cluster_status)),
         ]
         await nc.flush()
         tg.create_task(self.consumer.run(), name="pacer:brain:events")

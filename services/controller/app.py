@@ -52,7 +52,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
-from pacer import subjects
+from pacer import subjects, tracing
 from pacer.bus import NO_RETRY, Bus
 from pacer.codec import decode
 from pacer.contracts.agent import GLOBAL_KINDS, ActionKind, ActionResult, GlobalAction
@@ -115,7 +115,8 @@ class ControllerService:
         await self.bus.ensure_streams()
         self._kv = await self.bus.kv(subjects.JOB_BUCKET, "Pacer jobs: one JobRecord per job")
         self._sub = await self.bus.nc.subscribe(subjects.events_of(subjects.MONITOR_SERVICE, kind="statistics"),
-                                                queue=self.name, cb=self._on_statistics)
+                                                queue=self.name,
+                                                cb=tracing.traced("consume controller.statistics", self._on_statistics))
         await self.bus.nc.flush()
 
     async def drain(self) -> None:
