@@ -207,8 +207,10 @@ async def test_restart_rebuilds_windows_from_the_stream(bus: Bus, nats_server: E
         deadline = time.monotonic() + 5
         while svc.counters.values["events_already_replayed"] < 3 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert svc.counters.values["events_already_replayed"] == 3
-        assert svc.counters.values["events"] == 3 * 13 + 3  # replayed only
+        # At least the 3 sent while it was down; more when acks of the first run were still in
+        # flight at its stop (at-least-once: JetStream redelivers them, and they are skipped too).
+        assert svc.counters.values["events_already_replayed"] >= 3
+        assert svc.counters.values["events"] == 3 * 13 + 3  # replayed only: nothing applied twice
         # ... and new events are applied.
         await bus.publish_durable(
             subjects.event("node", JOB, subjects.NodeEventKind.DIED), NodeEvent(JOB, "w1", "died", time.time(), "oom", "worker")
