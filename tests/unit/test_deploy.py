@@ -365,7 +365,7 @@ def test_api_service(overlay: str) -> None:
     (c,) = pod["containers"]
     port = int(env_of(c)["PACER_API_PORT"])
     assert env_of(c)["PACER_API_HOST"] == "0.0.0.0"
-    (cport,) = c["ports"]
+    (cport,) = [p for p in c["ports"] if p["name"] == "http"]
     assert cport["containerPort"] == port
     ready = c["readinessProbe"]["httpGet"]
     assert ready["path"] == "/healthz"
@@ -787,3 +787,20 @@ def test_dockerfile() -> None:
 def test_healthcheck_parses() -> None:
     src = (ROOT / "docker" / "healthcheck.py").read_text()
     compile(src, "healthcheck.py", "exec")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_service_serves_metrics_where_its_scrape_annotations_say(overlay: str) -> None:
+    """Each service Deployment sets PACER_METRICS_PORT (pacer.metrics), names that container port
+    ``metrics`` and announces it to Prometheus in the pod annotations: three places that must agree."""
+    deps = [d for d in render(overlay) if d["kind"] == "Deployment"
+            and any("pacer_services." in " ".join(c.get("command", [])) for c in
+                    d["spec"]["template"]["spec"]["containers"])]
+    assert len(deps) >= 8
+    for d in deps:
+        (c,) = d["spec"]["template"]["spec"]["containers"]
+        port = int(env_of(c)["PACER_METRICS_PORT"])
+        assert {"name": "metrics", "containerPort": port} in c["ports"], d["metadata"]["name"]
+        notes = d["spec"]["template"]["metadata"]["annotations"]
+        assert notes["prometheus.io/scrape"] == "true" and int(notes["prometheus.io/port"]) == port
+        assert notes["prometheus.io/path"] == "/metrics"
