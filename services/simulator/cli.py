@@ -17,11 +17,15 @@ cluster scenario, ``mean_jct_s``, ``makespan_s`` and per-job results).
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from pacer.errors import PacerError
 
@@ -29,12 +33,52 @@ from .autoscale import ClusterRun, time_to_fraction_of
 from .autoscale import scenario as autoscale_scenario
 from .fields import ScenarioError
 from .stragglers import load, run
+from .stragglers.policy import Policy
+
+
+class PolicyLoadError(Exception):
+    """``--policy`` names nothing callable."""
+
+
+def load_policy(ref: str) -> tuple[str, Policy]:
+    """``module:function`` or ``path/to/file.py:function`` -> (the policy's name, the function).
+
+    The name is the module's ``NAME`` if it has one (as a policy service
+    registers it), else the function's qualified name.  The function runs
+    in-process, exactly as the simulator runs the built-ins: the controller
+    core still reviews every decision it returns.
+    """
+    where, sep, attr = ref.rpartition(":")
+    if not sep or not where or not attr:
+        raise PolicyLoadError(f"expected MODULE:FUNCTION or FILE.py:FUNCTION, got {ref!r}")
+    try:
+        if where.endswith(".py") or os.sep in where:
+            path = Path(where)
+            spec = importlib.util.spec_from_file_location(f"pacer_user_policy_{path.stem}", path)
+            if spec is None or spec.loader is None or not path.is_file():
+                raise PolicyLoadError(f"no Python file {where!r}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except PolicyLoadError:
+        raise
+    except Exception as e:  # the user's module failed to import: say why, do not crash
+        raise PolicyLoadError(f"cannot import {where!r}: {type(e).__name__}: {e}") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise PolicyLoadError(f"{where!r} has no function {attr!r}")
+    name = getattr(module, "NAME", None)
+    return (name if isinstance(name, str) and name else f"{module.__name__}.{attr}"), fn
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pacer sim", description="Simulate a training job under a straggler policy.")
     p.add_argument("scenario", help="scenario YAML file (see examples/sim/)")
     p.add_argument("--method", help="straggler policy (default: the scenario's method)")
+    p.add_argument("--policy", metavar="MODULE:FUNCTION",
+                   help="your own straggler policy, decide(PolicyRequest) -> PolicyDecision: a module "
+                        "(my_pkg.policies:decide) or a file (examples/policies/restart_slowest.py:decide)")
     p.add_argument("--scaler", help="autoscale scenarios: the resource scaler (default: the scenario's)")
     p.add_argument("--seed", type=int, help="override the scenario's seed")
     p.add_argument("--json", action="store_true", help="print only the JSON result line")
@@ -53,9 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.seed is not None:
         sc = replace(sc, seed=args.seed)
+    try:
+        name, policy = load_policy(args.policy) if args.policy else (args.method, None)
+    except PolicyLoadError as e:
+        print(f"pacer sim: --policy: {e}", file=sys.stderr)
+        return 2
     wall = time.perf_counter()
     try:
-        res = run(sc, args.method, ideal=not args.no_ideal)
+        res = run(sc, name, policy=policy, ideal=not args.no_ideal)
     except PacerError as e:
         print(f"pacer sim: {e}", file=sys.stderr)
         return 2 if e.code == "invalid" else 1
