@@ -403,6 +403,8 @@ def test_pod_executor(overlay: str) -> None:
     env = env_of(c)
     by_name = {e["name"]: e for e in c["env"]}
     assert by_name["PACER_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    # Its own pod's name: where the owner-reference lookup (pod -> ReplicaSet -> Deployment) starts.
+    assert by_name["PACER_EXECUTOR_POD"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     # Training pods run the executor's own image (kept in step by the kustomization's replacements).
     assert env["PACER_TRAINER_IMAGE"] == c["image"]
 
@@ -462,6 +464,17 @@ def k8s_calls() -> set[tuple[str, str]]:
     return calls
 
 
+# AppsV1Api reads (owner references: the executor's ReplicaSet and Deployment), wherever the backend calls them.
+_APPS_CALL = re.compile(r"\b(read|list|create|delete|patch|replace)_namespaced_(deployment|replica_set|stateful_set)\b")
+
+
+def k8s_apps_calls() -> set[tuple[str, str]]:
+    """(resource, verb) of every AppsV1Api call the Kubernetes backend makes (read from its source)."""
+    verbs = {"read": "get", "replace": "update"}
+    return {(kind.replace("_", "") + "s", verbs.get(verb, verb)) for verb, kind in _APPS_CALL.findall(
+        EXECUTOR_K8S.read_text())}
+
+
 def test_k8s_calls_are_read_from_the_backend() -> None:
     """The parser above sees what kubernetes.py does (or this test would pass vacuously)."""
     assert k8s_calls() >= {
@@ -478,11 +491,17 @@ def test_pod_executor_rbac(overlay: str) -> None:
     one(docs, "ServiceAccount", "pod-executor")
     role = one(docs, "Role", "pod-executor")
     grants: dict[str, set[str]] = {}
+    apps: dict[str, set[str]] = {}
     for rule in role["rules"]:
-        assert rule["apiGroups"] == [""]
+        assert rule["apiGroups"] in ([""], ["apps"]), rule
+        into = grants if rule["apiGroups"] == [""] else apps
         for res in rule["resources"]:
-            assert res not in grants, f"{res} granted twice"
-            grants[res] = set(rule["verbs"])
+            assert res not in into, f"{res} granted twice"
+            into[res] = set(rule["verbs"])
+    # Owner references: the executor reads its own pod, ReplicaSet and Deployment, and nothing else of apps/.
+    assert "get" in grants["pods"]
+    assert apps == {"replicasets": {"get"}, "deployments": {"get"}}, apps
+    assert {(res, verb) for res, verb in k8s_apps_calls() if verb not in apps.get(res, set())} == set()
     # Everything the backend calls is allowed ...
     missing = {(res, verb) for res, verb in k8s_calls() if verb not in grants.get(res, set())}
     assert not missing, f"Role pod-executor lacks {sorted(missing)}"
