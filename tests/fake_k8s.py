@@ -15,12 +15,18 @@ real HTTP, with the official ``kubernetes`` client.  It implements only:
   ``taints``, ``status.capacity`` / ``allocatable`` quantities and the
   ``Ready`` condition among the kubelet's conditions; tests add nodes with
   :meth:`FakeK8s.add_node`) and ``GET /api/v1/pods`` (every namespace, with
-  the ``status.phase!=...`` field selector).
+  the ``status.phase!=...`` field selector),
+* ``GET /apis/apps/v1/namespaces/{ns}/deployments/{name}`` and
+  ``.../replicasets/{name}``: what the executor reads to find its own
+  Deployment; :meth:`FakeK8s.run_executor` creates the Deployment ->
+  ReplicaSet -> Pod chain a Deployment controller would, and
+  :attr:`FakeK8s.forbidden` makes a resource answer 403 (no RBAC).
 
 It is a fake: nothing is scheduled (``spec.nodeName`` is whatever a test
 sets), no admission, no RBAC.  It validates what a real API server would reject first (missing or
 non-DNS-1123 names, duplicate names -> 409 ``AlreadyExists``, unknown
-names -> 404 ``NotFound``), assigns ``resourceVersion``, ``uid`` and
+names -> 404 ``NotFound``, ownerReferences without apiVersion, kind, name
+or uid, or with more than one controller -> 422), assigns ``resourceVersion``, ``uid`` and
 ``creationTimestamp``, and records every request for assertions.  There is
 no kubelet: tests move pods through phases with :meth:`FakeK8s.set_running`,
 :meth:`FakeK8s.terminate`, :meth:`FakeK8s.evict` and
@@ -109,6 +115,8 @@ class FakeK8s:
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.apps: dict[tuple[str, str, str], dict[str, Any]] = {}  # (resource, ns, name) -> Deployment/ReplicaSet
+        self.forbidden: set[str] = set()  # resources ("replicasets", ...) whose GET answers 403 Forbidden
         self.logs: dict[tuple[str, str, str], str] = {}
         self.requests: list[Request] = []
         self.rv = 0
@@ -151,6 +159,7 @@ class FakeK8s:
         app.router.add_delete(base + "/services/{name}", self._delete_service)
         app.router.add_get("/api/v1/nodes", self._list_nodes)
         app.router.add_get("/api/v1/pods", self._list_all_pods)
+        app.router.add_get("/apis/apps/v1/namespaces/{ns}/{resource:deployments|replicasets}/{name}", self._get_apps)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
         sock = socket.socket()
@@ -210,6 +219,13 @@ class FakeK8s:
         for k, v in (body["metadata"].get("labels") or {}).items():
             if not isinstance(v, str) or len(v) > 63 or not _LABEL_VALUE.match(v):
                 return _error(422, "Invalid", f"{kind} {name!r}: metadata.labels[{k}]: Invalid value: {v!r}")
+        refs = body["metadata"].get("ownerReferences") or []
+        for i, ref in enumerate(refs):
+            for key in ("apiVersion", "kind", "name", "uid"):
+                if not isinstance(ref, dict) or not ref.get(key):
+                    return _error(422, "Invalid", f"{kind} {name!r}: metadata.ownerReferences[{i}].{key}: Required value")
+        if sum(1 for ref in refs if ref.get("controller")) > 1:
+            return _error(422, "Invalid", f"{kind} {name!r}: metadata.ownerReferences: Only one reference can have Controller set to true")
         return None
 
     # -- pods ----------------------------------------------------------------
@@ -346,6 +362,53 @@ class FakeK8s:
                  if _matches(p, selector) and p["status"].get("phase") not in not_phases]
         return web.json_response({"kind": "PodList", "apiVersion": "v1",
                                   "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+
+    # -- apps: the executor's own Deployment ---------------------------------
+
+    async def _get_apps(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        resource, ns, name = request.match_info["resource"], request.match_info["ns"], request.match_info["name"]
+        if resource in self.forbidden:
+            return _error(403, "Forbidden", f'{resource}.apps "{name}" is forbidden: User '
+                                            f'"system:serviceaccount:{ns}:pod-executor" cannot get resource '
+                                            f'"{resource}" in API group "apps" in the namespace "{ns}"')
+        obj = self.apps.get((resource, ns, name))
+        if obj is None:
+            return _error(404, "NotFound", f'{resource}.apps "{name}" not found')
+        return web.json_response(obj)
+
+    def run_executor(self, deployment: str = "pod-executor", ns: str = "") -> tuple[str, str]:
+        """The executor's Deployment, its ReplicaSet and its pod, owned as a Deployment controller makes them.
+
+        Returns (pod name, Deployment uid).
+        """
+        ns = ns or self.namespace
+
+        def meta(name: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+            md: dict[str, Any] = {"name": name, "namespace": ns, "uid": str(uuid.uuid4()),
+                                  "creationTimestamp": _now(), "labels": {"app.kubernetes.io/name": deployment}}
+            if owner is not None:
+                md["ownerReferences"] = [{"apiVersion": owner["apiVersion"], "kind": owner["kind"],
+                                          "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
+                                          "controller": True, "blockOwnerDeletion": True}]
+            return md
+
+        def go() -> tuple[str, str]:
+            dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(deployment, None),
+                   "spec": {"replicas": 1}}
+            rs_name = f"{deployment}-7c9f8d6b5"
+            rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": meta(rs_name, dep), "spec": {"replicas": 1}}
+            pod_name = f"{rs_name}-x2k4q"
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta(pod_name, rs),
+                   "spec": {"containers": [{"name": "pod-executor", "image": "pacer"}]}, "status": {"phase": "Running"}}
+            for obj in (dep, rs, pod):
+                self._bump(obj)
+            self.apps[("deployments", ns, deployment)] = dep
+            self.apps[("replicasets", ns, rs_name)] = rs
+            self.pods[(ns, pod_name)] = pod
+            return pod_name, str(dep["metadata"]["uid"])
+
+        return self._run(go)
 
     # -- nodes ---------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
 from pacer.embedded import EmbeddedNats
 from pacer.errors import Conflict, Unavailable
 from pacer.jobs.spec import parse_job_spec
+from pacer.metrics import REGISTRY
 from pacer_services.pod_executor.app import ExecutorConfig, ExecutorService
 from pacer_services.pod_executor.backends.kubernetes import KubernetesBackend, from_env
 from pacer_services.pod_executor.core import ExitInfo, ExitReason, classify
@@ -449,6 +450,64 @@ async def test_from_env_uses_the_role_templates(fake: FakeK8s) -> None:
     assert ps["spec"]["containers"][0]["image"] == "reg/pacer:9"
     assert ps["metadata"]["ownerReferences"] == [OWNER]
     assert "serviceAccountName" not in ps["spec"]
+    b.api.api_client.close()
+
+
+# -- owner references ---------------------------------------------------------
+
+
+def owner_failures(reason: str) -> float:
+    return REGISTRY.get_sample_value("pacer_executor_owner_lookup_failures_total", {"reason": reason}) or 0.0
+
+
+async def test_pods_and_services_are_owned_by_the_executors_deployment_by_default(fake: FakeK8s) -> None:
+    pod_name, uid = fake.run_executor("pod-executor")
+    b = from_env({"PACER_KUBE_HOST": fake.host, "PACER_NAMESPACE": NS, "PACER_EXECUTOR_POD": pod_name})
+    await b.create(spec("worker-0"))
+    await b.create(spec("ps-0"))
+    want = [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "pod-executor", "uid": uid,
+             "controller": False, "blockOwnerDeletion": False}]
+    assert fake.pods[(NS, "job1-worker-0-g0")]["metadata"]["ownerReferences"] == want
+    assert fake.pods[(NS, "job1-ps-0-g0")]["metadata"]["ownerReferences"] == want
+    assert fake.services[(NS, JOB)]["metadata"]["ownerReferences"] == want
+    # pod -> replicaset -> deployment, looked up once for all creates
+    assert len(fake.requests_to("GET", "/" + pod_name)) == 1
+    assert len(fake.requests_to("GET", "/replicasets/pod-executor-7c9f8d6b5")) == 1
+    assert len(fake.requests_to("GET", "/deployments/pod-executor")) == 1
+    b.api.api_client.close()
+
+
+async def test_owner_references_can_be_turned_off(fake: FakeK8s) -> None:
+    pod_name, _ = fake.run_executor()
+    b = from_env({"PACER_KUBE_HOST": fake.host, "PACER_NAMESPACE": NS, "PACER_EXECUTOR_POD": pod_name,
+                  "PACER_OWNER_REFERENCES": "0", "PACER_OWNER": json.dumps(OWNER)})
+    await b.create(spec("worker-0"))
+    assert "ownerReferences" not in fake.pods[(NS, "job1-worker-0-g0")]["metadata"]
+    assert "ownerReferences" not in fake.services[(NS, JOB)]["metadata"]
+    assert not fake.requests_to("GET", "/" + pod_name)  # not even looked up
+    b.api.api_client.close()
+
+
+@pytest.mark.parametrize("failure", ["forbidden", "not_found", "no_owner", "no_pod_name"])
+async def test_a_failed_owner_lookup_degrades_to_no_owner_references(fake: FakeK8s, failure: str) -> None:
+    pod_name, _ = fake.run_executor()
+    env = {"PACER_KUBE_HOST": fake.host, "PACER_NAMESPACE": NS, "PACER_EXECUTOR_POD": pod_name}
+    if failure == "forbidden":  # the Role lacks get on apps replicasets
+        fake.forbidden.add("replicasets")
+    elif failure == "not_found":  # e.g. the executor runs in another namespace
+        env["PACER_EXECUTOR_POD"] = "pod-executor-elsewhere"
+    elif failure == "no_owner":  # a bare pod, not run by a Deployment
+        del fake.pods[(NS, pod_name)]["metadata"]["ownerReferences"]
+    else:  # an old manifest without the downward API variable
+        del env["PACER_EXECUTOR_POD"]
+    before = owner_failures(failure)
+    b = from_env(env)
+    await b.create(spec("worker-0"))
+    await b.create(spec("worker-1"))
+    for name in ("job1-worker-0-g0", "job1-worker-1-g0"):
+        assert "ownerReferences" not in fake.pods[(NS, name)]["metadata"]
+    assert "ownerReferences" not in fake.services[(NS, JOB)]["metadata"]
+    assert owner_failures(failure) == before + 1  # once, not per pod
     b.api.api_client.close()
 
 

@@ -6,6 +6,17 @@ a process namespace (the agent reads the trainer's ``/proc``).  Each job gets
 a headless Service named after it, so slot ``<job>-<node>`` has the stable
 DNS name ``<job>-<node>.<job>.<namespace>.svc`` that the TF ClusterSpec uses.
 
+Owner references (on by default, :func:`from_env`): every pod and Service
+carries an ownerReference to the executor's own Deployment, found from the
+executor's pod (``PACER_EXECUTOR_POD``) -> its ReplicaSet -> that
+ReplicaSet's Deployment (:func:`find_owner`), so uninstalling Pacer lets
+Kubernetes' garbage collector remove what the executor created.  The
+reference is neither ``controller`` nor ``blockOwnerDeletion``: the executor,
+not the Deployment, manages these objects, and deleting the Deployment must
+not wait for training pods.  If the lookup fails (no RBAC, not in a cluster)
+the backend logs it once, counts it in
+``pacer_executor_owner_lookup_failures_total{reason}`` and runs without.
+
 A PodSpec's ``machine`` (the brain's Dike placement) becomes a *preferred*
 node affinity on ``kubernetes.io/hostname``; :meth:`KubernetesBackend.machines`
 reports the ready, schedulable nodes with what is free on each.
@@ -41,7 +52,9 @@ import yaml
 from kubernetes.client import ApiException
 from pacer.contracts.executor import MachineInfo, PodPhase, PodSpec, PodStatus
 from pacer.errors import Conflict, Unavailable
+from pacer.metrics import REGISTRY
 from pacer.trainer.cluster import ClusterDesc
+from prometheus_client import Counter
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +81,20 @@ _Item = tuple[str, Any] | str | BaseException  # a watch event, the last version
 _Watch: Any = k8s_watch.Watch  # untyped in the client
 k8s_config: Any = _k8s_config  # untyped too
 
+OWNER_REFERENCES = "PACER_OWNER_REFERENCES"  # "0" (or false/no/off): no ownerReferences at all
+OWNER_LOOKUP_FAILURES = Counter(
+    "pacer_executor_owner_lookup_failures",
+    "Times the pod-executor could not find its own Deployment, so its pods and Services carry no ownerReference",
+    ["reason"], registry=REGISTRY)
+
+
+class OwnerLookupError(Exception):
+    """The executor's Deployment could not be found; ``reason`` is the metric label."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
 
 class KubernetesBackend:
     """Pods on a Kubernetes cluster through ``CoreV1Api``.
@@ -80,7 +107,10 @@ class KubernetesBackend:
     ``api_client`` is owned by the caller (``close`` does not close it).
     ``owner`` is an ownerReference (``apiVersion``, ``kind``, ``name``,
     ``uid``) put on every pod and Service, so deleting that object
-    garbage-collects them.  ``template`` is a Pod manifest (e.g.
+    garbage-collects them.  With ``owner_pod`` (the executor's own pod)
+    instead, that owner is the pod's Deployment, looked up before the first
+    pod is created (:func:`find_owner`); a failed lookup is logged once,
+    counted, and the backend goes on without owner references.  ``template`` is a Pod manifest (e.g.
     ``deploy/base/pod-templates/worker.yaml`` loaded as a dict), or a dict
     of them by role (``{"worker": ..., "ps": ...}``), whose metadata,
     pod-level spec and ``trainer``/``agent`` container settings (security
@@ -109,6 +139,7 @@ class KubernetesBackend:
         service_account: str = "",
         template: dict[str, Any] | None = None,
         *,
+        owner_pod: str = "",
         watch_timeout_s: int = 300,
         retry_s: float = 1.0,
         machines_every_s: float = 30.0,
@@ -116,9 +147,13 @@ class KubernetesBackend:
         if owner is not None and not {"apiVersion", "kind", "name", "uid"} <= owner.keys():
             raise ValueError("owner needs apiVersion, kind, name and uid")
         self.api = k8s.CoreV1Api(api_client)
+        self._api_client = api_client  # the owner lookup reads through AppsV1Api too
         self.namespace = namespace
         self.image = image
         self.owner = owner
+        self.owner_pod = owner_pod if owner is None else ""  # "" once looked up (or never to look up)
+        self.owner_error = ""  # why there is no owner, when the lookup failed
+        self._owner_lock = asyncio.Lock()
         self.service_account = service_account
         self.template = template or {}
         self.watch_timeout_s = watch_timeout_s
@@ -134,6 +169,8 @@ class KubernetesBackend:
     # -- the Backend protocol ------------------------------------------------
 
     async def create(self, pod: PodSpec) -> None:
+        if self.owner_pod:
+            await self._find_owner()
         if pod.job not in self._services:
             await self._ensure_service(pod.job)
         try:
@@ -366,6 +403,21 @@ class KubernetesBackend:
 
     # -- helpers -------------------------------------------------------------
 
+    async def _find_owner(self) -> None:
+        """Look the executor's Deployment up once; on failure log, count and go on without an owner."""
+        async with self._owner_lock:
+            if not self.owner_pod:
+                return  # another create looked it up meanwhile
+            pod, self.owner_pod = self.owner_pod, ""
+            try:
+                self.owner = await asyncio.to_thread(find_owner, self._api_client, self.namespace, pod)
+            except OwnerLookupError as e:
+                owner_lookup_failed(e)
+                self.owner_error = str(e)
+            else:
+                log.info("kubernetes: pods and Services are owned by Deployment %s (uid %s)",
+                         self.owner["name"], self.owner["uid"])
+
     async def _ensure_service(self, job: str) -> None:
         try:
             body: Any = self.service_manifest(job)
@@ -454,6 +506,59 @@ class KubernetesBackend:
             self._watches.discard(w)
 
 
+def owner_lookup_failed(e: OwnerLookupError) -> None:
+    log.warning("kubernetes: training pods and Services get no ownerReference, so uninstalling Pacer will "
+                "not garbage-collect them: %s", e)
+    OWNER_LOOKUP_FAILURES.labels(e.reason).inc()
+
+
+def find_owner(api_client: Any, namespace: str, pod_name: str) -> dict[str, Any]:
+    """The ownerReference to the Deployment that runs pod ``pod_name`` (blocking: run in a thread).
+
+    Pod -> its controlling ReplicaSet -> that ReplicaSet's controlling
+    Deployment, each read back so that the uid is the live object's (an
+    ownerReference to a uid that does not exist would make the garbage
+    collector delete the dependents at once).  Needs ``get`` on pods,
+    ``apps`` replicasets and deployments; raises :class:`OwnerLookupError`.
+    """
+    core, apps = k8s.CoreV1Api(api_client), k8s.AppsV1Api(api_client)
+
+    def get(kind: str, read: Callable[..., Any], name: str) -> dict[str, Any]:
+        try:
+            resp = read(name, namespace, _preload_content=False)
+            try:
+                obj: dict[str, Any] = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+        except ApiException as e:
+            reason = {403: "forbidden", 404: "not_found"}.get(e.status or 0, "api_error")
+            raise OwnerLookupError(reason, f"get {kind} {namespace}/{name}: {e.status} {e.reason}") from e
+        except Exception as e:
+            raise OwnerLookupError("api_error", f"get {kind} {namespace}/{name}: {e!r}") from e
+        return obj
+
+    def controller(obj: dict[str, Any], what: str, kind: str) -> dict[str, Any]:
+        refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+        ref = next((r for r in refs if r.get("controller") and r.get("kind") == kind), None)
+        if ref is None or not ref.get("name") or not ref.get("uid"):
+            raise OwnerLookupError("no_owner", f"{what} is not controlled by a {kind}")
+        return dict(ref)
+
+    pod = get("pod", core.read_namespaced_pod, pod_name)
+    rs_ref = controller(pod, f"pod {namespace}/{pod_name}", "ReplicaSet")
+    rs = get("replicaset", apps.read_namespaced_replica_set, rs_ref["name"])
+    dep_ref = controller(rs, f"replicaset {namespace}/{rs_ref['name']}", "Deployment")
+    dep = get("deployment", apps.read_namespaced_deployment, dep_ref["name"])
+    md = dep.get("metadata") or {}
+    if md.get("uid") != dep_ref["uid"]:
+        raise OwnerLookupError("no_owner", f"deployment {namespace}/{dep_ref['name']} has another uid than "
+                                           "its replicaset's owner reference (replaced?)")
+    if md.get("deletionTimestamp"):
+        raise OwnerLookupError("no_owner", f"deployment {namespace}/{dep_ref['name']} is being deleted")
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": dep_ref["name"], "uid": md["uid"],
+            "controller": False, "blockOwnerDeletion": False}
+
+
 def from_env(environ: Mapping[str, str] | None = None) -> KubernetesBackend:
     """The backend as the pod-executor's Deployment configures it (``PACER_EXECUTOR_BACKEND=kubernetes``).
 
@@ -465,7 +570,11 @@ def from_env(environ: Mapping[str, str] | None = None) -> KubernetesBackend:
       ``PACER_TRAINER_SERVICE_ACCOUNT`` (default: the namespace's default).
     * ``PACER_POD_TEMPLATES``: a directory with ``worker.yaml`` and
       ``ps.yaml`` (default ``/etc/pacer/pod-templates``; missing files: no template).
-    * ``PACER_OWNER``: an ownerReference as JSON (optional).
+    * Owner references: by default every pod and Service is owned by the
+      executor's Deployment, looked up from ``PACER_EXECUTOR_POD`` (the
+      executor's pod name, from the downward API) in ``PACER_NAMESPACE``;
+      ``PACER_OWNER`` (an ownerReference as JSON) names another owner;
+      ``PACER_OWNER_REFERENCES=0`` turns owner references off.
     """
     env = os.environ if environ is None else environ
     if env.get("PACER_KUBE_HOST"):
@@ -485,9 +594,23 @@ def from_env(environ: Mapping[str, str] | None = None) -> KubernetesBackend:
     for role in ("worker", "ps"):
         if (tdir / f"{role}.yaml").exists():
             templates[role] = yaml.safe_load((tdir / f"{role}.yaml").read_text())
-    owner = json.loads(env["PACER_OWNER"]) if env.get("PACER_OWNER") else None
+    namespace = namespace or "default"
+    owner: dict[str, Any] | None = None
+    owner_pod = ""
+    if env.get(OWNER_REFERENCES, "1").strip().lower() in ("0", "false", "no", "off"):
+        log.info("kubernetes: owner references off (%s)", OWNER_REFERENCES)
+    elif env.get("PACER_OWNER"):
+        owner = json.loads(env["PACER_OWNER"])
+    elif not env.get("PACER_EXECUTOR_POD"):
+        owner_lookup_failed(OwnerLookupError("no_pod_name", "PACER_EXECUTOR_POD (the executor's pod name) is unset"))
+    elif sa_ns.exists() and sa_ns.read_text().strip() != namespace:
+        # An ownerReference cannot cross namespaces: the collector would take the owner for gone.
+        owner_lookup_failed(OwnerLookupError(
+            "other_namespace", f"the executor runs in {sa_ns.read_text().strip()!r}, its pods go to {namespace!r}"))
+    else:
+        owner_pod = env["PACER_EXECUTOR_POD"]
     return KubernetesBackend(
-        api, namespace or "default", env.get("PACER_TRAINER_IMAGE", "pacer:0.1.0"), owner=owner,
+        api, namespace, env.get("PACER_TRAINER_IMAGE", "pacer:0.1.0"), owner=owner, owner_pod=owner_pod,
         service_account=env.get("PACER_TRAINER_SERVICE_ACCOUNT", ""), template=templates,
     )
 
