@@ -29,7 +29,7 @@ from pacer.contracts.executor import ClusterStatus, PodPhase, PodSpec, PodStatus
 from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
 from pacer.embedded import EmbeddedNats
 from pacer.errors import Conflict, Unavailable
-from pacer.jobs.spec import parse_job_spec
+from pacer.jobs.spec import JOB_NAME_MAX_LEN, MAX_NODES_PER_ROLE, parse_job_spec
 from pacer.metrics import REGISTRY
 from pacer_services.pod_executor.app import ExecutorConfig, ExecutorService
 from pacer_services.pod_executor.backends.kubernetes import KubernetesBackend, from_env
@@ -205,6 +205,13 @@ async def test_create_from_the_deploy_template(fake: FakeK8s) -> None:
     assert env["PACER_AGENT_IPC"]["value"] == "/var/run/pacer/agent.ipc"  # the PodSpec's wins
     assert [m["name"] for m in trainer["volumeMounts"]] == ["data", "checkpoints", "pod-dir"]
     b.api.api_client.close()
+
+
+async def test_the_longest_job_name_gives_valid_pod_hostnames(fake: FakeK8s, backend: KubernetesBackend) -> None:
+    job = "j" * JOB_NAME_MAX_LEN  # what the spec lets through, with the highest node index it allows
+    await backend.create(spec(f"worker-{MAX_NODES_PER_ROLE - 1}", job=job))
+    (pod,) = [p for (_, name), p in fake.pods.items() if name.startswith(job)]
+    assert len(pod["spec"]["hostname"]) == 63  # the fake refuses hostnames over 63 characters, as the API server
 
 
 async def test_duplicate_create_is_a_conflict(fake: FakeK8s, backend: KubernetesBackend) -> None:

@@ -31,7 +31,7 @@ from pacer.jobs import (
     load_job_spec,
     parse_job_spec,
 )
-from pacer.jobs.spec import JOB_NAME_MAX_LEN, is_job_name, spec_to_json
+from pacer.jobs.spec import JOB_NAME_MAX_LEN, MAX_NODES_PER_ROLE, is_job_name, spec_to_json
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples" / "jobs").glob("*.yaml"))
@@ -245,7 +245,8 @@ BAD_NAMES = {
     "1job": "starts with a digit",
     "-job": "starts with '-'",
     "job-": "ends with '-'",
-    "x" * (JOB_NAME_MAX_LEN + 1): "64 characters",
+    "x" * (JOB_NAME_MAX_LEN + 1): "too long for a pod hostname",
+    "x" * 64: "longer than a DNS label",
     "job\n": "a trailing newline",
     "": "empty",
 }
@@ -269,6 +270,32 @@ def test_job_names_that_are_not_dns_1035_labels_are_refused_with_the_rule(name: 
     assert f"at most {JOB_NAME_MAX_LEN} lowercase letters, digits or '-'" in problem
     assert "starting with a letter and ending with a letter or digit" in problem
     assert problem.endswith(f"got {name!r}")
+
+
+def test_a_dns_1035_name_too_long_for_the_pod_hostnames_is_refused_with_the_maximum() -> None:
+    # 60 characters: a valid Service name, but <job>-worker-12 would be a 70-character hostname.
+    name = "wide-deep-criteo-hourly-retrain-with-backup-workers-and-more"
+    assert len(name) == 60 and len(name) <= 63
+    with pytest.raises(JobSpecError) as ei:
+        parse_job_spec(_with(name=name))
+    (problem,) = [p for p in ei.value.problems if p.startswith("name: ")]
+    assert "at most 51 lowercase letters" in problem
+    assert "<job>-worker-9999" in problem and "63 characters" in problem
+
+
+def test_the_longest_job_name_fits_the_longest_pod_hostname() -> None:
+    assert JOB_NAME_MAX_LEN == 51
+    longest = "x" * JOB_NAME_MAX_LEN + f"-worker-{MAX_NODES_PER_ROLE - 1}"
+    assert len(longest) == 63  # a DNS label, as Kubernetes wants a pod's hostname
+
+
+@pytest.mark.parametrize("field", ["resources.workers", "resources.ps", "limits.max_workers", "limits.max_ps"])
+def test_more_nodes_than_the_names_allow_are_refused(field: str) -> None:
+    section, key = field.split(".")
+    with pytest.raises(JobSpecError) as ei:
+        parse_job_spec({"name": "j", "model": "wide_deep", "dataset": "d.rec", "batch_size": 100_000,
+                        section: {key: MAX_NODES_PER_ROLE + 1}})
+    assert f"{field}: must be <= {MAX_NODES_PER_ROLE}, got {MAX_NODES_PER_ROLE + 1}" in ei.value.problems
 
 
 def test_example_job_names_are_dns_1035_labels() -> None:

@@ -34,10 +34,13 @@ Defaults (a field left out)
 
 The job's name
 --------------
-``name`` is required and must be a DNS-1035 label (at most 63 lowercase
-letters, digits or ``-``, starting with a letter and ending with a letter or
-digit): it names the job's Kubernetes Service and pods.  ``My_Job`` is refused
-with a message that states the rule.
+``name`` is required and must be a DNS-1035 label (lowercase letters, digits
+or ``-``, starting with a letter and ending with a letter or digit): it names
+the job's Kubernetes Service and pods.  It is at most
+:data:`JOB_NAME_MAX_LEN` (51) characters, so that the longest pod hostname,
+``<job>-worker-9999``, stays within a DNS label's 63; a job has at most
+:data:`MAX_NODES_PER_ROLE` (10000) workers and as many PS.  ``My_Job`` or a
+52-character name is refused with a message that states the rule.
 
 The default plan
 ----------------
@@ -104,14 +107,20 @@ class DefaultPlan:
 
 DEFAULT_PLAN = DefaultPlan()
 
-# A job's name becomes Kubernetes names (its headless Service, its pods'
-# names and hostnames), so it must be a DNS-1035 label: the rule Kubernetes
-# applies to Service names.
-JOB_NAME_MAX_LEN = 63
+# A job's name becomes Kubernetes names: its headless Service (a DNS-1035
+# label, the rule Kubernetes applies to Service names) and its pods'
+# hostnames ``<job>-<node>`` (the TF ClusterSpec's DNS names, see the
+# Kubernetes backend), DNS labels too: at most 63 characters.  The longest
+# node name is the last worker's, so that bounds the job name.
+DNS_LABEL_MAX_LEN = 63
+MAX_NODES_PER_ROLE = 10_000  # worker and PS indexes 0..9999
+LONGEST_NODE = f"worker-{MAX_NODES_PER_ROLE - 1}"
+JOB_NAME_MAX_LEN = DNS_LABEL_MAX_LEN - len(f"-{LONGEST_NODE}")  # 51
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 JOB_NAME_RULE = (f"a DNS-1035 label (it names the job's Kubernetes Service and pods): at most "
                  f"{JOB_NAME_MAX_LEN} lowercase letters, digits or '-', starting with a letter "
-                 f"and ending with a letter or digit")
+                 f"and ending with a letter or digit (a pod's hostname <job>-{LONGEST_NODE} must "
+                 f"fit in {DNS_LABEL_MAX_LEN} characters)")
 
 
 def is_job_name(value: str) -> bool:
@@ -162,7 +171,7 @@ class _Checker:
         return out
 
     def integer(self, obj: Mapping[str, Any], key: str, path: str, default: int | None,
-                minimum: int) -> int | None:
+                minimum: int, maximum: int | None = None) -> int | None:
         full = f"{path}.{key}" if path else key
         if key not in obj or obj[key] is None:
             return default
@@ -172,6 +181,9 @@ class _Checker:
             return default
         if v < minimum:
             self.bad(full, f"must be >= {minimum}, got {v}" if minimum != 1 else f"must be > 0, got {v}")
+            return default
+        if maximum is not None and v > maximum:
+            self.bad(full, f"must be <= {maximum}, got {v}")
             return default
         return v
 
@@ -362,8 +374,8 @@ def _resources(c: _Checker, raw: Any) -> ResourceRequest | None:
     if r is None:
         return None
     return ResourceRequest(
-        workers=c.integer(r, "workers", "resources", None, 1),
-        ps=c.integer(r, "ps", "resources", None, 1),
+        workers=c.integer(r, "workers", "resources", None, 1, MAX_NODES_PER_ROLE),
+        ps=c.integer(r, "ps", "resources", None, 1, MAX_NODES_PER_ROLE),
         worker_cpu=c.number(r, "worker_cpu", "resources", None),
         worker_memory_mb=c.integer(r, "worker_memory_mb", "resources", None, 1),
         ps_cpu=c.number(r, "ps_cpu", "resources", None),
@@ -378,8 +390,8 @@ def _limits(c: _Checker, raw: Any) -> ResourceLimits | None:
     if lim is None:
         return None
     return ResourceLimits(
-        max_workers=c.integer(lim, "max_workers", "limits", None, 1),
-        max_ps=c.integer(lim, "max_ps", "limits", None, 1),
+        max_workers=c.integer(lim, "max_workers", "limits", None, 1, MAX_NODES_PER_ROLE),
+        max_ps=c.integer(lim, "max_ps", "limits", None, 1, MAX_NODES_PER_ROLE),
         max_cpu=c.number(lim, "max_cpu", "limits", None),
         max_memory_mb=c.integer(lim, "max_memory_mb", "limits", None, 1),
     )
