@@ -1,7 +1,10 @@
 """The bus: one NATS connection with JetStream, request/reply and events.
 
 * ``Bus.connect`` reconnects forever (a restarted nats-server is picked up
-  again; nats-py buffers publishes while reconnecting).
+  again; nats-py buffers publishes while reconnecting).  Its ``url`` may list
+  a cluster's servers comma-separated; credentials, CA and the reply inbox
+  prefix of the user come from :func:`pacer.security.connect_options`
+  (URL, then ``PACER_NATS_*`` settings, then ``pacer up``'s context file).
 * ``ensure_streams`` creates, idempotently, the streams every service relies
   on: the shard log (file storage, no age limit: it is the state) and the
   events stream (bounded by age and size: it is history for dashboards).
@@ -106,7 +109,6 @@ class Bus:
             log.info("nats reconnected")
 
         nc = await nats.connect(
-            servers=[url],
             name=name,
             connect_timeout=connect_timeout,
             reconnect_time_wait=0.2,
@@ -116,7 +118,8 @@ class Bus:
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
             pending_size=64 * 1024 * 1024,
-            **connect_options(url, os.environ),  # type: ignore[arg-type]  # PACER_NATS_USER/_PASSWORD/_CREDS/_CA
+            # servers (url may list several: nats://a:1,nats://b:2), credentials, CA and the user's inbox prefix
+            **connect_options(url, os.environ),  # type: ignore[arg-type]
         )
         holder.append(nc)
         return cls(nc, nc.jetstream(timeout=5.0), replicas)

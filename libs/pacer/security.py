@@ -20,26 +20,40 @@ policy):
   (``allow_responses``); it has no JetStream API at all;
 * agents (and the trainers beside them) only agent, shard-rpc and
   checkpoint subjects; they cannot command executors or publish node,
-  job, controller or brain events.  (Not yet per job: static users cannot
-  name a job; see docs/operations.md.)
+  job, controller or brain events.  The static ``agent`` role serves every
+  job; a per-job agent user (``agent-<job>``, :func:`agent_job_permissions`,
+  admitted by the auth callout, :mod:`pacer.authjwt`) only its own job's.
 
 Replies reach a requester through ``allow_responses``: a service may answer
-a request it received, never publish into an arbitrary inbox.  JetStream's
-API (``$JS.API.>``) is granted to the services that own streams, consumers
-and KV buckets; acks (``$JS.ACK.>``) to those that consume.
+a request it received, never publish into an arbitrary inbox.  Each user
+reads replies only in an inbox of its own: ``Bus.connect`` gives the client
+the inbox prefix :func:`inbox_prefix` of its user (``_INBOX_<user>``), and a
+user may subscribe to that prefix only, never to ``_INBOX.>``, so nobody can
+read replies meant for another.  JetStream's API (``$JS.API.>``) is granted
+to the services that own streams, consumers and KV buckets; acks
+(``$JS.ACK.>``) to those that consume.
+
+Where a client finds its credentials (:func:`connect_options`), first match
+wins: credentials in the URL, then ``PACER_NATS_USER``/``_PASSWORD`` (or
+``PACER_NATS_CREDS``), then the context file that ``pacer up`` writes
+(:func:`load_context`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import quote, urlsplit, urlunsplit
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from pacer import subjects as S
 from pacer.errors import ValidationError
 
-INBOX = "_INBOX.>"
+INBOX_PREFIX = "_INBOX_"  # + the user's name: see inbox_prefix
 JS_API = "$JS.API.>"
 JS_ACK = "$JS.ACK.>"
 
@@ -54,8 +68,30 @@ def object_store(bucket: str) -> str:
     return f"$O.{bucket}.>"
 
 
+def inbox_prefix(user: str) -> str:
+    """The reply inbox prefix of ``user``: ``_INBOX_<user>`` (nats-py ``connect(inbox_prefix=...)``).
+
+    One subject token per user, so ``_INBOX_<user>.>`` never covers another
+    user's inboxes (``_INBOX_agent.>`` does not match ``_INBOX_agent-j1.x``).
+    A name that is not a safe token (dots, wildcards, spaces) is replaced by
+    a digest of it.
+    """
+    if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", user):
+        return INBOX_PREFIX + user
+    return INBOX_PREFIX + "h" + hashlib.sha256(user.encode()).hexdigest()[:24]
+
+
+def own_inbox(user: str) -> str:
+    """What ``user`` may subscribe to for its replies: ``_INBOX_<user>.>``."""
+    return f"{inbox_prefix(user)}.>"
+
+
 def _rpc(service: str, op: str = "*") -> str:
     return f"{S.PREFIX}.rpc.{service}.*.{op}"
+
+
+AUTH_SERVICE = "auth"  # the auth callout responder's user and service name
+AUTH_CALLOUT_SUBJECT = "$SYS.REQ.USER.AUTH"  # where nats-server asks it (auth_callout)
 
 
 def _events(domain: str) -> str:
@@ -88,7 +124,7 @@ class Permissions:
 # to its dead-letter subject; it requests with an inbox of its own and uses JetStream.
 def _service(name: str, publish: list[str], subscribe: list[str], js: bool = True) -> Permissions:
     pub = [*publish, S.dead_letter(name), S.health(name)]
-    sub = [*subscribe, S.health(name), INBOX]
+    sub = [*subscribe, S.health(name), own_inbox(name)]
     if js:
         pub += [JS_API, JS_ACK]
     return Permissions(publish=tuple(pub), subscribe=tuple(sub))
@@ -143,7 +179,10 @@ def _table() -> dict[str, Permissions]:
         S.AGENT_SERVICE: Permissions(
             publish=(_events(S.AGENT_SERVICE), _AGENT_PROTOCOL, _AGENT_RPC, kv(S.AGENT_BUCKET), _SHARD_RPC,
                      S.health(S.AGENT_SERVICE), S.dead_letter(S.AGENT_SERVICE), JS_API, JS_ACK),
-            subscribe=(_AGENT_PROTOCOL, _AGENT_RPC, S.health(S.AGENT_SERVICE), INBOX, S.EVENTS_SUBJECTS)),
+            subscribe=(_AGENT_PROTOCOL, _AGENT_RPC, S.health(S.AGENT_SERVICE), own_inbox(S.AGENT_SERVICE),
+                       S.EVENTS_SUBJECTS)),
+        # The auth callout responder (pacer.authjwt): the server's authorization requests, answered by reply.
+        AUTH_SERVICE: _service(AUTH_SERVICE, publish=[], subscribe=[AUTH_CALLOUT_SUBJECT], js=False),
         # The operator (CLI, `pacer up`'s printed URL, tests): everything.
         "admin": Permissions(publish=(">",), subscribe=(">",), allow_responses=False),
     }
@@ -153,33 +192,97 @@ ROLES: tuple[str, ...] = tuple(_table())
 POLICY_ROLE_PREFIX = "policy:"
 
 
+def policy_user(name: str) -> str:
+    """The NATS user of custom policy ``name``: ``policy-<name>``."""
+    return f"policy-{name}"
+
+
 def policy_permissions(name: str) -> Permissions:
     """A custom policy ``name``: receives its own decide subject, answers it, nothing else."""
-    return Permissions(publish=(), subscribe=(S.policy_decide(name), INBOX))
+    return Permissions(publish=(), subscribe=(S.policy_decide(name), own_inbox(policy_user(name))))
 
 
-def permissions(role: str) -> Permissions:
-    """Publish/subscribe allow lists of ``role``: a name in :data:`ROLES` or ``policy:<name>``."""
+def agent_user(job: str) -> str:
+    """The per-job agent user of ``job``: ``agent-<job>`` (never a static user's name)."""
+    return f"{S.AGENT_SERVICE}-{job}"
+
+
+def agent_job_permissions(job: str) -> Permissions:
+    """The agents and trainers of one job: that job's agent, shard-rpc and checkpoint subjects only.
+
+    What an agent does (pacer.agent.agent): heartbeats, metrics and action
+    results under ``pacer.events.agent.<job>.*``; the two-phase barrier
+    ``pacer.agent.<job>.*``; global actions and node commands under
+    ``pacer.rpc.agent.<job>.>``; the election key ``<job>.primary`` of the
+    agents' KV bucket.  What a trainer does: lease, register and checkpoint
+    through ``pacer.rpc.shard.<job>.*``.  It reads the events of its own job
+    only.  JetStream's API is limited to the agents' bucket: its info and
+    creation, its direct gets of this job's key and message gets (whose
+    subject travels in the payload, so they are not per job).
+    """
+    job = S._tok(job, "job")
+    stream = f"KV_{S.AGENT_BUCKET}"
+    key = f"$KV.{S.AGENT_BUCKET}.{S.agent_primary_key(job)}"
+    return Permissions(
+        publish=(S.events_of(S.AGENT_SERVICE, job=job), f"{S.PREFIX}.agent.{job}.*",
+                 f"{S.PREFIX}.rpc.{S.AGENT_SERVICE}.{job}.>", S.rpc(S.SHARD_SERVICE, job, "*"), key,
+                 f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.CREATE.{stream}",
+                 f"$JS.API.STREAM.MSG.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.{key}",
+                 S.health(S.AGENT_SERVICE), S.dead_letter(S.AGENT_SERVICE)),
+        subscribe=(f"{S.PREFIX}.agent.{job}.*", f"{S.PREFIX}.rpc.{S.AGENT_SERVICE}.{job}.>",
+                   S.events_of("*", job=job), S.health(S.AGENT_SERVICE), own_inbox(agent_user(job))))
+
+
+def permissions(role: str, user: str = "") -> Permissions:
+    """Publish/subscribe allow lists of ``role``: a name in :data:`ROLES` or ``policy:<name>``.
+
+    ``user`` names the NATS user holding the role when it is not named after
+    it (the stack names users after their roles): its own reply inbox
+    replaces the role's.
+    """
     if role.startswith(POLICY_ROLE_PREFIX):
-        return policy_permissions(role[len(POLICY_ROLE_PREFIX):])
-    table = _table()
-    if role not in table:
-        raise ValidationError(f"no NATS role {role!r}: one of {', '.join(ROLES)} or policy:<name>")
-    return table[role]
+        perms = policy_permissions(role[len(POLICY_ROLE_PREFIX):])
+        default = policy_user(role[len(POLICY_ROLE_PREFIX):])
+    else:
+        table = _table()
+        if role not in table:
+            raise ValidationError(f"no NATS role {role!r}: one of {', '.join(ROLES)} or policy:<name>")
+        perms, default = table[role], role
+    if user and user != default:
+        sub = tuple(own_inbox(user) if s == own_inbox(default) else s for s in perms.subscribe)
+        perms = Permissions(perms.publish, sub, perms.allow_responses)
+    return perms
 
 
-def render_authorization(users: Mapping[str, tuple[str, str]]) -> str:
+@dataclass(frozen=True, slots=True)
+class Callout:
+    """The ``auth_callout`` of an authorization block: who signs the users it admits.
+
+    ``issuer`` is the public nkey of the account (``A...``) whose seed the
+    responder holds; every user of the block bypasses the callout
+    (``auth_users``), every other connection is handed to the responder.
+    """
+
+    issuer: str
+
+
+def render_authorization(users: Mapping[str, tuple[str, str]], callout: Callout | None = None) -> str:
     """``authorization { users = [...] }`` for ``users``: user name -> (password, role).
 
     Values are JSON strings, which the nats-server config syntax reads as
     quoted strings, so a subject such as ``$JS.API.>`` is never taken for a
-    variable.
+    variable.  With ``callout``, connections of any other user go to the
+    auth callout responder (:mod:`pacer.authjwt`).
     """
     lines = ["authorization {", "  users = ["]
     for user, (password, role) in sorted(users.items()):
-        perms = json.dumps(permissions(role).to_conf())
+        perms = json.dumps(permissions(role, user).to_conf())
         lines.append(f"    {{user: {json.dumps(user)}, password: {json.dumps(password)}, permissions: {perms}}}")
-    lines += ["  ]", "}"]
+    lines.append("  ]")
+    if callout is not None:
+        lines += ["  auth_callout {", f"    issuer: {json.dumps(callout.issuer)}",
+                  f"    auth_users: {json.dumps(sorted(users))}", "  }"]
+    lines.append("}")
     return "\n".join(lines) + "\n"
 
 
@@ -191,25 +294,122 @@ def with_credentials(url: str, user: str, password: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+CONTEXT_ENV = "PACER_CONTEXT"
+CONTEXT_FILE = Path(".pacer") / "context.json"  # `pacer up`'s default data dir, from where it was run
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """Where and as whom the operator reaches a running stack (written by ``pacer up``, mode 0600)."""
+
+    url: str
+    user: str = ""
+    password: str = ""
+    ca: str = ""
+
+    def servers(self) -> set[str]:
+        return {_netloc(u) for u in split_servers(self.url)}
+
+
+def write_context(path: Path, ctx: Context) -> Path:
+    """Write ``ctx`` as JSON to ``path``, readable by its owner only (it holds a password)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"url": ctx.url, "user": ctx.user, "password": ctx.password, "ca": ctx.ca}, f, indent=2)
+    path.chmod(0o600)  # also when it existed with wider rights
+    return path
+
+
+def load_context(environ: Mapping[str, str]) -> Context | None:
+    """The context ``$PACER_CONTEXT`` names, else ``./.pacer/context.json``; None when there is none.
+
+    A named file that cannot be read or parsed is an error (the operator
+    asked for it); a missing default file is not.
+    """
+    named = environ.get(CONTEXT_ENV, "")
+    path = Path(named) if named else CONTEXT_FILE
+    if not named and not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValidationError(f"{CONTEXT_ENV}={path}: cannot read the context ({exc})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("url"), str):
+        raise ValidationError(f"{path}: a context is a JSON object with at least a \"url\"")
+    return Context(url=raw["url"], user=str(raw.get("user", "")), password=str(raw.get("password", "")),
+                   ca=str(raw.get("ca", "")))
+
+
+def default_url(environ: Mapping[str, str], fallback: str = "nats://127.0.0.1:4222") -> str:
+    """``$PACER_NATS_URL``, else the context's URL, else ``fallback`` (what the CLI connects to)."""
+    if environ.get("PACER_NATS_URL"):
+        return environ["PACER_NATS_URL"]
+    ctx = load_context(environ)
+    return ctx.url if ctx is not None else fallback
+
+
+def split_servers(url: str) -> list[str]:
+    """``nats://a:1,nats://b:2`` -> the server URLs (a cluster's seeds); one URL -> itself."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
+def _netloc(url: str) -> str:
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    return f"{parts.hostname or ''}:{parts.port or 4222}"
+
+
+def _strip_userinfo(url: str) -> str:
+    parts = urlsplit(url)
+    if not parts.username and not parts.password:
+        return url
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
 def connect_options(url: str, environ: Mapping[str, str]) -> dict[str, object]:
     """The nats-py ``connect`` options the settings ask for (read by ``Bus.connect``).
 
-    * ``PACER_NATS_USER`` / ``PACER_NATS_PASSWORD``: user and password,
-      unless ``url`` carries its own (``nats://user:pass@host:port`` wins:
-      it is how the executor hands pods their credentials);
-    * ``PACER_NATS_CREDS``: a NATS ``.creds`` file (JWT and nkey seed);
-    * ``PACER_NATS_CA``: a CA bundle: the connection uses TLS and checks the
-      server's certificate against it.
+    ``url`` may list several servers, comma-separated (``nats://a:1,nats://b:2``,
+    a cluster): ``servers`` lists them without credentials and the
+    credentials found go to every one of them.  First match wins:
+
+    1. credentials in a URL (``nats://user:pass@host:port``: how the executor
+       hands pods their credentials);
+    2. ``PACER_NATS_USER`` / ``PACER_NATS_PASSWORD``, or ``PACER_NATS_CREDS``
+       (a NATS ``.creds`` file: JWT and nkey seed);
+    3. the context file of ``pacer up`` (``$PACER_CONTEXT``, else
+       ``./.pacer/context.json``), only when ``url`` names one of its servers.
+
+    ``PACER_NATS_CA`` (else the context's CA) is a CA bundle: the connection
+    uses TLS and checks the server's certificate against it.  The client's
+    reply inboxes get the prefix of its user (:func:`inbox_prefix`), the
+    only inboxes the server lets the user read.
     """
-    out: dict[str, object] = {}
-    if not urlsplit(url).username:
-        user, password = environ.get("PACER_NATS_USER", ""), environ.get("PACER_NATS_PASSWORD", "")
-        if user:
-            out["user"], out["password"] = user, password
+    servers = split_servers(url) or [url]
+    out: dict[str, object] = {"servers": [_strip_userinfo(u) for u in servers]}
+    user = password = ""
+    for u in servers:
+        parts = urlsplit(u)
+        if parts.username:
+            user, password = unquote(parts.username), unquote(parts.password or "")
+            break
     creds = environ.get("PACER_NATS_CREDS", "")
+    ca = environ.get("PACER_NATS_CA", "")
+    if not user and not creds:
+        user, password = environ.get("PACER_NATS_USER", ""), environ.get("PACER_NATS_PASSWORD", "")
+    if (not user and not creds) or not ca:
+        ctx = load_context(environ)
+        if ctx is not None and {_netloc(u) for u in servers} & ctx.servers():
+            if not user and not creds:
+                user, password = ctx.user, ctx.password
+            ca = ca or ctx.ca
+    if user:
+        out["user"], out["password"] = user, password
+        out["inbox_prefix"] = inbox_prefix(user)
     if creds:
         out["user_credentials"] = creds
-    ca = environ.get("PACER_NATS_CA", "")
     if ca:
         import ssl
 

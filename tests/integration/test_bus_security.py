@@ -19,7 +19,7 @@ import pytest
 from nats.aio.client import Client
 from pacer import security, subjects
 from pacer.bus import Bus
-from pacer.embedded import EmbeddedNats
+from pacer.embedded import EmbeddedNats, free_port
 
 ROLES = [*security.ROLES, "policy:my-policy"]
 PASSWORDS = {role.replace(":", "-"): f"pw-{i}" for i, role in enumerate(ROLES)}
@@ -40,7 +40,7 @@ async def connect(srv: EmbeddedNats, user: str) -> tuple[Client, list[Exception]
         errors.append(exc)
 
     nc = await nats.connect(srv.url, user=user, password=PASSWORDS[user], error_cb=on_error,
-                            allow_reconnect=False)
+                            allow_reconnect=False, inbox_prefix=security.inbox_prefix(user))
     return nc, errors
 
 
@@ -307,3 +307,99 @@ def test_a_tls_stack_gives_its_services_the_ca_and_they_serve(tmp_path: Path, mo
         assert [line for line in log.splitlines() if "Violation" in line and "policy-mine" not in line] == []
     finally:
         st.stop()
+
+
+# ------------------------------------------------------------------ reply inboxes of their own
+async def test_a_policy_cannot_read_replies_meant_for_others(secure_server: EmbeddedNats) -> None:
+    policy, errors = await connect(secure_server, "policy-my-policy")
+    controller, ctl_errors = await connect(secure_server, "controller")
+    executor, _ = await connect(secure_server, "executor")
+    try:
+        for foreign in ("_INBOX.>", f"{security.inbox_prefix('controller')}.>", "_INBOX_controller.*"):
+            await policy.subscribe(foreign)
+            await policy.flush()
+            await violation(errors, foreign.lower())  # nats-py lowercases the subject of the error
+        sub = await executor.subscribe(subjects.rpc_wildcard(subjects.EXECUTOR_SERVICE))
+
+        async def answer() -> None:
+            msg = await sub.next_msg(timeout=5)
+            assert msg.reply.startswith(security.inbox_prefix("controller") + ".")  # the requester's own inbox
+            await msg.respond(b"secret plan")
+
+        task = asyncio.create_task(answer())
+        await executor.flush()
+        reply = await controller.request(subjects.executor_rpc("j1", subjects.ExecutorOp.COMMAND), b"{}", timeout=5)
+        await task
+        assert reply.data == b"secret plan" and ctl_errors == []
+    finally:
+        for nc in (policy, controller, executor):
+            await nc.close()
+
+
+@pytest.mark.parametrize("role", [r for r in ROLES if r != "admin"])
+async def test_every_role_gets_its_replies_through_its_own_inbox(
+        secure_server: EmbeddedNats, role: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Request/reply, and for the roles with JetStream a stream lookup, a KV read and a KV watch."""
+    user = role.replace(":", "-")
+    admin = await Bus.connect(security.with_credentials(secure_server.url, "admin", PASSWORDS["admin"]))
+    monkeypatch.setenv("PACER_NATS_USER", user)
+    monkeypatch.setenv("PACER_NATS_PASSWORD", PASSWORDS[user])
+    bus = await Bus.connect(secure_server.url, name=user)
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    bus.nc._error_cb = on_error
+    try:
+        assert bus.nc._inbox_prefix.decode() == security.inbox_prefix(user)
+        perms = security.permissions(role, user)
+        if role.startswith(security.POLICY_ROLE_PREFIX):  # a policy only answers: its reply goes out
+            decide = subjects.policy_decide("my-policy")
+
+            async def pong(m: nats.aio.msg.Msg) -> None:
+                await m.respond(b"pong")
+
+            await bus.nc.subscribe(decide, cb=pong)
+            await bus.nc.flush()
+            assert (await admin.nc.request(decide, b"ping", timeout=3)).data == b"pong"
+        else:  # a request on the role's own health subject, answered by the admin into the role's inbox
+            async def answer(m: nats.aio.msg.Msg) -> None:
+                assert m.reply.startswith(security.inbox_prefix(user) + ".")
+                await m.respond(b"pong")
+
+            health = next(p for p in perms.publish if p.startswith("pacer.svc."))
+            await admin.nc.subscribe(health, cb=answer)
+            await admin.nc.flush()
+            assert (await bus.nc.request(health, b"ping", timeout=3)).data == b"pong"
+        if security.JS_API in perms.publish:
+            await admin.ensure_streams()
+            info = await bus.js.stream_info(subjects.EVENTS_STREAM)
+            assert info.config.name == subjects.EVENTS_STREAM
+            kv = await admin.kv("sec-test")
+            await kv.put("k", b"v1")
+            mine = await bus.js.key_value("sec-test")
+            assert (await mine.get("k")).value == b"v1"
+            watcher = await mine.watch("k")  # a push consumer delivering into the user's inbox
+            first = await watcher.updates(timeout=3)
+            assert first is not None and first.value == b"v1"
+            await watcher.stop()
+        await bus.nc.flush()
+        assert [e for e in errors if "violation" in str(e).lower()] == []
+    finally:
+        await bus.close()
+        await admin.close()
+
+
+async def test_a_list_of_servers_gets_the_credentials_of_any(secure_server: EmbeddedNats) -> None:
+    """``nats://a,nats://user:pw@b``: the credentials go to every server (here the first, the live one)."""
+    dead = f"nats://127.0.0.1:{free_port()}"
+    url = f"{secure_server.url},{security.with_credentials(dead, 'shard', PASSWORDS['shard'])}"
+    opts = security.connect_options(url, {})
+    assert opts["servers"] == [secure_server.url, dead] and opts["user"] == "shard"
+    bus = await Bus.connect(url, name="two-servers")
+    try:
+        await bus.ensure_streams()  # the shard user's JetStream rights: it is connected as shard
+        assert bus.nc.connected_url is not None and bus.nc.connected_url.port == secure_server.port
+    finally:
+        await bus.close()
