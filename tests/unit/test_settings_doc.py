@@ -32,7 +32,8 @@ NOT_SETTINGS = {
 
 TOKEN = re.compile(r"\bPACER_[A-Z0-9_]+")
 ROW = re.compile(r"^\|\s*`((?:PACER|OTEL)_[A-Za-z0-9_<>]+)`", re.MULTILINE)
-DEPLOY_ENV = re.compile(r"-\s+name:\s*[\"']?(PACER_[A-Z0-9_]+)")
+# A container's ``env`` entry (``- name: PACER_X``) or a ConfigMap key read through ``envFrom`` (``PACER_X: v``).
+DEPLOY_ENV = re.compile(r"""^\s*(?:-\s+name:\s*["']?(PACER_[A-Z0-9_]+)|(PACER_[A-Z0-9_]+):\s)""", re.MULTILINE)
 OTEL_READ = re.compile(r"""(?:environ|env)\.get\(\s*["'](OTEL_[A-Z0-9_]+)["']""")
 
 
@@ -99,8 +100,8 @@ def test_every_pacer_name_in_the_code_is_documented_or_a_known_non_setting() -> 
 
 
 def test_every_variable_the_manifests_set_is_documented() -> None:
-    found = {m: str(p.relative_to(ROOT)) for p in _files([ROOT / "deploy"]) if p.suffix in (".yaml", ".yml")
-             for m in DEPLOY_ENV.findall(_text(p))}
+    found = {a or b: str(p.relative_to(ROOT)) for p in _files([ROOT / "deploy"]) if p.suffix in (".yaml", ".yml")
+             for a, b in DEPLOY_ENV.findall(_text(p))}
     assert "PACER_NATS_URL" in found  # the scan sees the manifests at all
     missing = undocumented(found, _doc())
     assert not missing, "set in deploy/ but not in docs/settings.md: " + ", ".join(
