@@ -129,6 +129,29 @@ class ResourceLimits:
     max_memory_mb: int | None = field(default=None, metadata=doc("memory of all the job's nodes together, MiB"))
 
 
+@message("job.TrainerConfig")
+@dataclass(frozen=True, slots=True)
+class TrainerConfig:
+    """A user's own training program, run instead of Pacer's built-in trainer (docs/trainers.md).
+
+    Every worker pod runs ``command``; every PS pod runs ``ps_command``, or
+    Pacer's plain TensorFlow PS server when it is empty.  Pacer gives the
+    processes the cluster (``TF_CONFIG``), the shard service, the agent IPC
+    and the job's settings as environment variables (the contract is
+    :class:`pacer.trainer.sdk.TrainerEnv`); ``pacer.trainer.sdk`` reads them.
+    Exit codes: 0 finished, 75 restart me (KILL_RESTART), anything else failed.
+    """
+
+    command: list[str] = field(metadata=doc(
+        "worker argv; a leading 'python' is the image's Python; '{pod_dir}' is the pod's own directory"))
+    ps_command: list[str] = field(default_factory=list, metadata=doc(
+        "PS argv (it must serve on its TF_CONFIG address); empty = Pacer's TensorFlow PS server"))
+    image: str = field(default="", metadata=doc(
+        "container image of the trainer on Kubernetes (\"\": the executor's trainer image); local backend: ignored"))
+    env: dict[str, str] = field(default_factory=dict, metadata=doc(
+        "extra environment; names starting with PACER_ and TF_CONFIG are Pacer's and refused"))
+
+
 @message("job.JobSpec")
 @dataclass(frozen=True, slots=True)
 class JobSpec:
@@ -149,6 +172,8 @@ class JobSpec:
     policies: PolicyConfig = field(default_factory=PolicyConfig)
     resources: ResourceRequest | None = None
     limits: ResourceLimits | None = None
+    trainer: TrainerConfig | None = field(default=None, metadata=doc(
+        "the user's own training program (absent: Pacer's built-in trainer for ``model``)"))
 
 
 @message("job.ResourcePlan")
