@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -239,13 +240,24 @@ def test_nats_statefulset(overlay: str) -> None:
     assert store and store.group(1).startswith(mounts["data"] + "/"), "JetStream store not on the PVC"
     assert re.search(r"max_file_store\s*[:=]\s*\S+", blocks["jetstream"])
 
+    # Lame duck (the preStop) must end before the kubelet's SIGKILL.
+    lame = {k: int(v) for k, v in re.findall(r"^\s*(lame_duck_duration|lame_duck_grace_period)\s*:\s*(\d+)s\s*$",
+                                             conf, re.M)}
+    assert set(lame) == {"lame_duck_duration", "lame_duck_grace_period"}, lame
+    assert pod["terminationGracePeriodSeconds"] > sum(lame.values())
+
     if want == 1:
         # A cluster block with absent peers would keep JetStream from electing a leader.
         assert "cluster" not in blocks
     else:
         assert "cluster" in blocks
-        routes = re.findall(r"nats://([a-z0-9-]+)\.nats-headless:6222", blocks["cluster"])
-        assert routes == [f"nats-{i}" for i in range(want)]
+        # Each route is a variable ($PACER_NATS_ROUTE_<i>) of the container's env, carrying the route user.
+        env = env_of(container)
+        routes = [env[v] for v in re.findall(r"\$(\w+)", blocks["cluster"].split("routes", 1)[1].split("]")[0])]
+        hosts = [re.fullmatch(r"nats://route:\$\(PACER_NATS_ROUTE_PASSWORD\)@([a-z0-9-]+)\.nats-headless:6222", r)
+                 for r in routes]
+        assert all(hosts), routes
+        assert [h.group(1) for h in hosts if h] == [f"nats-{i}" for i in range(want)]
 
 
 @needs_kubectl
@@ -428,7 +440,7 @@ def test_pod_executor(overlay: str) -> None:
     claim, _ = claim_under(worker["spec"], trainer, env["PACER_CHECKPOINT_ROOT"])
     assert claim == "pacer-checkpoints"
     assert one(docs, "PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert not any(m.get("readOnly") for m in trainer["volumeMounts"] if m["name"] != "data")
+    assert not any(m.get("readOnly") for m in trainer["volumeMounts"] if m["name"] not in {"data", "nats-ca"})
 
 
 # Cluster-scoped CoreV1Api calls: (resource, verb), granted by a ClusterRole.
@@ -698,6 +710,235 @@ def test_network_policy_admits_nats_clients_only_from_pacer_pods(overlay: str) -
     assert not any(selects(s, {"app.kubernetes.io/name": "someone-else"}) for s in clients)
 
 
+# --------------------------------------------------------------- NATS users and TLS
+
+USERS_SECRET = "pacer-nats-users"
+TLS_SECRET = "nats-server-tls"
+
+
+def env_source(docs: list[dict[str, Any]], container: dict[str, Any], name: str) -> tuple[str, Any] | None:
+    """Where env ``name`` of ``container`` comes from, as Kubernetes would resolve it:
+    ``("value", str)``, ``("secret", (secret, key))``, ``("field", path)``; a ConfigMap key is
+    looked up in ``docs`` (``None`` if it is optional and absent); ``None`` if not set."""
+    for e in container.get("env", []):
+        if e["name"] != name:
+            continue
+        if "value" in e:
+            return ("value", e["value"])
+        ref = e["valueFrom"]
+        if "secretKeyRef" in ref:
+            assert not ref["secretKeyRef"].get("optional"), f"{name}: an optional secret would run without it"
+            return ("secret", (ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"]))
+        if "fieldRef" in ref:
+            return ("field", ref["fieldRef"]["fieldPath"])
+        cm_ref = ref["configMapKeyRef"]
+        cms = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == cm_ref["name"]]
+        if not cms:
+            assert cm_ref.get("optional"), f"{name}: ConfigMap {cm_ref['name']} is not rendered"
+            return None
+        return ("value", cms[0]["data"][cm_ref["key"]])
+    return None
+
+
+def nats_conf_text(docs: list[dict[str, Any]]) -> str:
+    """nats.conf and the files it includes, comments stripped (the whole server config)."""
+    data = configmap(docs, "nats-config")["data"]
+    conf = data["nats.conf"]
+    for inc in re.findall(r"^\s*include\s+\./(\S+)", conf, re.M):
+        conf += "\n" + data[inc]
+    return "\n".join(line.split("#", 1)[0] for line in conf.splitlines())
+
+
+def conf_users(conf: str) -> dict[str, str]:
+    """User -> password expression of the ``authorization { users = [...] }`` entries."""
+    return dict(re.findall(r'\{user:\s*"([^"]+)",\s*password:\s*(\S+?),', conf))
+
+
+def nats_clients(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Every container that talks to NATS with its pod spec: the services' and the training pods' containers."""
+    out = {}
+    for svc in SERVICES:
+        pod = one(docs, "Deployment", svc.deployment)["spec"]["template"]["spec"]
+        out[svc.deployment] = (pod, pod["containers"][0])
+    for role in ("worker", "ps"):
+        pod = built_pod(docs, role)["spec"]
+        for c in pod["containers"]:
+            out[f"training {role}/{c['name']}"] = (pod, c)
+    return out
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_nats_users_secret_ships_without_values(overlay: str) -> None:
+    """Passwords in the repository would be everyone's: the operator fills the Secret (deploy/README.md)."""
+    secret = one(render(overlay), "Secret", USERS_SECRET)
+    assert not secret.get("data") and not secret.get("stringData"), secret
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_every_nats_client_logs_in_as_its_own_user(overlay: str) -> None:
+    """Each service as the user of its role (named like its health subject), the training pods as
+    ``agent``; every password is the Secret's key of that user, and the server knows every user."""
+    docs = render(overlay)
+    users = conf_users(nats_conf_text(docs))
+    assert users, "no users in the NATS config"
+    seen: dict[str, str] = {}
+    for name, (_, c) in nats_clients(docs).items():
+        user = env_source(docs, c, "PACER_NATS_USER")
+        assert user and user[0] == "value", f"{name}: no PACER_NATS_USER"
+        assert env_source(docs, c, "PACER_NATS_PASSWORD") == ("secret", (USERS_SECRET, user[1])), name
+        assert user[1] in users, f"{name}: user {user[1]} unknown to the server"
+        seen[name] = user[1]
+    for svc in SERVICES:
+        assert seen[svc.deployment] == svc.health, svc.deployment
+    assert {u for n, u in seen.items() if n.startswith("training")} == {"agent"}
+    # Distinct services never share a user (their permissions differ).
+    services = [seen[s.deployment] for s in SERVICES]
+    assert len(set(services)) == len(services), services
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_nats_reads_every_password_from_the_secret(overlay: str) -> None:
+    """No password literal in the server config: each is a variable of the NATS container's env, from the
+    Secret key of that user (a missing variable stops nats-server: tests/unit/test_deploy_nats.py)."""
+    docs = render(overlay)
+    conf = nats_conf_text(docs)
+    (c,) = one(docs, "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"]
+    users = conf_users(conf)
+    for user, password in users.items():
+        assert password.startswith("$"), f"user {user}: password is not a variable"
+        assert env_source(docs, c, password[1:]) == ("secret", (USERS_SECRET, user)), user
+    blocks = nats_conf_blocks(conf)
+    if "cluster" in blocks:
+        route = re.search(r"authorization\s*\{\s*user:\s*(\w+)\s+password:\s*\$(\w+)", blocks["cluster"])
+        assert route, "routes admitted without authorization"
+        assert route.group(1) not in users, "the route user must not also be a client user"
+        assert env_source(docs, c, route.group(2)) == ("secret", (USERS_SECRET, route.group(1)))
+    # Every variable the config names resolves (nats-server refuses to start otherwise).
+    for var in set(re.findall(r"(?<![\"\w])\$([A-Za-z_]\w*)", conf)):
+        assert env_source(docs, c, var) is not None, f"${var} is not in the NATS container's env"
+
+
+def secret_mounts(pod: dict[str, Any], container: dict[str, Any], secret: str) -> dict[str, dict[str, Any]]:
+    """Mount path -> Secret volume source, for the container's mounts of ``secret``."""
+    vols = {v["name"]: v["secret"] for v in pod.get("volumes", []) if v.get("secret", {}).get("secretName") == secret}
+    return {m["mountPath"]: vols[m["name"]] for m in container.get("volumeMounts", []) if m["name"] in vols}
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_nats_tls(overlay: str) -> None:
+    """Prod: clients and routes over TLS with the certificate of the Secret nats-server-tls, and every client
+    verifies the server with that Secret's ca.crt.  Dev: plain text, and no client asks for TLS."""
+    docs = render(overlay)
+    blocks = nats_conf_blocks(nats_conf_text(docs))
+    pod = one(docs, "StatefulSet", "nats")["spec"]["template"]["spec"]
+    clients = nats_clients(docs)
+    if overlay == "dev":
+        assert "tls" not in blocks
+        for name, (_, c) in clients.items():
+            assert env_source(docs, c, "PACER_NATS_CA") is None, name
+        return
+    (c,) = pod["containers"]
+    mounts = secret_mounts(pod, c, TLS_SECRET)
+    assert len(mounts) == 1 and not next(iter(mounts.values())).get("optional"), mounts
+    (tls_dir,) = mounts
+    cluster_tls = nats_conf_blocks(blocks["cluster"]).get("tls")
+    assert cluster_tls is not None, "routes in plain text"
+    for where, block in (("clients", blocks["tls"]), ("routes", cluster_tls)):
+        files = dict(re.findall(r"(cert_file|key_file|ca_file)\s*:\s*(\S+)", block))
+        assert files == {"cert_file": f"{tls_dir}/tls.crt", "key_file": f"{tls_dir}/tls.key",
+                         "ca_file": f"{tls_dir}/ca.crt"}, (where, files)
+    for name, (cpod, cc) in clients.items():
+        ca = env_source(docs, cc, "PACER_NATS_CA")
+        assert ca and ca[0] == "value", f"{name}: no PACER_NATS_CA"
+        under = {path: src for path, src in secret_mounts(cpod, cc, TLS_SECRET).items()
+                 if ca[1].startswith(path.rstrip("/") + "/")}
+        assert len(under) == 1, f"{name}: {ca[1]} is not on a mount of {TLS_SECRET}"
+        ((path, src),) = under.items()
+        # Only the CA reaches the clients, never the server's key.
+        assert src.get("items") == [{"key": "ca.crt", "path": ca[1][len(path.rstrip("/")) + 1:]}], (name, src)
+        assert env_source(docs, cc, "PACER_NATS_TLS") == ("value", "1"), name
+
+
+def crd_objects(docs: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["apiVersion"].rpartition("/")[0] == group]
+
+
+@needs_kubectl
+def test_dev_needs_no_operator() -> None:
+    """Dev applies on a bare cluster: no custom resources (cert-manager, Prometheus Operator)."""
+    docs = render("dev")
+    assert not [d["kind"] for g in CRD_GROUPS for d in crd_objects(docs, g)]
+
+
+def dns_matches(pattern: str, host: str) -> bool:
+    """A certificate name matching a host name (a leading ``*`` stands for exactly one label)."""
+    if pattern.startswith("*."):
+        return host.count(".") == pattern.count(".") and host.split(".", 1)[1] == pattern[2:]
+    return pattern == host
+
+
+@needs_kubectl
+def test_prod_nats_certificate() -> None:
+    """cert-manager's resources hang together (kubernetes-validate has no schema for them): the server
+    certificate lands in the Secret NATS mounts, names every host clients and routes dial, serves both ends of
+    a route, and is signed by a CA Issuer whose CA certificate is self-signed."""
+    docs = render("prod")
+    objs = crd_objects(docs, "cert-manager.io")
+    assert {d["apiVersion"] for d in objs} == {"cert-manager.io/v1"}
+    issuers = {d["metadata"]["name"]: d["spec"] for d in objs if d["kind"] == "Issuer"}
+    certs = {d["spec"]["secretName"]: d["spec"] for d in objs if d["kind"] == "Certificate"}
+    known = {"secretName", "isCA", "commonName", "duration", "renewBefore", "privateKey", "usages", "dnsNames",
+             "ipAddresses", "issuerRef"}
+    for spec in certs.values():
+        assert set(spec) <= known, set(spec) - known
+        assert spec["issuerRef"]["kind"] == "Issuer" and spec["issuerRef"]["name"] in issuers, spec["issuerRef"]
+    server = certs[TLS_SECRET]
+    assert not server.get("isCA")
+    assert {"server auth", "client auth"} <= set(server["usages"]), "routes are mutual TLS"
+    urls = [env_of(c)["PACER_NATS_URL"] for _, c in nats_clients(docs).values() if "PACER_NATS_URL" in env_of(c)]
+    urls += [env_of(c)["PACER_POD_NATS_URL"]
+             for c in one(docs, "Deployment", "pod-executor")["spec"]["template"]["spec"]["containers"]]
+    hosts = {urlsplit(u).hostname or u for u in urls}
+    (nats,) = one(docs, "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"]
+    hosts |= {re.sub(r".*@([^:]+):.*", r"\1", e["value"]) for e in nats["env"]
+              if e["name"].startswith("PACER_NATS_ROUTE_") and "value" in e}
+    assert "nats" in hosts and "nats-2.nats-headless" in hosts, hosts
+    for host in hosts:
+        assert any(dns_matches(p, host) for p in server["dnsNames"]), f"certificate does not name {host}"
+    ca_issuer = issuers[server["issuerRef"]["name"]]
+    ca_cert = certs[ca_issuer["ca"]["secretName"]]
+    assert ca_cert["isCA"] is True
+    assert issuers[ca_cert["issuerRef"]["name"]] == {"selfSigned": {}}
+
+
+@needs_kubectl
+def test_prod_pod_monitor() -> None:
+    """The Prometheus Operator scrapes every service where it serves /metrics, and nothing else."""
+    docs = render("prod")
+    monitors = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert [m["apiVersion"] for m in monitors] == ["monitoring.coreos.com/v1"]
+    spec = monitors[0]["spec"]
+    assert set(spec) <= {"selector", "podMetricsEndpoints", "namespaceSelector", "jobLabel", "podTargetLabels"}
+    workloads = {d["metadata"]["name"]: d["spec"]["template"] for d in docs if d["kind"] in {"Deployment",
+                                                                                            "StatefulSet"}}
+    selected = {n for n, t in workloads.items() if selects(spec["selector"], t["metadata"]["labels"])}
+    assert selected == {s.deployment for s in SERVICES}
+    # Pacer labels its training job `job` (the Grafana dashboard groups by it): the scrape must keep it.
+    dashboard = (DEPLOY / "grafana" / "pacer-dashboard.json").read_text()
+    assert "sum by (job)" in dashboard
+    for ep in spec["podMetricsEndpoints"]:
+        assert set(ep) <= {"port", "path", "interval", "scrapeTimeout", "honorLabels", "scheme"}, set(ep)
+        assert ep.get("honorLabels") is True
+        for name in selected:
+            (c,) = workloads[name]["spec"]["containers"]
+            assert ep["port"] in {p.get("name") for p in c["ports"]}, (name, ep["port"])
+            assert ep["path"] == workloads[name]["metadata"]["annotations"]["prometheus.io/path"], name
+
+
 # --------------------------------------------------------------- schemas
 
 # Validated offline against the Kubernetes OpenAPI schemas bundled by the
@@ -711,6 +952,7 @@ OLDEST_KUBERNETES = "1.28.0"
 # for this reason.  Any other object without a schema fails the test.
 CRD_GROUPS = {
     "monitoring.coreos.com": "Prometheus Operator CRD (ServiceMonitor, PodMonitor): its schema ships with the operator",
+    "cert-manager.io": "cert-manager CRD (Issuer, Certificate): its schema ships with cert-manager",
 }
 
 

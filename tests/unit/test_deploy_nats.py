@@ -1,0 +1,308 @@
+"""The NATS configs of deploy/, as rendered by kustomize, run in a real nats-server.
+
+The committed users block is what :mod:`pacer.deploy_conf` generates from
+:mod:`pacer.security`; every overlay's config passes ``nats-server -t`` with
+its environment filled the way the StatefulSet fills it (test passwords for
+the Secret's keys); a missing password stops the server.  Then real servers:
+the dev config admits a service with its password and refuses a wrong one,
+and the prod config forms a three-server cluster over TLS with route
+authentication, which a server with the wrong route password cannot join.
+Only paths and ports are rewritten (to a temporary directory and free
+loopback ports), and every rewrite must hit, so a change of the config's
+shape fails here rather than passing unchecked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import ipaddress
+import json
+import re
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from pacer import deploy_conf, security
+from pacer import subjects as S
+from pacer.embedded import find_binary, free_port
+
+from .test_deploy import OVERLAYS, configmap, env_source, needs_kubectl, one, render
+
+ROOT = Path(__file__).resolve().parents[2]
+USERS_CONF = ROOT / "deploy" / "base" / "nats-users.conf"
+
+
+def test_committed_users_conf_is_generated() -> None:
+    """deploy/base/nats-users.conf is the output of ``python -m pacer.deploy_conf users`` (regenerate it with
+    ``make deploy-conf`` when pacer.security changes)."""
+    assert USERS_CONF.read_text() == deploy_conf.render_users_conf(deploy_conf.users()), (
+        "deploy/base/nats-users.conf is stale: run `make deploy-conf`")
+
+
+def test_generated_users_have_the_permissions_of_their_roles() -> None:
+    """The block is pacer.security's, user by user, only with the passwords turned into variables."""
+    roles = deploy_conf.users(["mine"])
+    text = deploy_conf.render_users_conf(roles)
+    entries = re.findall(r"\{user: (\"[^\"]+\"), password: \$(\w+), permissions: (\{.*\})\}$", text, re.M)
+    assert len(entries) == len(roles)
+    for user, var, perms in entries:
+        name = json.loads(user)
+        assert var == deploy_conf.password_env(name)
+        assert json.loads(perms) == security.permissions(roles[name]).to_conf()
+    assert roles["policy-mine"] == "policy:mine"
+
+
+def test_passwords_are_read_back_as_strings() -> None:
+    """nats-server parses an all-digit variable as a number and then refuses it as a password."""
+    patch = json.loads(deploy_conf.secret_patch(["a", "b", deploy_conf.ROUTE_USER]))["stringData"]
+    assert set(patch) == {"a", "b", "route"} and len(set(patch.values())) == 3
+    for pw in patch.values():
+        assert re.fullmatch(r"[a-z][0-9a-f]{40,}", pw), pw
+
+
+# --------------------------------------------------------------- the rendered configs
+
+
+TEST_PASSWORDS: dict[str, str] = {}
+
+
+def secret_value(key: str) -> str:
+    """The test's stand-in for key ``key`` of the Secret pacer-nats-users (like deploy_conf's: letters+hex)."""
+    return TEST_PASSWORDS.setdefault(key, f"t{key.replace('-', '')}0{len(TEST_PASSWORDS)}x")
+
+
+def nats_env(docs: list[dict[str, Any]], pod_name: str) -> dict[str, str]:
+    """The NATS container's environment as the kubelet would make it: fieldRefs, Secret keys (test values)
+    and ``$(VAR)`` expansion of earlier variables."""
+    (c,) = one(docs, "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"]
+    env: dict[str, str] = {}
+    for e in c["env"]:
+        src = env_source(docs, c, e["name"])
+        assert src is not None, e
+        kind, value = src
+        if kind == "field":
+            assert value == "metadata.name", value
+            env[e["name"]] = pod_name
+        elif kind == "secret":
+            env[e["name"]] = secret_value(value[1])
+        else:
+            env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+    return env
+
+
+def rewrite(text: str, pattern: str, repl: str) -> str:
+    out, n = re.subn(pattern, repl, text, flags=re.M)
+    assert n >= 1, f"the config no longer has {pattern!r}: update this test"
+    return out
+
+
+def write_conf(docs: list[dict[str, Any]], where: Path, ports: dict[str, int], tls_dir: Path | None = None) -> Path:
+    """The rendered nats-config in ``where``, with ports and paths moved there."""
+    where.mkdir(parents=True, exist_ok=True)
+    data = configmap(docs, "nats-config")["data"]
+    for name, text in data.items():
+        if name == "nats.conf":
+            text = rewrite(text, r"^port: 4222$", f"port: {ports['client']}")
+            text = rewrite(text, r"^http_port: 8222$", f"http_port: {ports['monitor']}")
+            text = rewrite(text, r"/var/run/nats/", f"{where}/")
+            text = rewrite(text, r"store_dir: /data/jetstream", f"store_dir: {where}/jetstream")
+            if "cluster" in ports:
+                text = rewrite(text, r"listen: 0\.0\.0\.0:6222", f"listen: 127.0.0.1:{ports['cluster']}")
+            if tls_dir is not None:
+                text = rewrite(text, r"/etc/nats-tls/", f"{tls_dir}/")
+        (where / name).write_text(text)
+    return where / "nats.conf"
+
+
+def config_test(conf: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([find_binary(), "-c", str(conf), "-t"], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def make_certs(directory: Path) -> Path:
+    """ca.crt, tls.crt, tls.key as cert-manager writes them into nats-server-tls, for 127.0.0.1 and localhost,
+    with server and client auth (routes are mutual TLS), like deploy/components/nats-tls-cert-manager."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    directory.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+          .not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nats")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    (directory / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (directory / "tls.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                          serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
+    (directory / "tls.key").chmod(0o600)
+    return directory
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_rendered_config_passes_nats_server_config_test(overlay: str, tmp_path: Path) -> None:
+    docs = render(overlay)
+    ports = {"client": 4222, "monitor": 8222, "cluster": 6222} if OVERLAYS[overlay] > 1 else {
+        "client": 4222, "monitor": 8222}
+    tls = make_certs(tmp_path / "tls") if overlay == "prod" else None
+    conf = write_conf(docs, tmp_path / "conf", ports, tls)
+    env = nats_env(docs, "nats-0")
+    ok = config_test(conf, env)
+    assert ok.returncode == 0, ok.stderr + ok.stdout
+    # A password the Secret lacks stops the server (the StatefulSet would not even start the container).
+    missing = config_test(conf, {k: v for k, v in env.items() if k != deploy_conf.password_env("shard")})
+    assert missing.returncode != 0
+    assert deploy_conf.password_env("shard") in missing.stderr + missing.stdout
+
+
+@contextmanager
+def nats_servers(confs: list[tuple[Path, dict[str, str]]], logs: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs = []
+    try:
+        for i, (conf, env) in enumerate(confs):
+            with open(logs / f"nats-{i}.log", "wb") as log:
+                procs.append(subprocess.Popen([find_binary(), "-c", str(conf)], env=env, stdout=log,
+                                              stderr=subprocess.STDOUT))
+        yield procs
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def monitor(port: int, path: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+        out: dict[str, Any] = json.loads(r.read())
+        return out
+
+
+def wait_for(check: Any, what: str, within: float = 30.0) -> Any:
+    deadline = time.monotonic() + within
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except OSError as e:  # not listening yet
+            last = e
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: last {last!r}")
+
+
+async def round_trip(url: str, env: dict[str, str]) -> bytes:
+    """Connect as a service does (pacer.security.connect_options), publish to its health subject and get it."""
+    opts = security.connect_options(url, env)
+    nc = await nats.connect(**opts, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3)  # type: ignore[arg-type]
+    try:
+        sub = await nc.subscribe(S.health("shard"))
+        await nc.publish(S.health("shard"), b"ping")
+        msg = await sub.next_msg(timeout=5)
+        return bytes(msg.data)
+    finally:
+        await nc.close()
+
+
+async def refused(url: str, env: dict[str, str]) -> str:
+    async def quiet(_: Exception) -> None:
+        return None
+
+    opts = security.connect_options(url, env)
+    with pytest.raises(Exception) as err:
+        nc = await nats.connect(**opts, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3,  # type: ignore[arg-type]
+                                error_cb=quiet)
+        await nc.close()
+    return str(err.value).lower()
+
+
+@needs_kubectl
+def test_dev_config_admits_a_service_with_its_password_only(tmp_path: Path) -> None:
+    docs = render("dev")
+    ports = {"client": free_port(), "monitor": free_port()}
+    conf = write_conf(docs, tmp_path / "conf", ports)
+    url = f"nats://127.0.0.1:{ports['client']}"
+    with nats_servers([(conf, nats_env(docs, "nats-0"))], tmp_path):
+        wait_for(lambda: monitor(ports["monitor"], "/healthz").get("status") == "ok", "nats-server healthy")
+        good = {"PACER_NATS_USER": "shard", "PACER_NATS_PASSWORD": secret_value("shard")}
+        assert asyncio.run(round_trip(url, good)) == b"ping"
+        bad = {**good, "PACER_NATS_PASSWORD": secret_value("shard") + "x"}
+        assert "authorization" in asyncio.run(refused(url, bad))
+        # Another user's password is no key to this one.
+        assert "authorization" in asyncio.run(refused(url, {**good, "PACER_NATS_PASSWORD": secret_value("brain")}))
+        assert "authorization" in asyncio.run(refused(url, {}))
+
+
+@needs_kubectl
+def test_prod_config_clusters_over_tls_with_route_auth(tmp_path: Path) -> None:
+    """Three servers of the prod config: TLS clients, routes between them authenticated and encrypted; a
+    fourth server with the wrong route password is refused by all of them."""
+    docs = render("prod")
+    tls = make_certs(tmp_path / "tls")
+    n = OVERLAYS["prod"]
+    ports = [{"client": free_port(), "monitor": free_port(), "cluster": free_port()} for _ in range(n + 1)]
+    confs = []
+    for i, p in enumerate(ports):
+        env = nats_env(docs, f"nats-{i}")
+        for j in range(n):  # the peers' DNS names, here loopback ports
+            env[f"PACER_NATS_ROUTE_{j}"] = rewrite(env[f"PACER_NATS_ROUTE_{j}"], rf"@nats-{j}\.nats-headless:6222$",
+                                                   f"@127.0.0.1:{ports[j]['cluster']}")
+        if i == n:  # the intruder: right client config, wrong route password
+            env = {k: (re.sub(r"route:[^@]+@", "route:wrong@", v) if k.startswith("PACER_NATS_ROUTE") else v)
+                   for k, v in env.items()}
+        confs.append((write_conf(docs, tmp_path / f"nats-{i}", p, tls), env))
+    with nats_servers(confs[:n], tmp_path):
+        for p in ports[:n]:
+            wait_for(lambda p=p: {r["remote_name"] for r in monitor(p["monitor"], "/routez")["routes"]}
+                     == {f"nats-{j}" for j in range(n)} - {f"nats-{ports.index(p)}"}, "routes formed")
+        # Routes only over TLS, both ends verified against the CA (not set in the config: nats-server's rule).
+        cluster = monitor(ports[0]["monitor"], "/varz")["cluster"]
+        assert cluster["tls_required"] is True and cluster["tls_verify"] is True, cluster
+        wait_for(lambda: monitor(ports[0]["monitor"], "/healthz?js-enabled-only=true").get("status") == "ok",
+                 "JetStream up")
+        client = {"PACER_NATS_USER": "shard", "PACER_NATS_PASSWORD": secret_value("shard"),
+                  "PACER_NATS_CA": str(tls / "ca.crt")}
+        url = f"nats://127.0.0.1:{ports[1]['client']}"
+        assert asyncio.run(round_trip(url, client)) == b"ping"
+        # Without the CA the client does not speak TLS, and the server wants nothing else.
+        assert asyncio.run(refused(url, {k: v for k, v in client.items() if k != "PACER_NATS_CA"}))
+        log = tmp_path / "nats-0.log"
+        before = len(log.read_bytes())
+
+        def refusals() -> int:
+            text = log.read_bytes()[before:].decode(errors="replace").lower()
+            return text.count("authentication error") + text.count("authorization violation")
+
+        with nats_servers(confs[n:], tmp_path / f"nats-{n}"):
+            wait_for(lambda: monitor(ports[n]["monitor"], "/varz")["server_name"] == f"nats-{n}", "intruder up")
+            wait_for(refusals, "the wrong route password refused by nats-0")
+            assert "nats-3" not in {r["remote_name"] for r in monitor(ports[0]["monitor"], "/routez")["routes"]}
+            assert monitor(ports[n]["monitor"], "/routez")["num_routes"] == 0
