@@ -14,7 +14,10 @@ controller guards it whatever the policy says:
 Lightweight global actions are checked for consistency instead: ADJUST_BS
 must name exactly the live workers with integer batch sizes within the
 bounds whose sum of B_i * C_i is the global batch; BACKUP_WORKERS must keep
-at least one gradient per step.  A decision that is not a decision for this
+at least one gradient per step (a policy may change it at any round, e.g.
+raise it while transient stragglers last and drop it after); a KILL_RESTART's
+optional ``migration`` (how a PS is moved: ``restart`` | ``seamless``) must be
+one of the two.  A decision that is not a decision for this
 job (wrong job, unknown action kinds, wrong types) is refused as a whole
 with ``fallback=True``: the service then runs ``none`` and emits an event.
 
@@ -283,6 +286,8 @@ class ControllerCore:
                     refuse(a, f"KILL_RESTART of {a.node}: node is {node.state.value}, not running")
                 elif a.node in restarting:
                     refuse(a, f"KILL_RESTART of {a.node}: already restarting in this round")
+                elif a.payload.get("migration", "restart") not in ("restart", "seamless"):
+                    refuse(a, f"KILL_RESTART of {a.node}: migration {a.payload.get('migration')!r} is not restart or seamless")
                 elif self.cfg.refuse_restart_when_busy and stats.cluster_busy:
                     refuse(a, f"KILL_RESTART of {a.node}: the cluster is busy, a relaunch could pend for long (AntDT §V-E2)")
                 elif a.node in in_cooldown:

@@ -38,19 +38,20 @@ def _bounds(bound: Bound, n: int, default: float, name: str) -> list[float]:
     return [float(b) for b in bound]
 
 
-def _water_level(total: int, speeds: Sequence[float], lo: Sequence[float], hi: Sequence[float]) -> float:
-    """The continuous optimum of Eq. 3: the z where sum_i clamp(z * v_i, lo_i, hi_i) = total.
+def _water_level(total: int, speeds: Sequence[float], lo: Sequence[float], hi: Sequence[float],
+                 offsets: Sequence[float]) -> float:
+    """The continuous optimum of Eq. 3: the z where sum_i clamp((z - d_i) * v_i, lo_i, hi_i) = total.
 
-    g(z) = sum_i clamp(z v_i, lo_i, hi_i) is piecewise linear and
-    non-decreasing, with a kink at lo_i / v_i (worker i starts to fill, slope
-    +v_i) and at hi_i / v_i (it is full, slope -v_i).  One sweep over the
-    sorted kinks finds the segment where g crosses ``total``.
+    g(z) = sum_i clamp((z - d_i) v_i, lo_i, hi_i) is piecewise linear and
+    non-decreasing, with a kink at d_i + lo_i / v_i (worker i starts to fill,
+    slope +v_i) and at d_i + hi_i / v_i (it is full, slope -v_i).  One sweep
+    over the sorted kinks finds the segment where g crosses ``total``.
     """
     events: list[tuple[float, float]] = []
-    for v, a, b in zip(speeds, lo, hi, strict=True):
-        events.append((a / v, v))
+    for v, a, b, d in zip(speeds, lo, hi, offsets, strict=True):
+        events.append((d + a / v, v))
         if math.isfinite(b):
-            events.append((b / v, -v))
+            events.append((d + b / v, -v))
     events.sort()
     level, slope, z = float(sum(lo)), 0.0, 0.0
     for at, dv in events:
@@ -62,13 +63,20 @@ def _water_level(total: int, speeds: Sequence[float], lo: Sequence[float], hi: S
     return z + (total - level) / slope if slope > 0 else z
 
 
-def balance(total: int, speeds: Sequence[float], lo: Bound = 1, hi: Bound = None) -> list[int]:
+def balance(total: int, speeds: Sequence[float], lo: Bound = 1, hi: Bound = None,
+            offsets: Sequence[float] | None = None) -> list[int]:
     """Integer batch sizes B_i that minimise max_i B_i / v_i with sum B_i = ``total`` (AntDT Eq. 3).
 
     ``lo`` / ``hi``: the minimum / maximum batch size, one for all workers or
     one per worker (``hi=None``: unbounded).  Returns B_i in the order of
     ``speeds``.  Raises ``ValueError`` if a speed is not positive and finite
     or if no assignment satisfies the bounds (total < sum lo_i or > sum hi_i).
+
+    ``offsets``: a fixed time d_i >= 0 per step of worker i on top of its
+    compute (an additive straggler delay, AntDT §VII-A4's injected sleep);
+    the objective is then max_i (d_i + B_i / v_i).  The method below holds
+    unchanged: worker i's k-th sample costs the level d_i + k / v_i, still
+    increasing in k.  ``None``: all zero (the proportional model of Eq. 3).
 
     Method (exact):
 
@@ -107,35 +115,39 @@ def balance(total: int, speeds: Sequence[float], lo: Bound = 1, hi: Bound = None
         raise ValueError(f"global batch {total} < sum of the minimum batch sizes {int(sum(low))}")
     if total > sum(high):
         raise ValueError(f"global batch {total} > sum of the maximum batch sizes {int(sum(high))}")
+    d = [0.0] * n if offsets is None else [float(x) for x in offsets]
+    if len(d) != n or not all(math.isfinite(x) and x >= 0 for x in d):
+        raise ValueError("offsets: one finite value >= 0 per worker")
 
-    z = _water_level(total, v, low, high)
-    sizes = [int(min(max(math.floor(z * s), a), b)) for s, a, b in zip(v, low, high, strict=True)]
+    z = _water_level(total, v, low, high, d)
+    sizes = [int(min(max(math.floor((z - o) * s), a), b)) for s, a, b, o in zip(v, low, high, d, strict=True)]
     # Rounding of z can overshoot by a unit here and there: hand back the
     # highest levels first (the reverse of the greedy), which keeps the
     # "prefix of the greedy order" property.
     over = sum(sizes) - total
     if over > 0:
-        back = [(-sizes[i] / v[i], i) for i in range(n) if sizes[i] > low[i]]
+        back = [(-(d[i] + sizes[i] / v[i]), i) for i in range(n) if sizes[i] > low[i]]
         heapq.heapify(back)
         while over > 0:
             _, i = heapq.heappop(back)
             sizes[i] -= 1
             over -= 1
             if sizes[i] > low[i]:
-                heapq.heappush(back, (-sizes[i] / v[i], i))
-    heap = [((sizes[i] + 1) / v[i], i) for i in range(n) if sizes[i] < high[i]]
+                heapq.heappush(back, (-(d[i] + sizes[i] / v[i]), i))
+    heap = [(d[i] + (sizes[i] + 1) / v[i], i) for i in range(n) if sizes[i] < high[i]]
     heapq.heapify(heap)
     for _ in range(total - sum(sizes)):
         _, i = heapq.heappop(heap)
         sizes[i] += 1
         if sizes[i] < high[i]:
-            heapq.heappush(heap, ((sizes[i] + 1) / v[i], i))
+            heapq.heappush(heap, (d[i] + (sizes[i] + 1) / v[i], i))
     return sizes
 
 
-def makespan(sizes: Sequence[int], speeds: Sequence[float]) -> float:
-    """max_i B_i / v_i: the predicted batch processing time of a synchronous step (AntDT Eq. 2)."""
-    return max(b / s for b, s in zip(sizes, speeds, strict=True))
+def makespan(sizes: Sequence[int], speeds: Sequence[float], offsets: Sequence[float] | None = None) -> float:
+    """max_i (d_i +) B_i / v_i: the predicted batch processing time of a synchronous step (AntDT Eq. 2)."""
+    d = offsets if offsets is not None else [0.0] * len(sizes)
+    return max(o + b / s for b, s, o in zip(sizes, speeds, d, strict=True))
 
 
 @dataclass(frozen=True, slots=True)

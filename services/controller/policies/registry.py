@@ -12,11 +12,12 @@ from collections.abc import Callable
 
 from pacer.contracts.policy import PolicyDecision, PolicyRequest
 
-from . import antdt_dd, antdt_nd, baselines
+from . import adaptive, antdt_dd, antdt_nd, baselines
 
 BUILTINS: dict[str, Callable[[PolicyRequest], PolicyDecision]] = {
     antdt_nd.NAME: antdt_nd.decide,
     antdt_dd.NAME: antdt_dd.decide,
+    adaptive.NAME: adaptive.decide,
     baselines.LB_BSP: baselines.lb_bsp,
     baselines.BACKUP_WORKERS: baselines.backup_workers,
     baselines.NONE: baselines.none,

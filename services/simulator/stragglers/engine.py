@@ -72,7 +72,9 @@ The model (all times are simulated seconds from 0; no wall clock anywhere):
   other workers go on with their own B_i (the step's batch is smaller).  The
   relaunched worker starts, like a live pod, with the job's B / n and C = 1,
   until the controller re-sends the current batch sizes.
-  KILL_RESTART of a PS pauses every worker for ``pending_s + init_s`` (they
+  KILL_RESTART of a PS (a stop-and-restart, or a seamless migration when the
+  action's payload says ``migration: seamless`` or, without one, the
+  cluster's ``ps_migration`` does) pauses every worker for ``pending_s + init_s`` (they
   cannot push or pull; they restart on the new cluster, so every worker is
   back at B / n, C = 1); no data is lost (the shard log and flash
   checkpoints keep the state, docs/design.md).
@@ -410,7 +412,7 @@ class Simulation:
             if a.node in self.windex:
                 self._kill_worker(self.windex[a.node])
             elif a.node in self.pindex:
-                self._kill_ps(self.pindex[a.node])
+                self._kill_ps(self.pindex[a.node], str(a.payload.get("migration", "")))
         return ""
 
     def _relaunch(self, name: str, role: Role, pats: list[_Injected]) -> float:
@@ -464,12 +466,13 @@ class Simulation:
         if self._get_shard(i) and self.sc.job.mode == "asp":
             self._start_leg(i)
 
-    def _kill_ps(self, j: int) -> None:
+    def _kill_ps(self, j: int, how: str = "") -> None:
+        """``how``: the action's ``migration`` (restart | seamless); empty: the cluster's ``ps_migration``."""
         name = self.pnames[j]
         if not self.ps_up[j] or name in self.migrating:
             return
         c = self.sc.cluster
-        if c.ps_migration == "seamless":
+        if (how or c.ps_migration) == "seamless":
             # Pacer's seamless migration (DLRover-RM §5.2): the replacement starts while the old
             # PS keeps serving (slowly); the pause comes only when the workers move (_ps_swap).
             self.migrating.add(name)

@@ -1,0 +1,334 @@
+"""Pacer-adaptive: AntDT-ND's actions, chosen by their time cost and gain, with thresholds from the measured noise.
+
+AntDT-ND (:mod:`.antdt_nd`) stays the paper's reference; this policy keeps its
+actions (AntDT Table II) and changes when and how they are taken:
+
+1. **lambda from the noise.**  The healthy nodes' BPT spread sets the
+   slowness ratio instead of a fixed 1.5: with sigma = 1.4826 x the median
+   absolute deviation of the live workers' ``slowdown_short`` (robust to a
+   minority of stragglers), ``lambda = 1 + max(lambda_floor - 1, k x sigma)``
+   (``params.lambda_floor``, default 1.05; ``params.noise_k``, default 4),
+   never above ``params.lambda`` / the monitor's lambda.  Quiet clusters get
+   a tight lambda (a 1.25x worker at intensity 0.1 is acted on), noisy ones a
+   loose one (no churn on noise).  The PS use the same rule over the PS.
+2. **Additive straggler model for ADJUST_BS.**  AntDT Eq. 1 splits a step
+   into T_w + T_s + T_m; a straggler's delay (resource contention, the
+   injected sleep of §VII-A4) is a time per step, not a slower sample rate.
+   Per worker, d_i = BPT_i - (T_s + p x B_i C_i) with the per-sample time p
+   and the shared T_s taken from the healthy workers and the PS; the batch
+   sizes then minimise max_i (d_i + p B_i) (AntDT Eq. 3 with an offset per
+   worker, :func:`.batch.balance` with ``offsets``).  The proportional model
+   of Eq. 3 gives a slow worker too much work when its delay is fixed and
+   needs several rounds to converge; this one lands in one.
+3. **Backup workers while transient stragglers last** (BSP).  Decisions come
+   every few minutes; a worker that turns slow in between holds up every
+   step until the next round.  With b = 1 backup worker (Sync-OPT) each step
+   drops the slowest gradient at once, so one fresh straggler costs one
+   worker's share instead of the whole step.  b is set to
+   ``params.backup`` (default 1) while any worker is slow over L_trans or
+   the last round's batches are still unbalanced, and back to 0 when no
+   worker is slow (the dropped samples are trained again later: the shard
+   service re-queues them, so dropping costs throughput, never data).
+4. **KILL_RESTART by time cost vs gain** (AntDT §V-E2: a relaunch costs the
+   pending time plus rebuilding the world, the gain is the straggler's
+   share of the remaining time).  With R = the remaining records over the
+   current throughput (the time left if nothing is done):
+
+   * a PS slow over the short window (both windows >= lambda; no need to
+     wait for L_per's confirmation when the ratio is clear) slows every step
+     by its extra T_s (Eq. 1, T_s = max_j T_ij^s), a fraction
+     f = (T_s,slow - T_s,healthy) / BPT of the time.  Left alone the job
+     takes R; a stop-and-restart pauses training p + init and then runs
+     fast: ``p + init + R (1 - f)``; a seamless migration (DLRover-RM §5.2)
+     keeps the slow PS serving while the replacement starts (p + s), then
+     pauses init: ``p + s + init + (R - p - s)(1 - f)``.  The cheapest of the
+     three is taken, and the choice goes to the executor in the action's
+     payload ``{"migration": "restart" | "seamless"}``.  Seamless wins
+     exactly when f < p / (p + s): a mildly slow PS.
+   * a worker slow over L_per (and over L_trans) that was never relaunched
+     (a node still slow after a relaunch carries its slowness with it) loses
+     the fraction x = min(1, d_i / t) of its share under balanced batches
+     (t: the balanced step's compute time).  A relaunch takes the worker out
+     for p + init, costing that share for that long: restart when
+     ``x x min(R, L_per) > p + init`` (the gain horizon is what the evidence
+     shows, L_per, capped by the time left).  The slowest goes first (the
+     controller allows one restart per cool-down window).
+
+   p, init and s: ``params.pending_s`` (default: the longest pending time
+   the monitor saw on this job's nodes, else 20 s), ``params.init_s``
+   (default 100 s) and ``params.ps_start_s`` (default 30 s).
+
+ASP: KILL_RESTART only (as AntDT-ND; dynamic sharding already moves work
+away from slow workers), with the same cost/gain rule; the gain of a worker
+relaunch in ASP is its lost rate x = d_i / BPT_i.
+
+Pure: no IO, no clock; every number comes from the request.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from pacer.contracts.agent import ActionKind
+from pacer.contracts.monitor import NodeStats
+from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
+
+from . import current_assignment, live_servers, live_workers, param_float
+from .batch import balance, makespan
+
+NAME = "pacer-adaptive"
+
+DEFAULT_PENDING_S = 20.0
+DEFAULT_INIT_S = 100.0
+DEFAULT_PS_START_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Noise:
+    """The slowness ratio this round uses, and the spread it came from."""
+
+    lam: float
+    sigma: float
+    samples: int
+
+
+def noise_lambda(req: PolicyRequest, nodes: list[NodeStats]) -> Noise:
+    """lambda from the robust spread of ``nodes``' short-window slowdowns (see the module docstring, 1.)."""
+    cap = param_float(req, "lambda", req.stats.slowness_ratio)
+    floor = min(cap, max(1.0, param_float(req, "lambda_floor", 1.05)))
+    vals = [n.slowdown_short for n in nodes if n.slowdown_short > 0]
+    if len(vals) < 3:
+        return Noise(cap, 0.0, len(vals))
+    med = statistics.median(vals)
+    sigma = 1.4826 * statistics.median(abs(v - med) for v in vals)
+    lam = 1.0 + max(floor - 1.0, param_float(req, "noise_k", 4.0) * sigma)
+    return Noise(min(cap, lam), sigma, len(vals))
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """Time costs of a relaunch (AntDT §V-E2), seconds."""
+
+    pending_s: float
+    init_s: float
+    ps_start_s: float
+
+
+def costs(req: PolicyRequest) -> Costs:
+    seen = max((n.pending_s for n in req.stats.nodes), default=0.0)
+    return Costs(
+        pending_s=param_float(req, "pending_s", seen if seen > 0 else DEFAULT_PENDING_S),
+        init_s=param_float(req, "init_s", DEFAULT_INIT_S),
+        ps_start_s=param_float(req, "ps_start_s", DEFAULT_PS_START_S),
+    )
+
+
+def remaining_s(req: PolicyRequest) -> float:
+    """R: the time left if nothing changes (records left / current throughput); inf when unknown."""
+    sh = req.stats.shards
+    rate = req.stats.throughput_samples_per_s
+    if sh is None or sh.records_total <= 0 or rate <= 0:
+        return float("inf")
+    return max(0.0, sh.records_total - sh.records_done) / rate
+
+
+def ps_choice(f: float, r: float, c: Costs) -> tuple[str, dict[str, float]]:
+    """The cheapest of leaving a slow PS, a stop-and-restart and a seamless migration (module docstring, 4.)."""
+    keep = r
+    restart = c.pending_s + c.init_s + r * (1 - f)
+    start = c.pending_s + c.ps_start_s
+    seamless = start + c.init_s + max(0.0, r - start) * (1 - f) if r > start else r + c.init_s
+    totals = {"none": keep, "restart": restart, "seamless": seamless}
+    best = min(totals, key=lambda k: (totals[k], k != "none"))
+    return best, totals
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerModel:
+    """The additive model of the live workers' step (module docstring, 2.)."""
+
+    names: list[str]
+    per_sample: float  # p, seconds per sample of a healthy worker
+    shared_s: float  # T_s + T_m estimate, seconds per step
+    delays: dict[str, float]  # d_i
+    noise_s: float  # delays up to this are noise
+
+
+def worker_model(req: PolicyRequest, workers: list[NodeStats], lam: float) -> WorkerModel | None:
+    """Fit the additive step model to the short window: p, T_s + T_m and each worker's extra delay d_i.
+
+    The per-sample time p is the lower quartile of (BPT_i - T_s) / (B_i C_i)
+    over the workers: stragglers only add time, so the fastest quarter are
+    healthy even when a wave slows many workers at once.  d_i is what is
+    left of BPT_i after the model's compute and T_s; it is kept whether or
+    not the worker *looks* slow (a straggler whose batch was already cut
+    runs as fast as its peers, but its delay is still there), and taken as 0
+    below the noise: (lambda - 1) x the typical BPT.
+    """
+    sizes, accs = current_assignment(req, workers)
+    have = [w for w in workers if w.bpt_short_s > 0 and sizes[w.node] > 0]
+    if not have:
+        return None
+    ps = [n.bpt_short_s for n in live_servers(req.stats) if n.bpt_short_s > 0]
+    floor = statistics.median(ps) if ps else 0.0  # T_s: the shared part is at least the PS time
+    fit = _lower_line(have, sizes, accs, floor)
+    if fit is not None:
+        p, shared = fit
+    else:
+        shared = floor
+        rates = sorted((w.bpt_short_s - shared) / (sizes[w.node] * accs[w.node]) for w in have)
+        if rates[0] <= 0:
+            shared = 0.0
+            rates = sorted(w.bpt_short_s / (sizes[w.node] * accs[w.node]) for w in have)
+        p = rates[(len(rates) - 1) // 4]
+    typical = statistics.median(w.bpt_short_s for w in have)
+    noise = (lam - 1.0) * typical
+    delays: dict[str, float] = {}
+    for w in workers:
+        d = w.bpt_short_s - shared - p * sizes[w.node] * accs[w.node] if w.bpt_short_s > 0 else 0.0
+        delays[w.node] = d if d > noise else 0.0
+    return WorkerModel([w.node for w in workers], p, shared, delays, noise)
+
+
+def _lower_line(have: list[NodeStats], sizes: dict[str, int], accs: dict[str, int],
+                floor: float) -> tuple[float, float] | None:
+    """(p, T_s + T_m) from the lower envelope of BPT over the batch, when the workers run different batches.
+
+    Stragglers only add time, so healthy workers lie on the lowest line
+    BPT = shared + p x samples.  The largest batch goes to healthy workers
+    (that is what a balanced assignment does), so the envelope's last edge
+    runs from the largest batch to the point j that maximises the slope
+    (T_big - T_j) / (S_big - S_j): every other point lies above it.  Kept only
+    if physical (p > 0, shared >= the PS time); None otherwise, e.g. when the
+    smaller batches are still slow and the envelope is flat.
+    """
+    low: dict[int, float] = {}
+    for w in have:
+        samples = sizes[w.node] * accs[w.node]
+        low[samples] = min(low.get(samples, w.bpt_short_s), w.bpt_short_s)
+    if len(low) < 2:
+        return None
+    big = max(low)
+    slope = max((low[big] - t) / (big - b) for b, t in low.items() if b != big)
+    shared = low[big] - slope * big
+    if slope <= 0 or shared < floor:
+        return None
+    return slope, shared
+
+
+def decide(req: PolicyRequest) -> PolicyDecision:
+    stats = req.stats
+    workers = live_workers(stats)
+    servers = live_servers(stats)
+    wn = noise_lambda(req, workers)
+    sn = noise_lambda(req, servers)
+    c = costs(req)
+    r = remaining_s(req)
+    blocked = set(req.restart_blocked)
+    actions: list[PolicyAction] = []
+    notes: list[str] = [f"lambda {wn.lam:.3g} (workers, sigma {wn.sigma:.2g}), {sn.lam:.3g} (PS)"]
+
+    # ---- servers: act on a clear short-window signal, restart vs seamless by cost.
+    median_bpt = statistics.median([w.bpt_short_s for w in workers if w.bpt_short_s > 0] or [0.0])
+    ps_bpts = sorted(n.bpt_short_s for n in servers if n.bpt_short_s > 0)
+    ps_typical = ps_bpts[len(ps_bpts) // 2] if ps_bpts else 0.0
+    for n in sorted(servers, key=lambda s: -s.slowdown_short):
+        if not (n.slowdown_short >= sn.lam and n.slowdown_long >= sn.lam):
+            continue
+        what = f"{n.node} BPT {n.slowdown_short:.2f}x its peers over L_trans"
+        if n.node in blocked or stats.cluster_busy:
+            notes.append(f"{what}, but {'in cool-down' if n.node in blocked else 'the cluster is busy'}")
+            continue
+        f = min(1.0, max(0.0, (n.bpt_short_s - ps_typical) / median_bpt)) if median_bpt > 0 else 0.0
+        how, totals = ps_choice(f, r, c)
+        est = ", ".join(f"{k} {v:.0f}s" for k, v in totals.items())
+        if how == "none":
+            notes.append(f"{what}: a relaunch costs more than it gains ({est})")
+            continue
+        actions.append(PolicyAction(
+            kind=ActionKind.KILL_RESTART, node=n.node, payload={"migration": how},
+            reason=f"{what}: {how} (AntDT §V-E2 time cost vs gain, slow fraction {f:.2f}; {est})"))
+        break  # one PS per round: the controller allows one relaunch per window anyway
+
+    # ---- workers
+    model = worker_model(req, workers, wn.lam) if workers else None
+    restarting: set[str] = set()
+    outlier = param_float(req, "restart_outlier", 2.0)
+    if model is not None and not actions:
+        sizes, accs = current_assignment(req, workers)
+        speeds = [1.0 / model.per_sample] * len(model.names)
+        d = [model.delays[x] for x in model.names]
+        try:
+            target = balance(req.global_batch, speeds, lo=req.min_batch, hi=req.max_batch or None, offsets=d)
+            t_bal = makespan(target, speeds, d)
+        except ValueError:
+            target, t_bal = [], 0.0
+        slow_d = sorted(v for v in model.delays.values() if v > 0)
+        for w in sorted(workers, key=lambda x: -model.delays[x.node]):
+            di = model.delays[w.node]
+            # Slow over L_per too: the long window's BPT, at today's batch, still leaves a delay (a batch cut
+            # within the window only makes the old samples look slower, never hides a delay).
+            d_long = w.bpt_long_s - model.shared_s - model.per_sample * sizes[w.node] * accs[w.node]
+            if di <= 0 or d_long <= model.noise_s or w.restarts > 0:
+                continue
+            others = list(slow_d)
+            others.remove(di)
+            if others and di < outlier * statistics.median(others):
+                continue  # one of a wave of equally slow workers: transient contention, a relaunch would not cure it
+            if w.node in blocked or stats.cluster_busy:
+                continue
+            if req.mode == "bsp":
+                x = min(1.0, di / t_bal) if t_bal > 0 else 1.0
+            else:
+                x = min(1.0, di / w.bpt_short_s) if w.bpt_short_s > 0 else 0.0
+            gain, cost = x * min(r, stats.window_long_s, stats.ts), c.pending_s + c.init_s
+            if gain > cost:
+                actions.append(PolicyAction(
+                    kind=ActionKind.KILL_RESTART, node=w.node,
+                    reason=(f"{w.node} {di:.2f}s extra per step over L_per ({w.slowdown_long:.2f}x): loses {x:.0%} "
+                            f"of its share, gain {gain:.0f}s > relaunch {cost:.0f}s (AntDT §V-E2)")))
+                restarting.add(w.node)
+                break
+        if req.mode == "bsp":
+            if restarting:  # sized as a healthy worker: it comes back fresh
+                d = [0.0 if x in restarting else model.delays[x] for x in model.names]
+                try:
+                    target = balance(req.global_batch, speeds, lo=req.min_batch, hi=req.max_batch or None, offsets=d)
+                    t_bal = makespan(target, speeds, d)
+                except ValueError:
+                    target = []
+            if target:
+                now_t = makespan([sizes[x] * accs[x] for x in model.names], speeds, d)
+                tol = max(0.02, 2 * wn.sigma)
+                changed = any(sizes[x] != b or accs[x] != 1 for x, b in zip(model.names, target, strict=True))
+                if changed and (now_t > t_bal * (1 + tol) or any(model.delays.values())):
+                    actions.append(PolicyAction(
+                        kind=ActionKind.ADJUST_BS,
+                        payload={"batch_sizes": dict(zip(model.names, target, strict=True)),
+                                 "accumulations": {x: 1 for x in model.names}},
+                        reason=(f"additive model (Eq. 1): {sum(1 for v in d if v > 0)} worker(s) with extra delay, "
+                                f"predicted compute {now_t:.3g}s -> {t_bal:.3g}s per step (Eq. 3 with offsets)")))
+            # Backup workers (Sync-OPT): a spare while transient stragglers last (a new one between two rounds
+            # is then dropped at once instead of holding up every step), plus one per "hopeless" worker whose
+            # delay alone exceeds the balanced step (Eq. 3 gives it the minimum batch, so dropping it costs
+            # nothing); none once no worker is slow.
+            slow_now = [w for w in workers if model.delays[w.node] > 0 and w.node not in restarting]
+            hopeless = [x for x, dx in zip(model.names, d, strict=True) if t_bal > 0 and dx >= t_bal]
+            spare = max(0, int(param_float(req, "backup", 1)))
+            if not slow_now or len(slow_now) - len(hopeless) > len(workers) * param_float(req, "wave_fraction", 0.25):
+                # None left, or they come in waves (above a quarter of the workers): one dropped gradient
+                # cannot hold such a step and would only waste a worker's share (balancing does the work).
+                spare = 0
+            b = min(len(hopeless) + spare, len(workers) - 1) if slow_now else 0
+            if b != req.backup_workers:
+                actions.append(PolicyAction(
+                    kind=ActionKind.BACKUP_WORKERS, payload={"backup": b},
+                    reason=(f"{len(slow_now)} transient straggler(s) ({len(hopeless)} beyond balancing): drop the "
+                            f"slowest {b} gradient(s) per step while they last" if b
+                            else "no transient straggler left: no backup workers")))
+    elif model is None and workers:
+        notes.append("no worker throughput data yet")
+
+    reason = "; ".join([*notes, f"{len(actions)} action(s)"])
+    return PolicyDecision(job=req.job, policy=NAME, actions=actions, reason=reason)
