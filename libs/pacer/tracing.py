@@ -54,6 +54,19 @@ def span(name: str, kind: SpanKind, subject: str, headers: Mapping[str, str] | N
         yield s
 
 
+@contextmanager
+def http_server_span(name: str, headers: Mapping[str, str], **attrs: Any) -> Iterator[Span]:
+    """A ``SERVER`` span for one HTTP request, child of the W3C context in its ``headers`` if any.
+
+    ``headers`` may be case-insensitive (aiohttp's): only ``traceparent`` and
+    ``tracestate`` are read from it.
+    """
+    carrier = {k: v for k in ("traceparent", "tracestate") if (v := headers.get(k))}
+    with _tracer.start_as_current_span(name, context=extract(carrier), kind=SpanKind.SERVER,
+                                       attributes=attrs) as s:
+        yield s
+
+
 def fail(exc: BaseException, message: str = "") -> None:
     """Mark the current span failed by ``exc`` (the handler caught it and answered an error)."""
     s = trace.get_current_span()
@@ -61,11 +74,15 @@ def fail(exc: BaseException, message: str = "") -> None:
     s.set_status(Status(StatusCode.ERROR, message or type(exc).__name__))
 
 
-def traced(name: str, cb: Callable[[Msg], Awaitable[None]]) -> Callable[[Msg], Awaitable[None]]:
-    """Wrap a plain subscription callback so that it runs in a ``CONSUMER`` span continuing the sender's trace."""
+def traced(name: str, cb: Callable[[Msg], Awaitable[None]],
+           kind: SpanKind = SpanKind.CONSUMER) -> Callable[[Msg], Awaitable[None]]:
+    """Wrap a plain subscription callback so that it runs in a span continuing the sender's trace.
+
+    ``kind``: ``CONSUMER`` for an event, ``SERVER`` for a callback that replies to a request.
+    """
 
     async def run(msg: Msg) -> None:
-        with span(name, SpanKind.CONSUMER, msg.subject, msg.headers):
+        with span(name, kind, msg.subject, msg.headers):
             await cb(msg)
 
     return run

@@ -25,6 +25,11 @@ can stop a job):
 * ``GET  /healthz``                        ``{"status": "ok" | "degraded", ...}`` (503 without NATS)
 * ``GET  /`` and ``GET /jobs/{job}``       the dashboard (one page, ``static/``, relative URLs only)
 
+Traces: every request but ``/healthz`` and ``/static/`` runs in a ``SERVER``
+span named by its method and route (``POST /api/v1/jobs``), continuing the
+W3C ``traceparent`` of the HTTP request if it has one, so the bus requests the
+handler makes (submit, stop, ...) are its children in the same trace.
+
 Concurrency contract
 --------------------
 Every request runs on the service's event loop.  Each SSE client owns one
@@ -65,7 +70,8 @@ import yaml
 from aiohttp import web
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from pacer import codec, subjects
+from opentelemetry.trace import Status, StatusCode
+from pacer import codec, subjects, tracing
 from pacer.bus import Bus, RetryPolicy
 from pacer.contracts.agent import ActionResult, AgentMetrics, Heartbeat
 from pacer.contracts.brain import BrainDecision
@@ -273,7 +279,8 @@ class ApiService:
 
     # ================================================================ lifecycle
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._auth, self._json_only], client_max_size=1 << 20)
+        app = web.Application(middlewares=[self._traced, self._errors, self._auth, self._json_only],
+                              client_max_size=1 << 20)
         r = app.router
         r.add_get("/healthz", self.healthz)
         r.add_get(f"{API}/jobs", self.list_jobs)
@@ -305,6 +312,31 @@ class ApiService:
             self._runner = None
 
     # ================================================================ middleware
+    @web.middleware
+    async def _traced(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """The request's ``SERVER`` span (module docstring), with the HTTP semantic-convention attributes."""
+        if request.path == "/healthz" or request.path.startswith("/static/"):
+            return await handler(request)  # probes and files: no trace worth keeping
+        route = _route(request)
+        attrs: dict[str, Any] = {"http.request.method": request.method, "url.path": request.path,
+                                 "url.scheme": request.scheme}
+        if route:
+            attrs["http.route"] = route
+        if request.headers.get("User-Agent"):
+            attrs["user_agent.original"] = request.headers["User-Agent"]
+        with tracing.http_server_span(f"{request.method} {route}".rstrip(), request.headers, **attrs) as span:
+            try:
+                resp = await handler(request)
+            except web.HTTPException as exc:  # a redirect or an error the _errors boundary let through
+                span.set_attribute("http.response.status_code", exc.status)
+                raise
+            span.set_attribute("http.response.status_code", resp.status)
+            if resp.status >= 500:  # a server span fails on 5xx only (client errors are the caller's)
+                span.set_status(Status(StatusCode.ERROR, f"HTTP {resp.status}"))
+            return resp
+
     @web.middleware
     async def _errors(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -589,6 +621,12 @@ class ApiService:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         return sorted([*timeline, *series])
+
+
+def _route(request: web.Request) -> str:
+    """The matched route's template (``/api/v1/jobs/{job}``), "" when none matched (a 404)."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else ""
 
 
 def _last_event_id(request: web.Request) -> int | None:

@@ -6,81 +6,30 @@ to a receiver this test runs, which decodes the protobuf requests.  The CLI's
 root span's trace id must show up in the job service (handling the submit),
 the shard service (the dataset registration the job service asks for) and the
 executor (consuming the plan event the job service publishes): context was
-injected into NATS headers and extracted on receive at every hop.
+injected into NATS headers and extracted on receive at every hop.  A
+``POST /api/v1/jobs`` carrying a W3C ``traceparent`` continues that trace
+through the HTTP API into the job service.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import secrets
+import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import aiohttp
 import pytest
 from conftest import running_stack
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from otlp_receiver import Receiver, SpanSeen, orphans, otel_env, wait_for
 from pacer.data.criteo import generate, heldout_path
 
 pytestmark = pytest.mark.slow
-
-
-@dataclass(frozen=True)
-class SpanSeen:
-    service: str
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str
-    kind: int
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver on an ephemeral port, in a thread (the stack's start blocks the test's loop)."""
-
-    def __init__(self) -> None:
-        self.spans: list[SpanSeen] = []
-        self.lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.path == "/v1/traces":
-                    req = ExportTraceServiceRequest()
-                    req.ParseFromString(body)
-                    receiver.add(req)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def add(self, req: ExportTraceServiceRequest) -> None:
-        with self.lock:
-            for rs in req.resource_spans:
-                attrs = {a.key: a.value.string_value for a in rs.resource.attributes}
-                for ss in rs.scope_spans:
-                    for s in ss.spans:
-                        self.spans.append(SpanSeen(attrs.get("pacer.service", "?"), s.name, s.trace_id.hex(),
-                                                   s.span_id.hex(), s.parent_span_id.hex(), s.kind))
-
-    def snapshot(self) -> list[SpanSeen]:
-        with self.lock:
-            return list(self.spans)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
 
 
 @pytest.fixture
@@ -89,11 +38,6 @@ def receiver() -> Iterator[Receiver]:
     r.thread.start()
     yield r
     r.server.shutdown()
-
-
-def otel_env(endpoint: str) -> dict[str, str]:
-    return {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_METRICS_EXPORTER": "none",
-            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
 
 
 async def test_one_submit_is_one_trace_across_services(receiver: Receiver, tmp_path: Path) -> None:
@@ -118,20 +62,16 @@ async def test_one_submit_is_one_trace_across_services(receiver: Receiver, tmp_p
         assert len(roots) == 1, receiver.snapshot()
         trace_id = roots[0].trace_id
         want = {"cli", "jobs", "shard", "executor"}
+        root = {roots[0].span_id}
 
-        def orphans(spans: list[SpanSeen]) -> list[SpanSeen]:
-            """Spans whose parent is not (yet: a parent is exported when it ends) in the trace."""
-            ids = {s.span_id for s in spans}
-            return [s for s in spans if s is not roots[0] and s.parent_id not in ids]
+        def complete(seen: list[SpanSeen]) -> bool:
+            mine = [s for s in seen if s.trace_id == trace_id]
+            return want <= {s.service for s in mine} and not orphans(mine, root)
 
-        for _ in range(600):
-            spans = [s for s in receiver.snapshot() if s.trace_id == trace_id]
-            if want <= {s.service for s in spans} and not orphans(spans):
-                break
-            await asyncio.sleep(0.1)
+        spans = [s for s in await wait_for(receiver, complete) if s.trace_id == trace_id]
         assert want <= {s.service for s in spans}, sorted({(s.service, s.name) for s in spans})
     # every span of the trace but the root has its parent in the trace: the context was passed on, not restarted
-    assert not orphans(spans), orphans(spans)
+    assert not orphans(spans, root), orphans(spans, root)
     by_id = {s.span_id: s for s in spans}
     handled = {(s.service, s.name) for s in spans}
     assert ("jobs", "handle jobs.submit") in handled
@@ -140,3 +80,48 @@ async def test_one_submit_is_one_trace_across_services(receiver: Receiver, tmp_p
     # the job service's handling of the submit is a child of the CLI's request span
     submit = next(s for s in spans if s.name == "handle jobs.submit")
     assert by_id[submit.parent_id].service == "cli"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_an_api_submit_with_a_traceparent_continues_the_callers_trace(receiver: Receiver, tmp_path: Path) -> None:
+    data = tmp_path / "train.rec"
+    generate(data, 1_000, seed=5)
+    port = free_port()
+    env = {**otel_env(receiver.endpoint), "PACER_API_PORT": str(port)}
+    # The caller's own span (a gateway, a script): the API must not start a trace of its own.
+    trace_id, caller_span = secrets.token_hex(16), secrets.token_hex(8)
+    with running_stack(tmp_path / "stack", ["shard", "jobs", "api"], env) as st:
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(
+                f"http://127.0.0.1:{port}/api/v1/jobs",
+                data=json.dumps({"name": "via-api", "model": "wide_deep", "dataset": str(data), "batch_size": 64}),
+                headers={"Authorization": f"Bearer {st.api_token}", "Content-Type": "application/json",
+                         "traceparent": f"00-{trace_id}-{caller_span}-01"})
+            assert resp.status == 201, await resp.text()
+
+        def complete(spans: list[SpanSeen]) -> bool:
+            mine = [s for s in spans if s.trace_id == trace_id]
+            return ({("api", "POST /api/v1/jobs"), ("jobs", "handle jobs.submit")} <= {(s.service, s.name) for s in mine}
+                    and not orphans(mine, {caller_span}))
+
+        spans = [s for s in await wait_for(receiver, complete) if s.trace_id == trace_id]
+    handled = {(s.service, s.name) for s in spans}
+    assert ("api", "POST /api/v1/jobs") in handled, sorted(handled)
+    assert ("jobs", "handle jobs.submit") in handled, sorted(handled)
+    assert not orphans(spans, {caller_span}), orphans(spans, {caller_span})
+    by_id = {s.span_id: s for s in spans}
+    http_span = next(s for s in spans if s.name == "POST /api/v1/jobs")
+    assert http_span.parent_id == caller_span and http_span.kind == 2  # SPAN_KIND_SERVER
+    # the job service's handling descends from the API's HTTP span (through the API's bus request)
+    submit = next(s for s in spans if s.name == "handle jobs.submit")
+    ancestors = []
+    node = submit
+    while node.parent_id in by_id:
+        node = by_id[node.parent_id]
+        ancestors.append(node.span_id)
+    assert http_span.span_id in ancestors
