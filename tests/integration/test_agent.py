@@ -11,24 +11,27 @@ claim: the fast ones reach the target long before the slow one does.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import nats.js.errors
 import pytest
 from nats.aio.msg import Msg
+from otlp_receiver import Receiver, SpanSeen, orphans, otel_env, wait_for
 from pacer import subjects
 from pacer.bus import Bus, RetryPolicy
-from pacer.codec import decode
+from pacer.codec import decode, encode
 from pacer.contracts.agent import (
     ActionKind,
     ActionResult,
@@ -77,8 +80,10 @@ with open(log_path, "a") as log:
 class Node:
     """One agent process and one fake trainer process sharing an IPC file."""
 
-    def __init__(self, root: Path, url: str, job: str, name: str, sleep_s: float) -> None:
+    def __init__(self, root: Path, url: str, job: str, name: str, sleep_s: float,
+                 env: dict[str, str] | None = None) -> None:
         self.url, self.job, self.name, self.sleep_s = url, job, name, sleep_s
+        self.env = env or {}  # extra environment of the agent
         self.ipc = root / f"{name}.ipc"
         self.actions_log = root / f"{name}.actions.jsonl"
         self.agent_log = root / f"{name}.agent.log"
@@ -93,7 +98,7 @@ class Node:
             "--election-ttl", str(TTL), "--member-ttl", "2",
         ]  # fmt: skip
         with open(self.agent_log, "ab") as log:
-            self.agent = subprocess.Popen(cmd, stdout=log, stderr=log, env={**os.environ, "PACER_LOG_LEVEL": "INFO"})
+            self.agent = subprocess.Popen(cmd, stdout=log, stderr=log, env={**os.environ, "PACER_LOG_LEVEL": "INFO", **self.env})
 
     def start_trainer(self) -> None:
         cmd = [sys.executable, "-c", FAKE_TRAINER, str(self.ipc), self.name, str(self.sleep_s), str(self.actions_log), "50"]
@@ -162,10 +167,10 @@ class Cluster:
         self.nodes: dict[str, Node] = {}
         self.watch = Watch()
 
-    async def setup(self, speeds: dict[str, float]) -> None:
+    async def setup(self, speeds: dict[str, float], env: dict[str, str] | None = None) -> None:
         await self.watch.start(self.bus, self.job)
         for name, sleep_s in speeds.items():
-            self.nodes[name] = Node(self.root, self.url, self.job, name, sleep_s)
+            self.nodes[name] = Node(self.root, self.url, self.job, name, sleep_s, env)
 
     async def wait_ready(self, names: list[str] | None = None, within_s: float = 20.0) -> None:
         """Until every named node heart-beats with a live trainer and some agent is primary."""
@@ -366,3 +371,55 @@ async def test_node_command_reaches_only_its_node(cluster: Cluster) -> None:
             ActionResult,
         )
     assert cluster.nodes["w2"].actions() == []
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    r.thread.start()
+    yield r
+    r.server.shutdown()
+
+
+async def test_actions_are_traced_through_the_agents(receiver: Receiver, cluster: Cluster) -> None:
+    """A global action and a node command sent with a W3C trace context: the agents' spans join that trace.
+
+    The receiver is requested before the cluster so that it outlives the agents, which flush their last spans as
+    they stop.
+    """
+    await cluster.setup({"w0": 0.005, "w1": 0.008}, env=otel_env(receiver.endpoint))
+    for n in cluster.nodes.values():
+        n.start()
+    await cluster.wait_ready()
+    nc = cluster.bus.nc
+
+    async def send(subject: str, msg: Any, trace_id: str, span_id: str) -> ActionResult:
+        reply = await nc.request(subject, encode(msg), timeout=15,
+                                 headers={"traceparent": f"00-{trace_id}-{span_id}-01"})
+        return decode(ActionResult, reply.data)
+
+    ga_trace, ga_span = secrets.token_hex(16), secrets.token_hex(8)
+    ga = GlobalAction(cluster.job, uuid.uuid4().hex, ActionKind.ADJUST_LR, {"scale": 0.5}, reason="test")
+    assert (await send(subjects.agent_global_action(cluster.job), ga, ga_trace, ga_span)).applied
+    cmd_trace, cmd_span = secrets.token_hex(16), secrets.token_hex(8)
+    cmd = NodeCommand(cluster.job, "w1", ActionKind.ADJUST_LR, reason="test", payload={"scale": 2.0})
+    assert (await send(subjects.agent_command(cluster.job, "w1"), cmd, cmd_trace, cmd_span)).applied
+
+    def names(spans: list[SpanSeen], trace_id: str) -> collections.Counter[str]:
+        return collections.Counter(s.name for s in spans if s.trace_id == trace_id and s.service == "agent")
+
+    def complete(seen: list[SpanSeen]) -> bool:
+        ga_names = names(seen, ga_trace)
+        # one handling by the primary; a prepare and a commit by each of the two agents (more after an abort)
+        return (ga_names["handle agent.global_action"] == 1 and ga_names["handle agent.prepare"] >= 2
+                and ga_names["handle agent.commit"] >= 2 and names(seen, cmd_trace)["handle agent.command"] == 1)
+
+    spans = await wait_for(receiver, complete, timeout_s=20)
+    assert complete(spans), (names(spans, ga_trace), names(spans, cmd_trace))
+    # The primary handled the action in the caller's trace, and every agent's prepare and commit joined it.
+    (handled,) = [s for s in spans if s.trace_id == ga_trace and s.name == "handle agent.global_action"]
+    assert handled.parent_id == ga_span and handled.kind == 2  # SPAN_KIND_SERVER
+    assert not orphans([s for s in spans if s.trace_id == ga_trace], {ga_span})
+    (command,) = [s for s in spans if s.trace_id == cmd_trace and s.name == "handle agent.command"]
+    assert command.parent_id == cmd_span
+    assert not orphans([s for s in spans if s.trace_id == cmd_trace], {cmd_span})  # its result event too

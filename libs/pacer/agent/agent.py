@@ -58,8 +58,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
+from opentelemetry.trace import SpanKind
 
-from pacer import subjects
+from pacer import subjects, tracing
 from pacer.agent.ipc import PAYLOAD_CAP, AgentIPC, IPCError, StepRecord
 from pacer.bus import Bus
 from pacer.codec import decode, encode
@@ -228,13 +229,18 @@ class AgentService:
     # ------------------------------------------------------------ lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
         nc, job = self.bus.nc, self.cfg.job
+        # Heartbeats and metrics are not traced: periodic, from no request, every one would be a trace.
         self._subs = [
             await nc.subscribe(subjects.agent_heartbeat(job), cb=self._on_heartbeat),
             await nc.subscribe(subjects.agent_metrics(job), cb=self._on_metrics),
-            await nc.subscribe(subjects.agent_phase(job, subjects.AgentPhase.PREPARE), cb=self._on_prepare),
-            await nc.subscribe(subjects.agent_phase(job, subjects.AgentPhase.COMMIT), cb=self._on_commit),
-            await nc.subscribe(subjects.agent_phase(job, subjects.AgentPhase.ABORT), cb=self._on_abort),
-            await nc.subscribe(subjects.agent_command(job, self.cfg.node), cb=self._on_command),
+            await nc.subscribe(subjects.agent_phase(job, subjects.AgentPhase.PREPARE),
+                               cb=tracing.traced("handle agent.prepare", self._on_prepare, SpanKind.SERVER)),
+            await nc.subscribe(subjects.agent_phase(job, subjects.AgentPhase.COMMIT),
+                               cb=tracing.traced("handle agent.commit", self._on_commit, SpanKind.SERVER)),
+            await nc.subscribe(subjects.agent_phase(job, subjects.AgentPhase.ABORT),
+                               cb=tracing.traced("consume agent.abort", self._on_abort)),
+            await nc.subscribe(subjects.agent_command(job, self.cfg.node),
+                               cb=tracing.traced("handle agent.command", self._on_command, SpanKind.SERVER)),
         ]
         self._kv = await self._bucket()
         self._attach()
@@ -505,7 +511,8 @@ class AgentService:
         self.is_primary = True
         self.counters.inc("agent_elected")
         self._ga_sub = await self.bus.nc.subscribe(
-            subjects.agent_global_action(self.cfg.job), queue="primary", cb=self._on_global_action
+            subjects.agent_global_action(self.cfg.job), queue="primary",
+            cb=tracing.traced("handle agent.global_action", self._on_global_action, SpanKind.SERVER),
         )
         log.info("elected primary", extra={"fields": self._fields(revision=self._rev)})
         await self.bus.publish(subjects.agent_heartbeat(self.cfg.job), self._heartbeat())
@@ -532,6 +539,7 @@ class AgentService:
                 raise ValidationError(f"job {ga.job!r} sent to the agents of {self.cfg.job!r}")
         except PacerError as exc:
             self.counters.inc("agent_bad_messages")
+            tracing.fail(exc, exc.message)
             await self.bus.respond_error(msg, exc)
             return
         async with self._ga_lock:
@@ -619,7 +627,9 @@ class AgentService:
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox, cb=on_reply)
         try:
-            await nc.publish(subjects.agent_phase(self.cfg.job, phase), encode(msg), reply=inbox)
+            # The global action's trace goes on to every agent's prepare / commit.
+            await nc.publish(subjects.agent_phase(self.cfg.job, phase), encode(msg), reply=inbox,
+                             headers=tracing.inject())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), wait_s)
         finally:
@@ -734,6 +744,7 @@ class AgentService:
                 raise ValidationError(f"command for {cmd.job}/{cmd.node} reached {self.cfg.job}/{self.cfg.node}")
         except PacerError as exc:
             self.counters.inc("agent_bad_messages")
+            tracing.fail(exc, exc.message)
             await self.bus.respond_error(msg, exc)
             return
         result = self.run_command(cmd)
