@@ -306,3 +306,14 @@ def test_prod_config_clusters_over_tls_with_route_auth(tmp_path: Path) -> None:
             wait_for(refusals, "the wrong route password refused by nats-0")
             assert "nats-3" not in {r["remote_name"] for r in monitor(ports[0]["monitor"], "/routez")["routes"]}
             assert monitor(ports[n]["monitor"], "/routez")["num_routes"] == 0
+
+
+def test_cli_writes_the_block_and_fills_every_key_of_the_secret(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``users --policy`` adds that policy's user; ``passwords`` covers every user the block names plus the routes."""
+    out = tmp_path / "users.conf"
+    assert deploy_conf.main(["users", "--policy", "mine", "-o", str(out)]) == 0
+    named = set(re.findall(r'\{user: "([^"]+)"', out.read_text()))
+    assert "policy-mine" in named and set(security.ROLES) <= named
+    assert deploy_conf.main(["passwords", "--policy", "mine"]) == 0
+    keys = set(json.loads(capsys.readouterr().out)["stringData"])
+    assert keys == named | {deploy_conf.ROUTE_USER}
