@@ -196,14 +196,14 @@ async def test_create_from_the_deploy_template(fake: FakeK8s) -> None:
     assert md["labels"]["app.kubernetes.io/name"] == "pacer-trainer"
     assert ps["securityContext"]["runAsUser"] == 10001
     assert ps["terminationGracePeriodSeconds"] == 60
-    assert [v["name"] for v in ps["volumes"]] == ["data", "checkpoints", "pod-dir"]  # the template's + ours
+    assert [v["name"] for v in ps["volumes"]] == ["nats-ca", "data", "checkpoints", "pod-dir"]  # the template's + ours
     trainer = ps["containers"][0]
     assert "args" not in trainer  # the PodSpec argv is the whole command line
     assert trainer["command"][:3] == ["python", "-m", "pacer.trainer.worker"]
     env = {e["name"]: e for e in trainer["env"]}
     assert ps["securityContext"]["fsGroup"] == 10001  # the template's pod-level settings are kept
     assert env["PACER_AGENT_IPC"]["value"] == "/var/run/pacer/agent.ipc"  # the PodSpec's wins
-    assert [m["name"] for m in trainer["volumeMounts"]] == ["data", "checkpoints", "pod-dir"]
+    assert [m["name"] for m in trainer["volumeMounts"]] == ["nats-ca", "data", "checkpoints", "pod-dir"]
     b.api.api_client.close()
 
 
