@@ -298,6 +298,17 @@ def test_more_nodes_than_the_names_allow_are_refused(field: str) -> None:
     assert f"{field}: must be <= {MAX_NODES_PER_ROLE}, got {MAX_NODES_PER_ROLE + 1}" in ei.value.problems
 
 
+def test_a_plan_never_has_more_nodes_than_the_names_allow() -> None:
+    from pacer.contracts.jobs import PlanSource, ResourcePlan
+    from pacer.jobs.limits import clamp
+
+    huge = ResourcePlan(job="j", workers=MAX_NODES_PER_ROLE * 3, ps=MAX_NODES_PER_ROLE + 1, worker_cpu=0.1,
+                        worker_memory_mb=128, ps_cpu=0.1, ps_memory_mb=128, source=PlanSource.BRAIN)
+    out = clamp(huge, None)
+    assert (out.plan.workers, out.plan.ps) == (MAX_NODES_PER_ROLE, MAX_NODES_PER_ROLE)
+    assert f"workers clamped to {MAX_NODES_PER_ROLE}, the most a job's pod names allow" in out.notes
+
+
 def test_example_job_names_are_dns_1035_labels() -> None:
     for path in EXAMPLES:
         assert is_job_name(load_job_spec(str(path)).name), path.name

@@ -21,6 +21,10 @@ with a note per change, by these rules (the job spec's documented ones,
 4. Still above a limit (the user's own values need more): an error naming
    the limit.
 
+Whatever the limits, a count the user did not give is at most
+:data:`MAX_NODES_PER_ROLE`: node indexes end up in pod hostnames, whose
+length bounds the job's name (:mod:`pacer.jobs.spec`).
+
 User values are never changed.  Errors are :class:`LimitsError` (a
 :class:`~pacer.errors.ValidationError`); :mod:`pacer.jobs.spec` reports
 them as a :class:`~pacer.jobs.spec.JobSpecError`.
@@ -39,7 +43,9 @@ from pacer.contracts.common import Role
 from pacer.contracts.jobs import ResourceLimits, ResourcePlan
 from pacer.errors import ValidationError
 
-__all__ = ["MIN_CPU", "MIN_MEMORY_MB", "Clamped", "LimitsError", "clamp"]
+__all__ = ["MAX_NODES_PER_ROLE", "MIN_CPU", "MIN_MEMORY_MB", "Clamped", "LimitsError", "clamp"]
+
+MAX_NODES_PER_ROLE = 10_000  # worker and PS indexes 0..9999 (the job-name length rule counts on it)
 
 MIN_CPU = 0.1  # floor when scaling CPU the user did not give down to fit max_cpu
 MIN_MEMORY_MB = 128  # floor when scaling memory the user did not give down to fit max_memory_mb
@@ -79,6 +85,10 @@ def clamp(plan: ResourcePlan, limits: ResourceLimits | None, *, user: Collection
     if lim.max_ps is not None and plan.ps > lim.max_ps and "ps" not in given:
         plan = replace(plan, ps=max(lim.max_ps, 1))
         notes.append(f"ps clamped to limits.max_ps={lim.max_ps}")
+    for count in ("workers", "ps"):
+        if getattr(plan, count) > MAX_NODES_PER_ROLE and count not in given:
+            plan = replace(plan, **{count: MAX_NODES_PER_ROLE})
+            notes.append(f"{count} clamped to {MAX_NODES_PER_ROLE}, the most a job's pod names allow")
     if plan.workers < min_workers:
         raise LimitsError([f"backup_workers: must be < the plan's {plan.workers} workers, got {min_workers - 1}"])
     if lim.max_cpu is not None:

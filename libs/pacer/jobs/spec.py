@@ -86,7 +86,7 @@ from pacer.contracts.jobs import (
 )
 from pacer.errors import ValidationError
 from pacer.ids import MAX_TOKEN_LEN, is_token
-from pacer.jobs.limits import LimitsError, clamp
+from pacer.jobs.limits import MAX_NODES_PER_ROLE, LimitsError, clamp
 
 OPTIMIZERS = ("adagrad", "adam", "sgd")  # as pacer.models.common.OPTIMIZERS (which imports TensorFlow)
 
@@ -111,9 +111,9 @@ DEFAULT_PLAN = DefaultPlan()
 # label, the rule Kubernetes applies to Service names) and its pods'
 # hostnames ``<job>-<node>`` (the TF ClusterSpec's DNS names, see the
 # Kubernetes backend), DNS labels too: at most 63 characters.  The longest
-# node name is the last worker's, so that bounds the job name.
+# node name is the last worker's (clamp() keeps every plan within
+# MAX_NODES_PER_ROLE), so that bounds the job name.
 DNS_LABEL_MAX_LEN = 63
-MAX_NODES_PER_ROLE = 10_000  # worker and PS indexes 0..9999
 LONGEST_NODE = f"worker-{MAX_NODES_PER_ROLE - 1}"
 JOB_NAME_MAX_LEN = DNS_LABEL_MAX_LEN - len(f"-{LONGEST_NODE}")  # 51
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
