@@ -21,13 +21,24 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pacer import __version__
 from pacer.codec import to_dict
 
+if TYPE_CHECKING:
+    from pacer_services.cli.stack import Stack
+
 
 def _default_url() -> str:
-    return os.environ.get("PACER_NATS_URL", "nats://127.0.0.1:4222")
+    """``$PACER_NATS_URL``, else the URL of ``pacer up``'s context (``$PACER_CONTEXT``, ``./.pacer/context.json``)."""
+    from pacer.errors import ValidationError
+    from pacer.security import default_url
+
+    try:
+        return default_url(os.environ)
+    except ValidationError:  # a broken context: Bus.connect says so when a command connects
+        return os.environ.get("PACER_NATS_URL", "nats://127.0.0.1:4222")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -43,11 +54,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     stack.start()
-    print(f"pacer up: NATS at {stack.url}; services: {', '.join(stack.procs)}; logs in {args.data_dir}")
-    api = os.environ.get("PACER_API_PORT", "8750")
-    print(f"pacer up: dashboard at {stack.dashboard_url(api)}")
-    print(f"pacer up: HTTP API at http://127.0.0.1:{api}/api/ with 'Authorization: Bearer {stack.api_token}'")
-    print(f"export PACER_NATS_URL={stack.url}   # Ctrl-C stops everything")
+    for line in up_banner(stack, os.environ.get("PACER_API_PORT", "8750")):
+        print(line)
     try:
         while not stopping:
             dead = stack.check()
@@ -59,6 +67,23 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("pacer up: stopping")
         stack.stop()
     return 0
+
+
+def up_banner(stack: Stack, api_port: str) -> list[str]:
+    """What ``pacer up`` prints: where things are, and ``export`` lines that hold no NATS password.
+
+    The operator's NATS credentials stay in the context file (mode 0600); the
+    CLI and ``Bus.connect`` read it through ``PACER_CONTEXT``.
+    """
+    tls = f"TLS, CA {stack.ca_file.resolve()}" if stack.ca_file is not None else "no TLS (PACER_NATS_TLS=0)"
+    ctx = stack.context_file.resolve()
+    return [
+        f"pacer up: NATS at {stack.bare_url} ({tls}); services: {', '.join(stack.procs)}; logs in {stack.data_dir}",
+        f"pacer up: NATS credentials (user admin) in {ctx} (mode 0600)",
+        f"pacer up: dashboard at {stack.dashboard_url(api_port)}",
+        f"pacer up: HTTP API at http://127.0.0.1:{api_port}/api/ with 'Authorization: Bearer {stack.api_token}'",
+        f"export PACER_CONTEXT={ctx} PACER_NATS_URL={stack.bare_url}   # Ctrl-C stops everything",
+    ]
 
 
 def cmd_status(args: argparse.Namespace) -> int:

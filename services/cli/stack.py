@@ -60,9 +60,16 @@ class Stack:
     # decide subject only): give such a policy ``url_as("policy-<name>")``.  PACER_NATS_POLICY_USERS=a,b
     policy_users: list[str] = field(default_factory=lambda: [
         n for n in os.environ.get("PACER_NATS_POLICY_USERS", "").split(",") if n.strip()])
-    # TLS with a CA of the stack's own (pacer.tls), made in <data_dir>/nats/tls on the first start.
-    tls: bool = field(default_factory=lambda: os.environ.get("PACER_NATS_TLS", "") == "1")
+    # TLS with a CA of the stack's own (pacer.tls), made in <data_dir>/nats/tls on the first start; on
+    # unless PACER_NATS_TLS=0.
+    tls: bool = field(default_factory=lambda: os.environ.get("PACER_NATS_TLS", "1") != "0")
     ca_file: Path | None = None
+    _saved_ca: str | None = field(default=None, repr=False)
+
+    @property
+    def context_file(self) -> Path:
+        """The operator's context (URL, ``admin`` user and password, CA), mode 0600: ``PACER_CONTEXT``."""
+        return self.data_dir / "context.json"
 
     @property
     def url(self) -> str:
@@ -105,10 +112,15 @@ class Stack:
 
             files = ensure_server_tls(self.data_dir / "nats" / "tls")
             self.ca_file, tls = files.ca, server_tls_config(files)
-            # This process's own clients (the readiness probe, `pacer up`'s CLI, a test) verify with it too.
+            # This process's own clients (the readiness probe, `pacer up`'s CLI, a test) verify with it too,
+            # until stop() restores what was set before.
+            self._saved_ca = os.environ.get("PACER_NATS_CA")
             os.environ["PACER_NATS_CA"] = str(files.ca)
         self.nats = EmbeddedNats(store_dir=self.data_dir / "nats", port=self.port,
                                  authorization=authorization, tls=tls).start()
+        security.write_context(self.context_file, security.Context(
+            url=self.bare_url, user="admin" if self.secure else "", password=self.passwords.get("admin", ""),
+            ca=str(self.ca_file.resolve()) if self.ca_file is not None else ""))
         for name in self.services:
             self.start_service(name)
         try:
@@ -217,6 +229,11 @@ class Stack:
         self.procs.clear()
         if self.nats is not None:
             self.nats.stop()
+        if self.ca_file is not None and os.environ.get("PACER_NATS_CA") == str(self.ca_file):
+            if self._saved_ca is None:
+                os.environ.pop("PACER_NATS_CA", None)
+            else:
+                os.environ["PACER_NATS_CA"] = self._saved_ca
 
     def __enter__(self) -> Stack:
         return self.start()

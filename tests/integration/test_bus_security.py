@@ -44,6 +44,17 @@ async def connect(srv: EmbeddedNats, user: str) -> tuple[Client, list[Exception]
     return nc, errors
 
 
+async def settle(nc: Client) -> None:
+    """Until the server has processed what ``nc`` sent: a subscription made before is live.
+
+    Twice: right after connect nats-py may have one PING of its own in flight
+    whose PONG would answer a single flush before the server read the SUB
+    (seen in the server's trace as a NoResponders to the next request).
+    """
+    await nc.flush()
+    await nc.flush()
+
+
 async def violation(errors: list[Exception], subject: str, timeout: float = 2.0) -> str:
     """The permissions violation about ``subject`` that the server sent, waiting up to ``timeout``."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -66,7 +77,7 @@ async def test_a_user_without_rights_cannot_command_an_executor(secure_server: E
     intruder, errors = await connect(secure_server, user)
     try:
         sub = await executor.subscribe(subjects.rpc_wildcard(subjects.EXECUTOR_SERVICE))
-        await executor.flush()
+        await settle(executor)
         cmd = subjects.executor_rpc("j1", subjects.ExecutorOp.COMMAND)
         await intruder.publish(cmd, b'{"kill": "worker-0"}')
         await intruder.flush()
@@ -91,7 +102,7 @@ async def test_controller_brain_and_job_service_command_the_executor(secure_serv
             await msg.respond(b"applied")  # the reply goes back through allow_responses
 
         task = asyncio.create_task(answer())
-        await executor.flush()
+        await settle(executor)
         reply = await sender.request(subjects.executor_rpc("j1", subjects.ExecutorOp.COMMAND), b"{}", timeout=5)
         await task
         assert reply.data == b"applied"
@@ -107,7 +118,7 @@ async def test_a_policy_cannot_publish_node_events_nor_answer_for_another_policy
     policy, errors = await connect(secure_server, "policy-my-policy")
     try:
         seen = await watcher.subscribe(">")
-        await watcher.flush()
+        await settle(watcher)
         died = subjects.node_event("j1", subjects.NodeEventKind.DIED)
         await policy.publish(died, b'{"node": "worker-0"}')
         await policy.flush()
@@ -134,7 +145,7 @@ async def test_only_the_executor_publishes_node_events(secure_server: EmbeddedNa
     agent, agent_errors = await connect(secure_server, "agent")
     try:
         sub = await watcher.subscribe(subjects.events_of("node"))
-        await watcher.flush()
+        await settle(watcher)
         died = subjects.node_event("j1", subjects.NodeEventKind.DIED)
         await agent.publish(died, b"forged")
         await agent.flush()
@@ -221,7 +232,7 @@ async def test_the_health_check_probes_with_the_services_own_user(
             await msg.respond(msgpack.packb({"instance": f"{socket.gethostname()}-1", "status": "ready"}))
 
         await shard.subscribe(subjects.health("shard"), cb=answer)
-        await shard.flush()
+        await settle(shard)
         monkeypatch.setenv("PACER_NATS_USER", "shard")
         monkeypatch.setenv("PACER_NATS_PASSWORD", PASSWORDS["shard"])
         assert await hc.probe("shard", secure_server.url, 2.0, False) == 0
@@ -327,7 +338,7 @@ async def test_a_policy_cannot_read_replies_meant_for_others(secure_server: Embe
             await msg.respond(b"secret plan")
 
         task = asyncio.create_task(answer())
-        await executor.flush()
+        await settle(executor)
         reply = await controller.request(subjects.executor_rpc("j1", subjects.ExecutorOp.COMMAND), b"{}", timeout=5)
         await task
         assert reply.data == b"secret plan" and ctl_errors == []
@@ -361,7 +372,7 @@ async def test_every_role_gets_its_replies_through_its_own_inbox(
                 await m.respond(b"pong")
 
             await bus.nc.subscribe(decide, cb=pong)
-            await bus.nc.flush()
+            await settle(bus.nc)
             assert (await admin.nc.request(decide, b"ping", timeout=3)).data == b"pong"
         else:  # a request on the role's own health subject, answered by the admin into the role's inbox
             async def answer(m: nats.aio.msg.Msg) -> None:
@@ -370,7 +381,7 @@ async def test_every_role_gets_its_replies_through_its_own_inbox(
 
             health = next(p for p in perms.publish if p.startswith("pacer.svc."))
             await admin.nc.subscribe(health, cb=answer)
-            await admin.nc.flush()
+            await settle(admin.nc)
             assert (await bus.nc.request(health, b"ping", timeout=3)).data == b"pong"
         if security.JS_API in perms.publish:
             await admin.ensure_streams()
