@@ -85,10 +85,12 @@ def clamp(plan: ResourcePlan, limits: ResourceLimits | None, *, user: Collection
     if lim.max_ps is not None and plan.ps > lim.max_ps and "ps" not in given:
         plan = replace(plan, ps=max(lim.max_ps, 1))
         notes.append(f"ps clamped to limits.max_ps={lim.max_ps}")
-    for count in ("workers", "ps"):
-        if getattr(plan, count) > MAX_NODES_PER_ROLE and count not in given:
-            plan = replace(plan, **{count: MAX_NODES_PER_ROLE})
-            notes.append(f"{count} clamped to {MAX_NODES_PER_ROLE}, the most a job's pod names allow")
+    if plan.workers > MAX_NODES_PER_ROLE and "workers" not in given:
+        plan = replace(plan, workers=MAX_NODES_PER_ROLE)
+        notes.append(f"workers clamped to {MAX_NODES_PER_ROLE}, the most a job's pod names allow")
+    if plan.ps > MAX_NODES_PER_ROLE and "ps" not in given:
+        plan = replace(plan, ps=MAX_NODES_PER_ROLE)
+        notes.append(f"ps clamped to {MAX_NODES_PER_ROLE}, the most a job's pod names allow")
     if plan.workers < min_workers:
         raise LimitsError([f"backup_workers: must be < the plan's {plan.workers} workers, got {min_workers - 1}"])
     if lim.max_cpu is not None:
