@@ -149,5 +149,6 @@ def test_finish_writes_the_result_line_the_executor_keeps(tmp_path: Path, capsys
     w.step_done(10)
     w.finish(loss=0.4)
     out = capsys.readouterr().out
-    assert parse_result("noise\n" + out) == {"node": "worker-1", "local_steps": 1, "actions": [], "loss": 0.4}
+    assert parse_result("noise\n" + out) == {"node": "worker-1", "exit": 0, "local_steps": 1, "samples": 10,
+                                             "actions": [], "loss": 0.4}
     assert json.loads(Path(tmp_path / "result.json").read_text())["loss"] == 0.4

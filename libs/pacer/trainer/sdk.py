@@ -216,6 +216,7 @@ class Worker:
     accumulation: int = 1  # C_i (ADJUST_BS "accumulations"): micro-batches per step, if the loop supports it
     backup_workers: int = 0  # BACKUP_WORKERS (BSP: the chief applies it to its aggregation)
     step: int = 0  # steps recorded by step_done in this incarnation
+    samples: int = 0  # records those steps trained
     applied: list[dict[str, Any]] = field(default_factory=list)  # {seq, kind, iteration, payload}
     _ipc: TrainerIPC | None = None
     _client: Any = None  # pacer.shards.client.BlockingShardClient, made on first use
@@ -364,6 +365,7 @@ class Worker:
         new :attr:`step`.
         """
         self.step += 1
+        self.samples += samples
         if self._ipc is not None:
             bpt = time.perf_counter() - self._t_check if bpt_s is None else bpt_s
             self._ipc.record_step(self.step, self.step if iteration is None else iteration, bpt,
@@ -374,9 +376,13 @@ class Worker:
         """Report the result: written to ``$PACER_RESULT`` and printed as the last stdout line.
 
         The executor keeps the chief's (worker 0) line as the job's result
-        (``pacer job get``); values must be JSON.
+        (``pacer job get``); values must be JSON.  ``node``, ``exit``,
+        ``local_steps``, ``samples`` and ``actions`` are filled in (a keyword
+        given here wins).  A worker leaving for KILL_RESTART through ``with``
+        prints the same line with ``"exit": 75``.
         """
-        out = {"node": self.env.node, "local_steps": self.step, "actions": self.applied, **result}
+        out = {"node": self.env.node, "exit": 0, "local_steps": self.step, "samples": self.samples,
+               "actions": self.applied, **result}
         line = json.dumps(out)
         if self.env.result:
             Path(self.env.result).write_text(line)
@@ -402,4 +408,8 @@ class Worker:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+        if isinstance(exc, RestartRequested):
+            # As the built-in worker: a last line saying how far this incarnation got.
+            print(json.dumps({"node": self.env.node, "exit": EXIT_RESTART, "local_steps": self.step,
+                              "samples": self.samples, "actions": self.applied}), flush=True)
         sys.stdout.flush()
