@@ -394,12 +394,12 @@ class FakeK8s:
             return md
 
         def go() -> tuple[str, str]:
-            dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(deployment, None),
+            dep: dict[str, Any] = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(deployment, None),
                    "spec": {"replicas": 1}}
             rs_name = f"{deployment}-7c9f8d6b5"
-            rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": meta(rs_name, dep), "spec": {"replicas": 1}}
+            rs: dict[str, Any] = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": meta(rs_name, dep), "spec": {"replicas": 1}}
             pod_name = f"{rs_name}-x2k4q"
-            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta(pod_name, rs),
+            pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": meta(pod_name, rs),
                    "spec": {"containers": [{"name": "pod-executor", "image": "pacer"}]}, "status": {"phase": "Running"}}
             for obj in (dep, rs, pod):
                 self._bump(obj)

@@ -29,7 +29,8 @@ from pacer.contracts.executor import ClusterStatus, PodPhase, PodSpec, PodStatus
 from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
 from pacer.embedded import EmbeddedNats
 from pacer.errors import Conflict, Unavailable
-from pacer.jobs.spec import JOB_NAME_MAX_LEN, MAX_NODES_PER_ROLE, parse_job_spec
+from pacer.jobs.limits import MAX_NODES_PER_ROLE
+from pacer.jobs.spec import JOB_NAME_MAX_LEN, parse_job_spec
 from pacer.metrics import REGISTRY
 from pacer_services.pod_executor.app import ExecutorConfig, ExecutorService
 from pacer_services.pod_executor.backends.kubernetes import KubernetesBackend, from_env

@@ -31,7 +31,8 @@ from pacer.jobs import (
     load_job_spec,
     parse_job_spec,
 )
-from pacer.jobs.spec import JOB_NAME_MAX_LEN, MAX_NODES_PER_ROLE, is_job_name, spec_to_json
+from pacer.jobs.limits import MAX_NODES_PER_ROLE
+from pacer.jobs.spec import JOB_NAME_MAX_LEN, is_job_name, spec_to_json
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples" / "jobs").glob("*.yaml"))
