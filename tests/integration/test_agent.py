@@ -257,9 +257,10 @@ async def test_metrics_every_k_steps_with_sane_bpt(cluster: Cluster) -> None:
             assert m.batch_size == 64 and m.samples_total >= 64 * m.steps_total
             assert m.rss_bytes > 1_000_000 and m.cpu_percent >= 0
             assert (m.last_action_seq, m.last_action_iteration) == (0, -1)
-    # The slow worker's BPT shows it.
+    # The slow worker's BPT shows it: its steps sleep 10 ms longer, and both pay the same per-step overhead
+    # (a ratio of 2 failed under load, when w0's overhead alone grew past its 5 ms sleep).
     bpt = {name: [m.bpt_s for m in metrics if m.node == name][-1] for name in cluster.nodes}
-    assert bpt["w1"] > 2 * bpt["w0"]
+    assert bpt["w1"] - bpt["w0"] > 0.005, bpt
     # Heartbeats: every second per agent, exactly one primary.
     primaries = {h.node for h in cluster.watch.heartbeats[-6:] if h.primary}
     assert len(primaries) == 1
