@@ -1,0 +1,1 @@
+"""The auth callout responder: admits each job's agents with that job's permissions only."""

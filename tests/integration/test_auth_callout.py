@@ -1,0 +1,166 @@
+"""Per-job agent users through nats-server's auth callout, against a real server.
+
+The server's ``authorization`` block lists the static users (services,
+``admin``) and an ``auth_callout`` whose issuer is an account key made here;
+the responder (services/auth_callout) runs in-process with the ``auth``
+user.  An agent of job A connects as ``agent-A`` with its job token: it may
+use job A's agent, shard-rpc and checkpoint subjects, and the server refuses
+it job B's; a wrong token, another job's token or a user that is no job's
+agent is refused at connect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client
+from pacer import authjwt, security, subjects
+from pacer.bus import Bus
+from pacer.embedded import EmbeddedNats
+from pacer.runtime import RuntimeConfig, run_service
+from pacer_services.auth_callout import core
+from pacer_services.auth_callout.app import AuthCalloutService
+
+SECRET = "test-secret"
+STATIC = {role: (f"pw-{role}", role) for role in security.ROLES}
+
+
+@pytest.fixture
+async def callout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[EmbeddedNats]:
+    issuer = authjwt.KeyPair.create(authjwt.PREFIX_ACCOUNT)
+    auth = security.render_authorization(STATIC, security.Callout(issuer.public_key))
+    srv = EmbeddedNats(store_dir=tmp_path / "nats", authorization=auth).start()
+    monkeypatch.setenv("PACER_AUTH_ISSUER_SEED", issuer.seed)
+    monkeypatch.setenv("PACER_AGENT_TOKEN_SECRET", SECRET)
+    stop = asyncio.Event()
+    url = security.with_credentials(srv.url, security.AUTH_SERVICE, STATIC[security.AUTH_SERVICE][0])
+
+    async def factory(bus: Bus, rc: RuntimeConfig) -> AuthCalloutService:
+        return AuthCalloutService(bus, core.CalloutKeys(issuer, SECRET))
+
+    task = asyncio.create_task(run_service(factory, RuntimeConfig(nats_url=url), stop, install_signals=False))
+    admin = await Bus.connect(security.with_credentials(srv.url, "admin", "pw-admin"))
+    try:
+        for _ in range(100):  # until the responder listens
+            try:
+                await admin.nc.request(subjects.health(security.AUTH_SERVICE), b"", timeout=0.5)
+                break
+            except nats.errors.Error:
+                await asyncio.sleep(0.05)
+        yield srv
+    finally:
+        await admin.close()
+        stop.set()
+        await task
+        srv.stop()
+
+
+async def agent(srv: EmbeddedNats, job: str, token: str | None = None,
+                user: str | None = None) -> tuple[Client, list[Exception]]:
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    user = user or security.agent_user(job)
+    nc = await nats.connect(srv.url, user=user, password=token or authjwt.agent_token(SECRET, job),
+                            error_cb=on_error, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3,
+                            inbox_prefix=security.inbox_prefix(user))
+    return nc, errors
+
+
+async def violation(errors: list[Exception], subject: str, timeout: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if any("permissions violation" in str(e).lower() and subject.lower() in str(e).lower() for e in errors):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no permissions violation for {subject}: {errors}")
+
+
+async def test_an_agent_uses_its_own_jobs_subjects_and_not_another_jobs(callout: EmbeddedNats) -> None:
+    watcher = await nats.connect(callout.url, user="admin", password="pw-admin")
+    a, errors = await agent(callout, "job-a")
+    try:
+        seen = await watcher.subscribe("pacer.>")
+        await watcher.flush()
+        await watcher.flush()
+        # its own job: heartbeats, the two-phase barrier, replies to a shard-service request
+        await a.publish(subjects.agent_heartbeat("job-a"), b"hb")
+        await a.subscribe(subjects.agent_phase("job-a", subjects.AgentPhase.PREPARE))
+        await a.subscribe(subjects.agent_command("job-a", "worker-0"))
+        await a.flush()
+        msg = await seen.next_msg(timeout=2)
+        assert msg.subject == subjects.agent_heartbeat("job-a") and msg.data == b"hb"
+
+        async def shard_service(m: nats.aio.msg.Msg) -> None:
+            await m.respond(b"leased")
+
+        await watcher.subscribe(subjects.rpc(subjects.SHARD_SERVICE, "job-a", subjects.ShardOp.LEASE),
+                                cb=shard_service)
+        await watcher.flush()
+        await watcher.flush()
+        reply = await a.request(subjects.rpc(subjects.SHARD_SERVICE, "job-a", subjects.ShardOp.LEASE), b"{}",
+                                timeout=3)
+        assert reply.data == b"leased"
+        assert errors == []
+        # job B's subjects: refused by the server, nothing delivered
+        for subject in (subjects.agent_heartbeat("job-b"), subjects.rpc(subjects.SHARD_SERVICE, "job-b", "lease"),
+                        subjects.agent_phase("job-b", subjects.AgentPhase.COMMIT),
+                        subjects.node_event("job-a", subjects.NodeEventKind.DIED),
+                        subjects.executor_rpc("job-a", subjects.ExecutorOp.COMMAND)):
+            await a.publish(subject, b"forged")
+            await a.flush()
+            await violation(errors, subject)
+        for subject in (subjects.agent_phase("job-b", subjects.AgentPhase.PREPARE),
+                        subjects.agent_command("job-b", "worker-0"), "_INBOX.>",
+                        f"{security.inbox_prefix(security.agent_user('job-b'))}.>", subjects.events_of("node")):
+            await a.subscribe(subject)
+            await a.flush()
+            await violation(errors, subject)
+        while True:
+            try:
+                m = await seen.next_msg(timeout=0.3)
+            except nats.errors.TimeoutError:
+                break
+            assert "job-b" not in m.subject and m.data != b"forged", m.subject
+    finally:
+        await a.close()
+        await watcher.close()
+
+
+@pytest.mark.parametrize("case", ["wrong token", "other job's token", "no job user", "static name"])
+async def test_a_wrong_credential_is_refused(callout: EmbeddedNats, case: str) -> None:
+    token, user = {
+        "wrong token": ("0" * 64, None),
+        "other job's token": (authjwt.agent_token(SECRET, "job-b"), None),
+        "no job user": (authjwt.agent_token(SECRET, "job-a"), "intruder"),
+        "static name": ("pw-agent-typo", "agent"),  # a static user with a wrong password never reaches the callout
+    }[case]
+    with pytest.raises((nats.errors.Error, OSError)) as info:
+        await agent(callout, "job-a", token=token, user=user)
+    assert "authorization" in str(info.value).lower() or isinstance(info.value, nats.errors.NoServersError)
+
+
+async def test_the_agent_bus_connects_through_the_url(callout: EmbeddedNats) -> None:
+    """What a pod does: ``Bus.connect`` with the URL the executor gave it (user and token in it)."""
+    url = security.with_credentials(callout.url, security.agent_user("job-a"), authjwt.agent_token(SECRET, "job-a"))
+    bus = await Bus.connect(url, name="agent")
+    try:
+        admin = await Bus.connect(security.with_credentials(callout.url, "admin", "pw-admin"))
+        try:
+            await admin.kv(subjects.AGENT_BUCKET)
+        finally:
+            await admin.close()
+        mine = await bus.js.key_value(subjects.AGENT_BUCKET)
+        rev = await mine.create(subjects.agent_primary_key("job-a"), b"worker-0")
+        assert (await mine.get(subjects.agent_primary_key("job-a"))).value == b"worker-0" and rev >= 1
+        with pytest.raises(nats.errors.Error):  # refused by the server: the put never gets its ack
+            await mine.create(subjects.agent_primary_key("job-b"), b"worker-0")
+    finally:
+        await bus.close()
