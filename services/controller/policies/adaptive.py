@@ -5,8 +5,10 @@ actions (AntDT Table II) and changes when and how they are taken:
 
 1. **lambda from the noise.**  The healthy nodes' BPT spread sets the
    slowness ratio instead of a fixed 1.5: with sigma = 1.4826 x the median
-   absolute deviation of the live workers' ``slowdown_short`` (robust to a
-   minority of stragglers), ``lambda = 1 + max(lambda_floor - 1, k x sigma)``
+   absolute deviation of the faster half of the live workers'
+   ``slowdown_short`` (stragglers only add time, so the spread of the faster
+   half is the noise even when a wave slows up to half of them),
+   ``lambda = 1 + max(lambda_floor - 1, k x sigma)``
    (``params.lambda_floor``, default 1.05; ``params.noise_k``, default 4),
    never above ``params.lambda`` / the monitor's lambda.  Quiet clusters get
    a tight lambda (a 1.25x worker at intensity 0.1 is acted on), noisy ones a
@@ -50,8 +52,10 @@ actions (AntDT Table II) and changes when and how they are taken:
      the fraction x = min(1, d_i / t) of its share under balanced batches
      (t: the balanced step's compute time).  A relaunch takes the worker out
      for p + init, costing that share for that long: restart when
-     ``x x min(R, L_per) > p + init`` (the gain horizon is what the evidence
-     shows, L_per, capped by the time left).  The slowest goes first (the
+     ``x x H > p + init`` with the gain horizon H = max(L_per,
+     ``params.restart_horizon_s``, default 600 s): a straggler slow over the
+     whole long window is expected to stay slow at least that long again;
+     H is capped by the time left R and by the job's age.  The slowest goes first (the
      controller allows one restart per cool-down window).
 
    p, init and s: ``params.pending_s`` (default: the longest pending time
@@ -97,11 +101,14 @@ def noise_lambda(req: PolicyRequest, nodes: list[NodeStats]) -> Noise:
     """lambda from the robust spread of ``nodes``' short-window slowdowns (see the module docstring, 1.)."""
     cap = param_float(req, "lambda", req.stats.slowness_ratio)
     floor = min(cap, max(1.0, param_float(req, "lambda_floor", 1.05)))
-    vals = [n.slowdown_short for n in nodes if n.slowdown_short > 0]
+    vals = sorted(n.slowdown_short for n in nodes if n.slowdown_short > 0)
     if len(vals) < 3:
         return Noise(cap, 0.0, len(vals))
-    med = statistics.median(vals)
-    sigma = 1.4826 * statistics.median(abs(v - med) for v in vals)
+    # Stragglers only add time: the spread is read off the faster half alone, so a wave that slows
+    # up to half of the nodes does not pass for noise.
+    fast = vals[: (len(vals) + 1) // 2]
+    med = statistics.median(fast)
+    sigma = 1.4826 * statistics.median(abs(v - med) for v in fast)
     lam = 1.0 + max(floor - 1.0, param_float(req, "noise_k", 4.0) * sigma)
     return Noise(min(cap, lam), sigma, len(vals))
 
@@ -172,16 +179,17 @@ def worker_model(req: PolicyRequest, workers: list[NodeStats], lam: float) -> Wo
         return None
     ps = [n.bpt_short_s for n in live_servers(req.stats) if n.bpt_short_s > 0]
     floor = statistics.median(ps) if ps else 0.0  # T_s: the shared part is at least the PS time
+    shared = floor
+    rates = sorted((w.bpt_short_s - shared) / (sizes[w.node] * accs[w.node]) for w in have)
+    if rates[0] <= 0:
+        shared = 0.0
+        rates = sorted(w.bpt_short_s / (sizes[w.node] * accs[w.node]) for w in have)
+    p = rates[(len(rates) - 1) // 4]
     fit = _lower_line(have, sizes, accs, floor)
-    if fit is not None:
+    # The envelope refines p (it sees the communication time the PS do not report) but may not overturn
+    # it: a nearly flat envelope means the small batches are still slow, not that compute is free.
+    if fit is not None and 0.5 * p <= fit[0] <= 1.5 * p:
         p, shared = fit
-    else:
-        shared = floor
-        rates = sorted((w.bpt_short_s - shared) / (sizes[w.node] * accs[w.node]) for w in have)
-        if rates[0] <= 0:
-            shared = 0.0
-            rates = sorted(w.bpt_short_s / (sizes[w.node] * accs[w.node]) for w in have)
-        p = rates[(len(rates) - 1) // 4]
     typical = statistics.median(w.bpt_short_s for w in have)
     noise = (lam - 1.0) * typical
     delays: dict[str, float] = {}
@@ -217,6 +225,13 @@ def _lower_line(have: list[NodeStats], sizes: dict[str, int], accs: dict[str, in
     return slope, shared
 
 
+def _working_step(sizes: list[int], speeds: list[float], delays: list[float], lo: int) -> float:
+    """The balanced step's compute time t of the workers that get more than the minimum batch
+    (a worker whose delay alone exceeds t is left at the minimum: "hopeless", it waits for nobody)."""
+    times = [d + b / v for b, v, d in zip(sizes, speeds, delays, strict=True) if b > lo or d == 0]
+    return max(times) if times else makespan(sizes, speeds, delays)
+
+
 def decide(req: PolicyRequest) -> PolicyDecision:
     stats = req.stats
     workers = live_workers(stats)
@@ -232,7 +247,7 @@ def decide(req: PolicyRequest) -> PolicyDecision:
     # ---- servers: act on a clear short-window signal, restart vs seamless by cost.
     median_bpt = statistics.median([w.bpt_short_s for w in workers if w.bpt_short_s > 0] or [0.0])
     ps_bpts = sorted(n.bpt_short_s for n in servers if n.bpt_short_s > 0)
-    ps_typical = ps_bpts[len(ps_bpts) // 2] if ps_bpts else 0.0
+    ps_typical = ps_bpts[(len(ps_bpts) - 1) // 2] if ps_bpts else 0.0  # the lower median: with 2 PS, the healthy one
     for n in sorted(servers, key=lambda s: -s.slowdown_short):
         if not (n.slowdown_short >= sn.lam and n.slowdown_long >= sn.lam):
             continue
@@ -261,7 +276,7 @@ def decide(req: PolicyRequest) -> PolicyDecision:
         d = [model.delays[x] for x in model.names]
         try:
             target = balance(req.global_batch, speeds, lo=req.min_batch, hi=req.max_batch or None, offsets=d)
-            t_bal = makespan(target, speeds, d)
+            t_bal = _working_step(target, speeds, d, req.min_batch)
         except ValueError:
             target, t_bal = [], 0.0
         slow_d = sorted(v for v in model.delays.values() if v > 0)
@@ -282,7 +297,8 @@ def decide(req: PolicyRequest) -> PolicyDecision:
                 x = min(1.0, di / t_bal) if t_bal > 0 else 1.0
             else:
                 x = min(1.0, di / w.bpt_short_s) if w.bpt_short_s > 0 else 0.0
-            gain, cost = x * min(r, stats.window_long_s, stats.ts), c.pending_s + c.init_s
+            horizon = min(r, stats.ts, max(stats.window_long_s, param_float(req, "restart_horizon_s", 600.0)))
+            gain, cost = x * horizon, c.pending_s + c.init_s
             if gain > cost:
                 actions.append(PolicyAction(
                     kind=ActionKind.KILL_RESTART, node=w.node,
@@ -295,32 +311,38 @@ def decide(req: PolicyRequest) -> PolicyDecision:
                 d = [0.0 if x in restarting else model.delays[x] for x in model.names]
                 try:
                     target = balance(req.global_batch, speeds, lo=req.min_batch, hi=req.max_batch or None, offsets=d)
-                    t_bal = makespan(target, speeds, d)
+                    t_bal = _working_step(target, speeds, d, req.min_batch)
                 except ValueError:
                     target = []
             if target:
                 now_t = makespan([sizes[x] * accs[x] for x in model.names], speeds, d)
                 tol = max(0.02, 2 * wn.sigma)
+                best_t = makespan(target, speeds, d)
                 changed = any(sizes[x] != b or accs[x] != 1 for x, b in zip(model.names, target, strict=True))
-                if changed and (now_t > t_bal * (1 + tol) or any(model.delays.values())):
+                if changed and (now_t > best_t * (1 + tol) or any(model.delays.values())):
                     actions.append(PolicyAction(
                         kind=ActionKind.ADJUST_BS,
                         payload={"batch_sizes": dict(zip(model.names, target, strict=True)),
                                  "accumulations": {x: 1 for x in model.names}},
                         reason=(f"additive model (Eq. 1): {sum(1 for v in d if v > 0)} worker(s) with extra delay, "
-                                f"predicted compute {now_t:.3g}s -> {t_bal:.3g}s per step (Eq. 3 with offsets)")))
+                                f"predicted compute {now_t:.3g}s -> {best_t:.3g}s per step (Eq. 3 with offsets)")))
             # Backup workers (Sync-OPT): a spare while transient stragglers last (a new one between two rounds
             # is then dropped at once instead of holding up every step), plus one per "hopeless" worker whose
             # delay alone exceeds the balanced step (Eq. 3 gives it the minimum batch, so dropping it costs
             # nothing); none once no worker is slow.
-            slow_now = [w for w in workers if model.delays[w.node] > 0 and w.node not in restarting]
-            hopeless = [x for x, dx in zip(model.names, d, strict=True) if t_bal > 0 and dx >= t_bal]
+            # A worker being relaunched counts as it is now: if its slowness follows it (transient contention
+            # on its host), it comes back slow, with the spec's B / n, and is dropped instead of holding the step.
+            slow_now = [w for w in workers if model.delays[w.node] > 0]
+            hopeless = [x for x in model.names if t_bal > 0 and model.delays[x] >= t_bal]
             spare = max(0, int(param_float(req, "backup", 1)))
             if not slow_now or len(slow_now) - len(hopeless) > len(workers) * param_float(req, "wave_fraction", 0.25):
                 # None left, or they come in waves (above a quarter of the workers): one dropped gradient
                 # cannot hold such a step and would only waste a worker's share (balancing does the work).
                 spare = 0
-            b = min(len(hopeless) + spare, len(workers) - 1) if slow_now else 0
+            # Never drop more than that fraction of the gradients of the workers that stay (a small job
+            # cannot afford a dropped gradient per step; the core also keeps b below the live workers).
+            most = int((len(workers) - len(restarting)) * param_float(req, "wave_fraction", 0.25))
+            b = min(len(hopeless) + spare, most, len(workers) - 1) if slow_now else 0
             if b != req.backup_workers:
                 actions.append(PolicyAction(
                     kind=ActionKind.BACKUP_WORKERS, payload={"backup": b},

@@ -1,0 +1,257 @@
+"""pacer-adaptive (issue 15): its pure decisions, the batch solver with offsets, the oracle bound, and in the simulator.
+
+Pure tests build a PolicyRequest and assert on the PolicyDecision.  The
+simulator tests compare policies on the same seeded scenario (relative JCTs
+of simulated time, never wall-clock).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pacer.contracts.agent import ActionKind
+from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary, StragglerKind
+from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
+from pacer_services.controller.core import ControllerCore, JobSetup
+from pacer_services.controller.policies import adaptive, antdt_nd
+from pacer_services.controller.policies.batch import balance, makespan
+from pacer_services.simulator.stragglers import load, parse, run
+from pacer_services.simulator.stragglers.bound import bound
+
+JOB = "job1"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sim"
+
+# The simulator's step model for the requests below: 2560 samples/s of compute, T_s 0.2 s, T_m 0.2 s.
+SPEED, TS, TM = 2560.0, 0.2, 0.2
+
+
+def ns(name: str, bpt: float, slow: float, role: str = "worker", long: float | None = None,
+       restarts: int = 0, long_slow: float | None = None) -> NodeStats:
+    return NodeStats(
+        node=name, role=role, bpt_short_s=bpt, bpt_long_s=bpt if long is None else long,
+        speed_samples_per_s=0.0, samples_total=0, cpu_percent=100.0, rss_bytes=1, last_seen=1.0,
+        state=NodeState.RUNNING, pending_s=0.0, restarts=restarts, slowdown_short=slow,
+        slowdown_long=slow if long_slow is None else long_slow, straggler=StragglerKind.NONE)
+
+
+def job(workers: dict[str, float], ps: dict[str, float], *, mode: str = "bsp", batch: int = 4096,
+        sizes: dict[str, int] | None = None, backup: int = 0, left: float = 0.5, busy: bool = False,
+        restarts: dict[str, int] | None = None, params: dict[str, Any] | None = None) -> PolicyRequest:
+    """A request of workers with extra delays ``workers`` (s per step) and PS with extra delays ``ps``,
+    measured in the simulator's step model, ``left`` of the job's records to go."""
+    names = sorted(workers)
+    sizes = sizes or dict.fromkeys(names, batch)
+    t_s = TS + max(ps.values(), default=0.0)
+    bpts = {n: sizes[n] / SPEED + workers[n] + t_s + TM for n in names}
+    med = sorted(bpts.values())[len(bpts) // 2]
+    pbpt = {p: TS + d for p, d in ps.items()}
+    pmed = sorted(pbpt.values())[len(pbpt) // 2] if pbpt else 1.0
+    nodes = [ns(n, bpts[n], bpts[n] / med, restarts=(restarts or {}).get(n, 0)) for n in names]
+    nodes += [ns(p, pbpt[p], pbpt[p] / pmed, role="ps") for p in sorted(ps)]
+    total = 100_000_000
+    rate = sum(sizes.values()) / max(bpts.values())
+    stats = JobStatistics(job=JOB, ts=1200.0, window_short_s=300.0, window_long_s=600.0,
+                          throughput_samples_per_s=rate, nodes=nodes, cluster_busy=busy,
+                          shards=ShardSummary(todo=1, doing=1, done=1, failed=0,
+                                              records_done=int(total * (1 - left)), records_total=total))
+    return PolicyRequest(job=JOB, stats=stats, mode=mode, global_batch=sum(sizes.values()), batch_sizes=sizes,
+                         backup_workers=backup, params=params or {})
+
+
+def of(d: PolicyDecision, kind: ActionKind) -> list[PolicyAction]:
+    return [a for a in d.actions if a.kind is kind]
+
+
+def true_step(sizes: dict[str, int], delays: dict[str, float]) -> float:
+    """The simulator's compute part of a synchronous step for these batch sizes."""
+    return max(b / SPEED + delays[n] for n, b in sizes.items())
+
+
+# ------------------------------------------------------------------ the batch solver with offsets
+@pytest.mark.parametrize("seed", range(30))
+def test_balance_with_offsets_is_the_exact_min_max(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 4)
+    total = rng.randint(n, 12)
+    v = [rng.choice([1.0, 2.0, 3.0]) for _ in range(n)]
+    d = [rng.choice([0.0, 0.5, 1.0, 2.5]) for _ in range(n)]
+    got = balance(total, v, lo=1, offsets=d)
+    assert sum(got) == total and min(got) >= 1
+    best = min(makespan(c, v, d) for c in itertools.product(range(1, total + 1), repeat=n) if sum(c) == total)
+    assert makespan(got, v, d) == pytest.approx(best)
+
+
+def test_balance_rejects_negative_offsets() -> None:
+    with pytest.raises(ValueError, match="offsets"):
+        balance(10, [1.0, 1.0], offsets=[0.0, -1.0])
+
+
+# ------------------------------------------------------------------ lambda from the noise
+def test_lambda_is_tight_on_a_quiet_cluster_and_loose_on_a_noisy_one() -> None:
+    quiet = job({f"w{i}": 0.0 for i in range(10)}, {"ps-0": 0.0})
+    lam_quiet = adaptive.noise_lambda(quiet, [n for n in quiet.stats.nodes if n.role == "worker"])
+    assert lam_quiet.lam == pytest.approx(1.05)
+    noisy_nodes = [ns(f"w{i}", 2.0 * (1 + 0.04 * ((i % 5) - 2)), 1 + 0.04 * ((i % 5) - 2)) for i in range(10)]
+    noisy = replace(quiet, stats=replace(quiet.stats, nodes=noisy_nodes))
+    lam_noisy = adaptive.noise_lambda(noisy, noisy_nodes)
+    assert lam_noisy.sigma > 0 and lam_noisy.lam > lam_quiet.lam + 0.1
+    # Never looser than the monitor's (or the job's) lambda.
+    assert adaptive.noise_lambda(replace(noisy, params={"lambda": 1.2}), noisy_nodes).lam == pytest.approx(1.2)
+
+
+def test_a_slowdown_within_the_noise_is_not_acted_on() -> None:
+    noisy_nodes = [ns(f"w{i}", 2.0 * (1 + 0.05 * ((i % 5) - 2)), 1 + 0.05 * ((i % 5) - 2)) for i in range(10)]
+    req = job({f"w{i}": 0.0 for i in range(10)}, {"ps-0": 0.0})
+    req = replace(req, stats=replace(req.stats, nodes=[*noisy_nodes, *[n for n in req.stats.nodes if n.role == "ps"]]))
+    assert adaptive.decide(req).actions == []
+
+
+# ------------------------------------------------------------------ workers
+def test_adjust_bs_with_the_additive_model_beats_eq3_proportional_in_one_round() -> None:
+    delays = {f"w{i}": 0.0 for i in range(8)} | {"w3": 1.2}
+    req = job(delays, {"ps-0": 0.0, "ps-1": 0.0}, restarts={"w3": 1})  # relaunched once: no relaunch, balance
+    mine = of(adaptive.decide(req), ActionKind.ADJUST_BS)[0].payload["batch_sizes"]
+    paper = of(antdt_nd.decide(replace(req, params={"lambda": 1.05})), ActionKind.ADJUST_BS)[0].payload["batch_sizes"]
+    assert sum(mine.values()) == req.global_batch
+    assert mine["w3"] < paper["w3"]  # a fixed delay per step: the slow worker gets less than its speed ratio
+    assert true_step(mine, delays) < true_step(paper, delays)
+
+
+def test_a_cut_straggler_that_now_looks_healthy_keeps_its_small_batch() -> None:
+    """After one ADJUST_BS the straggler's BPT equals its peers': its delay is still there (no oscillation)."""
+    delays = {f"w{i}": 0.0 for i in range(8)} | {"w3": 1.2}
+    once = {"w3": 1}
+    first = of(adaptive.decide(job(delays, {"ps-0": 0.0}, restarts=once)), ActionKind.ADJUST_BS)[0].payload["batch_sizes"]
+    again = adaptive.decide(job(delays, {"ps-0": 0.0}, sizes=first, restarts=once))
+    sizes = of(again, ActionKind.ADJUST_BS)[0].payload["batch_sizes"] if of(again, ActionKind.ADJUST_BS) else first
+    assert sizes["w3"] <= first["w3"] + 50  # not back to the even split
+    assert true_step(sizes, delays) <= true_step(first, delays) + 1e-9
+
+
+def test_a_recovered_worker_gets_its_batch_back() -> None:
+    sizes = {f"w{i}": 4400 for i in range(8)} | {"w3": 1768}  # w3 was cut while slow; now healthy
+    d = adaptive.decide(job(dict.fromkeys(sizes, 0.0), {"ps-0": 0.0}, sizes=sizes, backup=1))
+    new = of(d, ActionKind.ADJUST_BS)[0].payload["batch_sizes"]
+    assert max(new.values()) - min(new.values()) <= 1
+    assert of(d, ActionKind.BACKUP_WORKERS)[0].payload["backup"] == 0  # no straggler left: the backup goes
+
+
+def test_backup_worker_while_a_transient_straggler_lasts_not_in_a_wave() -> None:
+    one = adaptive.decide(job({f"w{i}": 0.0 for i in range(8)} | {"w5": 0.6}, {"ps-0": 0.0}, restarts={"w5": 1}))
+    assert [a.payload["backup"] for a in of(one, ActionKind.BACKUP_WORKERS)] == [1]
+    wave = adaptive.decide(job({f"w{i}": (0.6 if i < 4 else 0.0) for i in range(8)}, {"ps-0": 0.0}))
+    assert of(wave, ActionKind.BACKUP_WORKERS) == []  # 4 of 8 at once: one dropped gradient cannot hold the step
+    assert of(wave, ActionKind.ADJUST_BS)
+
+
+def test_a_lone_worker_beyond_balancing_is_relaunched_once() -> None:
+    delays = {f"w{i}": 0.0 for i in range(8)} | {"w3": 4.0}
+    d = adaptive.decide(job(delays, {"ps-0": 0.0}))
+    assert [a.node for a in of(d, ActionKind.KILL_RESTART)] == ["w3"]
+    # Still slow after a relaunch: the slowness follows the node, a second relaunch would not help.
+    again = adaptive.decide(job(delays, {"ps-0": 0.0}, restarts={"w3": 1}))
+    assert of(again, ActionKind.KILL_RESTART) == []
+    assert [a.payload["backup"] for a in of(again, ActionKind.BACKUP_WORKERS)] == [2]  # w3 (hopeless) + a spare
+    # Nor while the cluster is busy (AntDT §VI-A step 4).
+    assert of(adaptive.decide(job(delays, {"ps-0": 0.0}, busy=True)), ActionKind.KILL_RESTART) == []
+
+
+def test_a_wave_of_equally_slow_workers_is_balanced_not_relaunched() -> None:
+    delays = {f"w{i}": (1.2 if i % 2 else 0.0) for i in range(10)}
+    d = adaptive.decide(job(delays, {"ps-0": 0.0}))
+    assert of(d, ActionKind.KILL_RESTART) == [] and of(d, ActionKind.ADJUST_BS)
+
+
+def test_asp_only_relaunches() -> None:
+    delays = {f"w{i}": 0.0 for i in range(8)} | {"w3": 4.0}
+    d = adaptive.decide(job(delays, {"ps-0": 0.0}, mode="asp"))
+    assert {a.kind for a in d.actions} == {ActionKind.KILL_RESTART}
+
+
+# ------------------------------------------------------------------ servers: restart vs seamless
+def test_ps_choice_follows_the_cost_model() -> None:
+    c = adaptive.Costs(pending_s=20.0, init_s=100.0, ps_start_s=30.0)
+    # Seamless beats a stop-and-restart exactly when f < p / (p + s) = 0.4.
+    assert adaptive.ps_choice(0.2, 3000.0, c)[0] == "seamless"
+    assert adaptive.ps_choice(0.6, 3000.0, c)[0] == "restart"
+    assert adaptive.ps_choice(0.6, 100.0, c)[0] == "none"  # the job ends before a relaunch pays off
+    _, totals = adaptive.ps_choice(0.5, 1000.0, c)
+    assert totals == {"none": 1000.0, "restart": 620.0, "seamless": 625.0}
+
+
+@pytest.mark.parametrize(("delay", "how"), [(0.5, "seamless"), (4.0, "restart")])
+def test_a_clearly_slow_ps_is_moved_from_the_short_window(delay: float, how: str) -> None:
+    req = job({f"w{i}": 0.0 for i in range(4)}, {f"ps-{j}": (delay if j == 1 else 0.0) for j in range(4)})
+    acts = of(adaptive.decide(req), ActionKind.KILL_RESTART)
+    assert [(a.node, a.payload) for a in acts] == [("ps-1", {"migration": how})]
+
+
+def test_no_ps_relaunch_near_the_end_of_the_job() -> None:
+    req = job({f"w{i}": 0.0 for i in range(4)}, {"ps-0": 0.5, "ps-1": 0.0, "ps-2": 0.0}, left=0.005)
+    assert of(adaptive.decide(req), ActionKind.KILL_RESTART) == []
+
+
+def test_the_core_refuses_an_unknown_migration() -> None:
+    req = job({f"w{i}": 0.0 for i in range(4)}, {"ps-0": 0.0})
+    core = ControllerCore(JOB, JobSetup(global_batch=req.global_batch))
+    bad = PolicyDecision(JOB, "x", [PolicyAction(ActionKind.KILL_RESTART, "ps-0", {"migration": "teleport"})])
+    good = PolicyDecision(JOB, "x", [PolicyAction(ActionKind.KILL_RESTART, "ps-0", {"migration": "seamless"})])
+    assert "teleport" in core.review(req, bad, 0.0).refused[0].reason
+    assert [a.node for a in core.review(req, good, 0.0).execute] == ["ps-0"]
+
+
+# ------------------------------------------------------------------ in the simulator
+def test_beats_antdt_nd_on_transient_worker_stragglers() -> None:
+    """examples/sim/transient-workers.yaml (not tuned on), two seeds: shorter JCT than the paper's policy."""
+    sc = load(EXAMPLES / "transient-workers.yaml")
+    for seed in (3, 4):
+        s = replace(sc, seed=seed)
+        nd, mine = run(s, "antdt-nd", ideal=False), run(s, "pacer-adaptive", ideal=False)
+        assert mine.shards_done == mine.shards_total
+        assert mine.jct_s < nd.jct_s, (seed, mine.jct_s, nd.jct_s)
+
+
+def _ps_scenario(delay: float, seed: int = 0) -> Any:
+    return parse({"name": "ps", "seed": seed,
+                  "cluster": {"workers": 4, "ps": 2, "worker_speed": 2560, "ps_time_s": 0.2, "comm_s": 0.2},
+                  "job": {"mode": "bsp", "global_batch": 16384, "records": 12_000_000, "batches_per_shard": 50},
+                  "stragglers": [{"node": "ps-1", "sleep_s": delay, "intensity": 1.0}]})
+
+
+@pytest.mark.parametrize(("delay", "how"), [(0.5, "seamless"), (4.0, "restart")])
+def test_the_simulator_carries_out_the_chosen_migration(delay: float, how: str) -> None:
+    res = run(_ps_scenario(delay), "pacer-adaptive", ideal=False)
+    assert res.restarts == 1 and res.actions.get("KILL_RESTART") == 1
+    assert res.jct_s < run(_ps_scenario(delay), "none", ideal=False).jct_s
+    # The other way round would have been slower: a test policy forcing it, same round, same node.
+    other = "restart" if how == "seamless" else "seamless"
+
+    def forced(req: PolicyRequest) -> PolicyDecision:
+        d = adaptive.decide(req)
+        return replace(d, actions=[replace(a, payload={"migration": other}) if a.kind is ActionKind.KILL_RESTART
+                                   else a for a in d.actions])
+
+    assert run(_ps_scenario(delay), "forced", policy=forced, ideal=False).jct_s > res.jct_s
+
+
+def test_the_bound_is_below_every_policy_and_equal_to_the_ideal_without_stragglers() -> None:
+    sc = load(EXAMPLES / "transient-workers.yaml")
+    b = bound(sc)
+    assert b.jct_s > b.free_jct_s
+    for method in ("none", "antdt-nd", "pacer-adaptive"):
+        r = run(sc, method)
+        assert r.ideal_jct_s is not None
+        assert b.gap_pct < (r.jct_s / r.ideal_jct_s - 1) * 100
+    free = bound(replace(sc, stragglers=()))
+    assert free.jct_s == pytest.approx(free.free_jct_s) and free.relaunched == ()
+
+
+@pytest.mark.parametrize(("delay", "how"), [(0.5, "seamless"), (4.0, "restart")])
+def test_the_bound_relaunches_a_slow_ps_the_cheaper_way(delay: float, how: str) -> None:
+    assert bound(_ps_scenario(delay)).relaunched == (f"ps-1 ({how})",)
