@@ -9,6 +9,11 @@ same call the launcher makes); the test plays the executor's part in
 relaunching a node that exits 75.  Mid-training the job receives real
 global actions (ADJUST_BS, ADJUST_LR through the primary agent's two-phase
 barrier) and a KILL_RESTART node command.
+
+The second test submits the same program as a ``trainer:`` job to the
+embedded stack (job service, pod-executor with the local backend, shard
+service): the executor starts it, relaunches the node that asked for it and
+keeps the chief's result.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import InProcessService, eventually
+from conftest import InProcessService, eventually, job_client, read_events, running_stack
 from nats.aio.msg import Msg
 from pacer import subjects
 from pacer.bus import Bus, RetryPolicy
@@ -217,3 +222,74 @@ async def test_user_script_trains_every_shard_and_applies_global_actions(
     assert r0["samples"] + left["samples"] + r1["samples"] == ROWS, (r0["samples"], left, r1["samples"])
     # The model learnt the planted signal (a broken step or shard reader stays near 0.5).
     assert r0["auc"] > 0.65, r0
+
+
+# ------------------------------------------------------- through the job service and the executor
+
+
+def _wired() -> bool:
+    """The spec parser and the executor's launcher know ``trainer:`` (requests-h8-sdk.md)."""
+    from pacer.jobs.spec import TOP_LEVEL
+    from pacer_services.pod_executor import launch
+
+    return "trainer" in TOP_LEVEL and hasattr(launch, "trainer_env")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _wired(), reason="trainer: jobs not wired into pacer.jobs.spec / the executor yet")
+async def test_a_trainer_job_runs_on_the_local_backend_and_takes_actions(tmp_path: Path) -> None:
+    from pacer.contracts.jobs import JobState
+    from pacer.contracts.nodes import NodeEvent
+    from pacer.data.criteo import heldout_path
+
+    data = tmp_path / "train.rec"
+    generate(data, 60_000, seed=7)
+    generate(heldout_path(data), 10_000, seed=7, stream=1)
+    name = "byo-e2e"
+    spec = (f"name: {name}\ndataset: {{path: {data}, test_path: {heldout_path(data)}}}\nbatch_size: 256\n"
+            "policies: {optimizer: default}\n"
+            "resources: {workers: 2, ps: 1, worker_cpu: 0.5, ps_cpu: 0.5, worker_memory_mb: 768, ps_memory_mb: 768}\n"
+            f"trainer:\n  command: [python, {EXAMPLE}, --step-ms, '{STEP_MS}']\n  ps_command: [python, {EXAMPLE}]\n")
+    env = {"PACER_BATCHES_PER_SHARD": "10", "PACER_SHARD_LEASE_S": "20"}
+    with running_stack(tmp_path / "stack", ["shard", "jobs", "executor"], env) as st:
+        async with job_client(st.url, "byo-test") as client:
+            bus = client.bus
+            heartbeats: list[Heartbeat] = []
+
+            async def on_heartbeat(msg: Msg) -> None:
+                heartbeats.append(decode(Heartbeat, msg.data))
+
+            await bus.nc.subscribe(subjects.events_of(subjects.AGENT_SERVICE, name, subjects.AgentEventKind.HEARTBEAT),
+                                   cb=on_heartbeat)
+            rec = await client.submit(name, spec)
+            assert rec.spec.trainer is not None and rec.spec.trainer.command[0] == "python"
+
+            def ready() -> bool:
+                live = {h.node for h in heartbeats if h.trainer_alive and h.iteration > 0}
+                return live >= {"worker-0", "worker-1"} and any(h.primary for h in heartbeats)
+
+            await eventually(ready, 120, "both workers step beside their agents")
+            await asyncio.sleep(0.3)
+            retry = RetryPolicy(attempts=30, first_delay=0.1, max_delay=0.5)
+            lr = await bus.request(subjects.agent_global_action(name), GlobalAction(
+                name, uuid.uuid4().hex, ActionKind.ADJUST_LR, {"scale": 0.5}, reason="test"), ActionResult, 15, retry)
+            assert lr.applied and sorted(lr.nodes) == ["worker-0", "worker-1"], lr
+            kr = await bus.request(subjects.agent_command(name, "worker-1"),
+                                   NodeCommand(name, "worker-1", ActionKind.KILL_RESTART, reason="test"),
+                                   ActionResult, 10)
+            assert kr.applied, kr
+            deadline = time.monotonic() + 180
+            while not ((rec := await client.get(name)).state in (JobState.COMPLETED, JobState.FAILED) and rec.torn_down):
+                assert time.monotonic() < deadline, rec
+                await asyncio.sleep(0.5)
+            events: list[NodeEvent] = await read_events(st.url, subjects.events_of("node", name), NodeEvent)
+    assert rec.state is JobState.COMPLETED, rec.reason
+    assert rec.progress.records_done == rec.progress.records_total == 60_000 and rec.progress.shards_failed == 0
+    # The executor relaunched worker-1 for its KILL_RESTART (exit 75) with the user's command again.
+    died = [e for e in events if e.kind == "died" and e.node == "worker-1" and e.generation == 0]
+    assert died and died[0].relaunch and died[0].exit_code == EXIT_RESTART, died
+    assert any(e.kind == "running" and e.node == "worker-1" and e.generation == 1 for e in events)
+    # The chief's result line became the job's result: the action at its iteration, the held-out AUC.
+    applied = [a for a in rec.result["actions"] if a["kind"] == "ADJUST_LR"]
+    assert [a["iteration"] for a in applied] == [lr.target_iteration], rec.result
+    assert rec.result["learning_rate"] == pytest.approx(0.025) and rec.result["auc"] > 0.65, rec.result

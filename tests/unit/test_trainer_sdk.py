@@ -152,3 +152,47 @@ def test_finish_writes_the_result_line_the_executor_keeps(tmp_path: Path, capsys
     assert parse_result("noise\n" + out) == {"node": "worker-1", "exit": 0, "local_steps": 1, "samples": 10,
                                              "actions": [], "loss": 0.4}
     assert json.loads(Path(tmp_path / "result.json").read_text())["loss"] == 0.4
+
+
+# ------------------------------------------------ the spec's trainer section (pacer.jobs.spec)
+
+_SPEC_PATCHED = "trainer" in __import__("pacer.jobs.spec", fromlist=["TOP_LEVEL"]).TOP_LEVEL
+needs_spec = pytest.mark.skipif(not _SPEC_PATCHED, reason="pacer.jobs.spec has no trainer section yet "
+                                "(patch in /tmp/pacer-coord/requests-h8-sdk.md)")
+
+
+@needs_spec
+def test_a_trainer_section_parses_and_model_becomes_optional() -> None:
+    from pacer.contracts.jobs import TrainerConfig
+    from pacer.jobs.spec import parse_job_spec, spec_to_json
+
+    spec = parse_job_spec(
+        "name: byo\ndataset: /d/train.rec\ntrainer:\n  command: [python, /app/train.py, --epochs, '2']\n"
+        "  ps_command: [python, /app/train.py]\n  image: registry.example/team/trainer:1.4\n"
+        "  env: {WANDB_MODE: offline}\n")
+    assert spec.trainer == TrainerConfig(command=["python", "/app/train.py", "--epochs", "2"],
+                                         ps_command=["python", "/app/train.py"],
+                                         image="registry.example/team/trainer:1.4", env={"WANDB_MODE": "offline"})
+    assert parse_job_spec(spec_to_json(spec)) == spec  # what the job service stores reads back the same
+    bare = parse_job_spec("name: byo\ndataset: /d/train.rec\ntrainer: [python, /app/train.py]\n")
+    assert bare.trainer == TrainerConfig(command=["python", "/app/train.py"])
+    assert parse_job_spec("name: b\nmodel: dcn\ndataset: /d/t.rec\n").trainer is None
+
+
+@needs_spec
+def test_a_bad_trainer_section_names_every_problem() -> None:
+    from pacer.jobs.spec import JobSpecError, parse_job_spec
+
+    with pytest.raises(JobSpecError) as ei:
+        parse_job_spec("name: byo\ndataset: /d/t.rec\ntrainer:\n  command: python train.py\n  ps_command: [python, 3]\n"
+                       "  image: 'a b'\n  env: {PACER_JOB: x, TF_CONFIG: '{}', 9LIVES: y, THREADS: 4}\n  gpu: 1\n")
+    problems = "\n".join(ei.value.problems)
+    for expected in ("trainer.command: must be a list of strings", "trainer.ps_command[1]: must be a string",
+                     "trainer.image: must be an image reference", "trainer.env.PACER_JOB: is set by Pacer",
+                     "trainer.env.TF_CONFIG: is set by Pacer", "trainer.env.9LIVES: must be a variable name",
+                     "trainer.env.THREADS: must be a string (quote it)", "trainer.gpu: unknown field"):
+        assert expected in problems, problems
+    with pytest.raises(JobSpecError, match=r"trainer\.command: required"):
+        parse_job_spec("name: byo\ndataset: /d/t.rec\ntrainer: {image: x}\n")
+    with pytest.raises(JobSpecError, match=r"model: required"):  # no trainer: the built-in needs a model
+        parse_job_spec("name: byo\ndataset: /d/t.rec\n")
