@@ -29,6 +29,16 @@ OVERLAYS = {"dev": 1, "prod": 3}
 
 POD_VERBS = {"create", "get", "list", "watch", "delete"}
 
+# Helper containers beside a server (resources and hardening like any, but no probes: they serve nothing).
+SIDECARS = {"cert-reloader": "prod NATS: reloads nats-server when its certificate is renewed"}
+
+
+def nats_container(sts: dict[str, Any]) -> dict[str, Any]:
+    """The nats-server container of the NATS StatefulSet (beside it, prod runs the cert-reloader)."""
+    found: list[dict[str, Any]] = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "nats"]
+    assert len(found) == 1, [c["name"] for c in sts["spec"]["template"]["spec"]["containers"]]
+    return found[0]
+
 
 @dataclass(frozen=True)
 class Service:
@@ -189,6 +199,8 @@ def test_workloads_have_resources_and_probes(overlay: str) -> None:
             res = c.get("resources", {})
             assert res.get("requests", {}).get("cpu") and res.get("requests", {}).get("memory"), what
             assert res.get("limits", {}).get("memory"), what
+            if c["name"] in SIDECARS:
+                continue  # serves nothing, so it has nothing to be ready or live for
             assert "livenessProbe" in c and "readinessProbe" in c, what
 
 
@@ -224,7 +236,8 @@ def test_nats_statefulset(overlay: str) -> None:
 
     # JetStream file store on a PVC, config from the ConfigMap.
     pod = sts["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    container = nats_container(sts)
+    assert {c["name"] for c in pod["containers"]} <= {"nats", *SIDECARS}
     assert container["image"].startswith("nats:2.")
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["data"]
@@ -647,8 +660,8 @@ def test_nats_image_is_pinned_offline() -> None:
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_nats_image_is_pinned(overlay: str) -> None:
     """An exact release (and, where set, a digest), never a moving tag like ``2.10-alpine`` or ``latest``."""
-    (c,) = one(render(overlay), "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"]
-    assert re.fullmatch(r"nats:\d+\.\d+\.\d+(-alpine)?(@sha256:[0-9a-f]{64})?", c["image"]), c["image"]
+    for c in one(render(overlay), "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"]:
+        assert re.fullmatch(r"nats:\d+\.\d+\.\d+(-alpine)?(@sha256:[0-9a-f]{64})?", c["image"]), c["image"]
 
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -805,7 +818,7 @@ def test_nats_reads_every_password_from_the_secret(overlay: str) -> None:
     Secret key of that user (a missing variable stops nats-server: tests/unit/test_deploy_nats.py)."""
     docs = render(overlay)
     conf = nats_conf_text(docs)
-    (c,) = one(docs, "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"]
+    c = nats_container(one(docs, "StatefulSet", "nats"))
     users = conf_users(conf)
     for user, password in users.items():
         assert password.startswith("$"), f"user {user}: password is not a variable"
@@ -841,7 +854,7 @@ def test_nats_tls(overlay: str) -> None:
         for name, (_, c) in clients.items():
             assert env_source(docs, c, "PACER_NATS_CA") is None, name
         return
-    (c,) = pod["containers"]
+    c = nats_container(one(docs, "StatefulSet", "nats"))
     mounts = secret_mounts(pod, c, TLS_SECRET)
     assert len(mounts) == 1 and not next(iter(mounts.values())).get("optional"), mounts
     (tls_dir,) = mounts
@@ -903,7 +916,7 @@ def test_prod_nats_certificate() -> None:
     urls += [env_of(c)["PACER_POD_NATS_URL"]
              for c in one(docs, "Deployment", "pod-executor")["spec"]["template"]["spec"]["containers"]]
     hosts = {urlsplit(u).hostname or u for u in urls}
-    (nats,) = one(docs, "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"]
+    nats = nats_container(one(docs, "StatefulSet", "nats"))
     hosts |= {re.sub(r".*@([^:]+):.*", r"\1", e["value"]) for e in nats["env"]
               if e["name"].startswith("PACER_NATS_ROUTE_") and "value" in e}
     assert "nats" in hosts and "nats-2.nats-headless" in hosts, hosts

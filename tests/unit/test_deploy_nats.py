@@ -18,7 +18,9 @@ import asyncio
 import datetime as dt
 import ipaddress
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 import urllib.request
@@ -33,7 +35,7 @@ from pacer import deploy_conf, security
 from pacer import subjects as S
 from pacer.embedded import find_binary, free_port
 
-from .test_deploy import OVERLAYS, configmap, env_source, needs_kubectl, one, render
+from .test_deploy import OVERLAYS, configmap, env_source, nats_container, needs_kubectl, one, render
 
 ROOT = Path(__file__).resolve().parents[2]
 USERS_CONF = ROOT / "deploy" / "base" / "nats-users.conf"
@@ -81,7 +83,7 @@ def secret_value(key: str) -> str:
 def nats_env(docs: list[dict[str, Any]], pod_name: str) -> dict[str, str]:
     """The NATS container's environment as the kubelet would make it: fieldRefs, Secret keys (test values)
     and ``$(VAR)`` expansion of earlier variables."""
-    (c,) = one(docs, "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"]
+    c = nats_container(one(docs, "StatefulSet", "nats"))
     env: dict[str, str] = {}
     for e in c["env"]:
         src = env_source(docs, c, e["name"])
@@ -126,7 +128,7 @@ def config_test(conf: Path, env: dict[str, str]) -> subprocess.CompletedProcess[
                           text=True, timeout=60, check=False)
 
 
-def make_certs(directory: Path) -> Path:
+def make_certs(directory: Path, days: int = 1) -> Path:
     """ca.crt, tls.crt, tls.key as cert-manager writes them into nats-server-tls, for 127.0.0.1 and localhost,
     with server and client auth (routes are mutual TLS), like deploy/components/nats-tls-cert-manager."""
     from cryptography import x509
@@ -146,7 +148,7 @@ def make_certs(directory: Path) -> Path:
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "nats")]))
             .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
             .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
                                                         x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
                            critical=False)
@@ -184,6 +186,7 @@ def nats_servers(confs: list[tuple[Path, dict[str, str]]], logs: Path) -> Iterat
     procs = []
     try:
         for i, (conf, env) in enumerate(confs):
+            LOGS.paths.append(logs / f"nats-{i}.log")
             with open(logs / f"nats-{i}.log", "wb") as log:
                 procs.append(subprocess.Popen([find_binary(), "-c", str(conf)], env=env, stdout=log,
                                               stderr=subprocess.STDOUT))
@@ -216,7 +219,30 @@ def wait_for(check: Any, what: str, within: float = 30.0) -> Any:
         except OSError as e:  # not listening yet
             last = e
         time.sleep(0.2)
-    raise AssertionError(f"{what}: last {last!r}")
+    raise AssertionError(f"{what}: last {last!r}\n{LOGS.tails()}")
+
+
+class _Logs:
+    """The nats-server logs of the running test, for failure messages (a port taken by another process
+    between free_port() and the server's bind shows up there)."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+
+    def tails(self, lines: int = 15) -> str:
+        out = []
+        for p in self.paths:
+            text = p.read_text(errors="replace").splitlines() if p.exists() else ["(no log)"]
+            out.append(f"--- {p}:\n" + "\n".join(text[-lines:]))
+        return "\n".join(out)
+
+
+LOGS = _Logs()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logs() -> None:
+    LOGS.paths = []
 
 
 async def round_trip(url: str, env: dict[str, str]) -> bytes:
@@ -317,3 +343,49 @@ def test_cli_writes_the_block_and_fills_every_key_of_the_secret(tmp_path: Path, 
     assert deploy_conf.main(["passwords", "--policy", "mine"]) == 0
     keys = set(json.loads(capsys.readouterr().out)["stringData"])
     assert keys == named | {deploy_conf.ROUTE_USER}
+
+
+@needs_kubectl
+def test_prod_cert_reloader_reloads_nats_when_the_certificate_is_renewed(tmp_path: Path) -> None:
+    """The prod NATS pods' cert-reloader script, run as rendered (paths, its period and the binary's path
+    rewritten), makes a running nats-server of the prod config serve a renewed certificate.  The renewal is
+    made the way the kubelet updates a Secret volume: the directory is a symlink swapped in one step."""
+    docs = render("prod")
+    sts = one(docs, "StatefulSet", "nats")
+    (reloader,) = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "cert-reloader"]
+    assert reloader["command"][:2] == ["sh", "-c"]
+    tls = tmp_path / "tls"
+    make_certs(tmp_path / "tls-1", days=1)
+    tls.symlink_to(tmp_path / "tls-1")
+    ports = {"client": free_port(), "monitor": free_port(), "cluster": free_port()}
+    conf = write_conf(docs, tmp_path / "conf", ports, tls)
+    env = nats_env(docs, "nats-0")
+    for j in range(OVERLAYS["prod"]):  # peers that are not there: this test needs one server
+        env[f"PACER_NATS_ROUTE_{j}"] = f"nats://route:x@127.0.0.1:{free_port()}"
+    script = reloader["command"][2]
+    script = rewrite(script, r"/etc/nats-tls/", f"{tls}/")
+    script = rewrite(script, r"/var/run/nats/", f"{tmp_path / 'conf'}/")
+    script = rewrite(script, r"\bsleep 10\b", "sleep 0.2")
+    script = rewrite(script, r"\bnats-server --signal", f"{find_binary()} --signal")
+    with nats_servers([(conf, env)], tmp_path):
+        before = wait_for(lambda: monitor(ports["monitor"], "/varz").get("tls_cert_not_after"), "nats-server up")
+        with open(tmp_path / "reloader.log", "wb") as log:
+            proc = subprocess.Popen(["sh", "-c", script], stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            time.sleep(0.5)  # a few unchanged rounds: no reload without a change
+            assert "reloaded" not in (tmp_path / "reloader.log").read_text()
+            make_certs(tmp_path / "tls-2", days=3)
+            (tmp_path / "tls-new").symlink_to(tmp_path / "tls-2")
+            os.replace(tmp_path / "tls-new", tls)
+            after = wait_for(lambda: (v := monitor(ports["monitor"], "/varz").get("tls_cert_not_after")) != before
+                             and v, "the renewed certificate served")
+            assert after > before
+            assert "reloaded" in (tmp_path / "reloader.log").read_text()
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(10)
+        # And clients verify against the renewed CA.
+        client = {"PACER_NATS_USER": "shard", "PACER_NATS_PASSWORD": secret_value("shard"),
+                  "PACER_NATS_CA": str(tls / "ca.crt")}
+        assert asyncio.run(round_trip(f"nats://127.0.0.1:{ports['client']}", client)) == b"ping"
