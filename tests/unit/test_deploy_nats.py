@@ -57,7 +57,7 @@ def test_generated_users_have_the_permissions_of_their_roles() -> None:
     for user, var, perms in entries:
         name = json.loads(user)
         assert var == deploy_conf.password_env(name)
-        assert json.loads(perms) == security.permissions(roles[name]).to_conf()
+        assert json.loads(perms) == security.permissions(roles[name], name).to_conf()
     assert roles["policy-mine"] == "policy:mine"
 
 
