@@ -145,7 +145,8 @@ def bound(sc: Scenario) -> Bound:
     free = _integrate(replace(sc, stragglers=()), {}, (0.0, 0.0), 0.0, set())
     relaunch = c.pending_s + c.init_s
     curable = [(k, s) for k, s in enumerate(sc.stragglers) if not s.follows_restart and s.intensity * s.sleep_s > 0]
-    best, how = _integrate(sc, {}, (0.0, 0.0), 0.0, set()), ()
+    best = _integrate(sc, {}, (0.0, 0.0), 0.0, set())
+    how: tuple[str, ...] = ()
     # The oracle tries: relaunch every curable worker straggler at t = 0; and for the PS, stop-and-restart
     # or seamless (both on top of the worker choice).  Few stragglers are curable in practice: 2^k is fine.
     workers = [(k, s) for k, s in curable if s.side is Role.WORKER]
