@@ -359,7 +359,8 @@ def _netloc(url: str) -> str:
     return f"{parts.hostname or ''}:{parts.port or 4222}"
 
 
-def _strip_userinfo(url: str) -> str:
+def strip_userinfo(url: str) -> str:
+    """``nats://user:pw@host:port`` -> ``nats://host:port``."""
     parts = urlsplit(url)
     if not parts.username and not parts.password:
         return url
@@ -388,7 +389,7 @@ def connect_options(url: str, environ: Mapping[str, str]) -> dict[str, object]:
     only inboxes the server lets the user read.
     """
     servers = split_servers(url) or [url]
-    out: dict[str, object] = {"servers": [_strip_userinfo(u) for u in servers]}
+    out: dict[str, object] = {"servers": [strip_userinfo(u) for u in servers]}
     user = password = ""
     for u in servers:
         parts = urlsplit(u)

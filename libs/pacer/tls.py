@@ -1,10 +1,11 @@
 """A private CA and a server certificate for the embedded nats-server.
 
-``pacer up`` with ``PACER_NATS_TLS=1`` makes, once per data dir, a CA (kept
-beside the server's config, mode 0600) and a server certificate for
-``127.0.0.1`` / ``localhost`` signed by it.  nats-server then requires TLS;
-services, pods and the CLI verify the server against the CA named by
-``PACER_NATS_CA`` (read by ``Bus.connect``).
+``pacer up`` (unless ``PACER_NATS_TLS=0``) makes, once per data dir, a CA
+(kept beside the server's config) and a server certificate for
+``127.0.0.1`` / ``localhost`` signed by it (its key mode 0600).  nats-server
+then requires TLS; services, pods and the CLI verify the server against the
+CA named by ``PACER_NATS_CA`` or by ``pacer up``'s context file (read by
+``Bus.connect``).
 """
 
 from __future__ import annotations

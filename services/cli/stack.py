@@ -33,6 +33,7 @@ from pacer.embedded import EmbeddedNats
 
 # Every service of the embedded stack: name -> module to run.
 SERVICES: dict[str, str] = {
+    "auth": "pacer_services.auth_callout.main",  # admits each job's agents (auth callout); first: pods need it
     "shard": "pacer_services.shard_service.main",
     "monitor": "pacer_services.monitor.main",
     "jobs": "pacer_services.job_service.main",
@@ -65,6 +66,15 @@ class Stack:
     tls: bool = field(default_factory=lambda: os.environ.get("PACER_NATS_TLS", "1") != "0")
     ca_file: Path | None = None
     _saved_ca: str | None = field(default=None, repr=False)
+    # Per-job agents: the auth callout's issuer account seed and the secret of the agents' tokens
+    # (made per start when the ``auth`` service is in the stack; given to it and to the executor only).
+    _issuer_seed: str = field(default="", repr=False)
+    _agent_secret: str = field(default="", repr=False)
+
+    @property
+    def per_job_agents(self) -> bool:
+        """Whether pods get per-job agent users (the bus is secured and the ``auth`` service runs)."""
+        return self.secure and security.AUTH_SERVICE in self.services
 
     @property
     def context_file(self) -> Path:
@@ -105,7 +115,15 @@ class Stack:
             roles = {role: role for role in security.ROLES}
             roles |= {f"policy-{n.strip()}": f"{security.POLICY_ROLE_PREFIX}{n.strip()}" for n in self.policy_users}
             self.passwords = {u: self.passwords.get(u) or secrets.token_urlsafe(18) for u in roles}
-            authorization = security.render_authorization({u: (self.passwords[u], r) for u, r in roles.items()})
+            callout = None
+            if self.per_job_agents:
+                from pacer.authjwt import PREFIX_ACCOUNT, KeyPair
+
+                issuer = KeyPair.create(PREFIX_ACCOUNT)
+                self._issuer_seed, self._agent_secret = issuer.seed, secrets.token_urlsafe(32)
+                callout = security.Callout(issuer.public_key)
+            authorization = security.render_authorization({u: (self.passwords[u], r) for u, r in roles.items()},
+                                                          callout)
         tls = ""
         if self.tls:
             from pacer.tls import ensure_server_tls, server_tls_config
@@ -208,7 +226,11 @@ class Stack:
             return out
         out |= {"PACER_NATS_USER": name, "PACER_NATS_PASSWORD": self.passwords[name]}
         if name == "executor":
-            out["PACER_POD_NATS_URL"] = self.url_as("agent")
+            out["PACER_POD_NATS_URL"] = self.url_as("agent")  # the static agent user, unless per job:
+            if self.per_job_agents:
+                out["PACER_AGENT_TOKEN_SECRET"] = self._agent_secret
+        if name == security.AUTH_SERVICE and self.per_job_agents:
+            out |= {"PACER_AUTH_ISSUER_SEED": self._issuer_seed, "PACER_AGENT_TOKEN_SECRET": self._agent_secret}
         return out
 
     def check(self) -> list[str]:

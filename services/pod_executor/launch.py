@@ -6,13 +6,24 @@ commands (``python -m pacer.trainer.ps|worker`` plus ``python -m
 pacer.agent.main``); ``{pod_dir}`` is the backend's per-pod directory.
 The machine the plan's placement names for the node travels in
 :attr:`~pacer.contracts.executor.PodSpec.machine`.
+
+Bus credentials of a pod: with an agent token secret (``PACER_AGENT_TOKEN_SECRET``,
+shared with the auth callout responder) every pod of job ``j`` gets the user
+``agent-<j>`` and the password :func:`pacer.authjwt.agent_token` in its URL,
+which the auth callout admits with job ``j``'s subjects only; without one,
+the URL the executor was given (the static ``agent`` user).  When the URL
+carries a user, the executor's own NATS user and the secrets are blanked in
+the pod's environment (a local pod inherits the executor's).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
+from pacer import authjwt, security
 from pacer.contracts.executor import PodSpec
 from pacer.contracts.jobs import JobRecord, ResourcePlan
 from pacer.trainer.cluster import ClusterDesc
@@ -38,6 +49,22 @@ class LaunchConfig:
     # It emulates a slow *machine*: only a node's first pod (generation 0) is slow; a relaunched
     # pod lands elsewhere (AntDT's KILL_RESTART gain), unless the spec sets "sticky": true.
     stragglers: tuple[tuple[str, str], ...] = ()
+    # Per-job agent credentials (see the module docstring); "" = every pod gets nats_url as it is.
+    agent_secret: str = field(default_factory=lambda: os.environ.get("PACER_AGENT_TOKEN_SECRET", ""), repr=False)
+
+
+# What a pod must not inherit from a local executor: its NATS user and the secrets that mint credentials.
+SCRUBBED_ENV = ("PACER_NATS_USER", "PACER_NATS_PASSWORD", "PACER_NATS_CREDS", "PACER_AGENT_TOKEN_SECRET",
+                "PACER_AUTH_ISSUER_SEED")
+
+
+def pod_nats_url(cfg: LaunchConfig, job: str) -> str:
+    """The bus URL of job ``job``'s pods: its agent user and token when the executor has a secret."""
+    if not cfg.agent_secret:
+        return cfg.nats_url
+    return ",".join(security.with_credentials(security.strip_userinfo(u), security.agent_user(job),
+                                              authjwt.agent_token(cfg.agent_secret, job))
+                    for u in security.split_servers(cfg.nats_url))
 
 
 def pod_name(job: str, node: str, generation: int) -> str:
@@ -52,7 +79,7 @@ def worker_config(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, inde
     chief = index == 0
     return WorkerConfig(
         job=rec.job, node=f"worker-{index}", index=index, cluster=cluster.to_json(), data=rec.data_path,
-        dataset=spec.dataset.name, nats_url=cfg.nats_url, model=m.name.value,
+        dataset=spec.dataset.name, nats_url=pod_nats_url(cfg, rec.job), model=m.name.value,
         model_args={"hash_buckets": m.hash_buckets, "embed_dim": m.embed_dim, "hidden": list(m.hidden),
                     "cross_layers": m.cross_layers, "cin_layers": list(m.cin_layers),
                     "learning_rate": m.learning_rate, "optimizer": m.optimizer},
@@ -81,7 +108,10 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
              generation: int, cpu: float, memory_mb: int, port: int, cfg: LaunchConfig,
              restore: bool = False) -> PodSpec:
     node = f"{role}-{index}"
-    env = {"PACER_NATS_URL": cfg.nats_url, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    url = pod_nats_url(cfg, rec.job)
+    # A URL with its user wins over any other setting: the pod needs, and gets, nothing else.
+    scrub = dict.fromkeys(SCRUBBED_ENV, "") if urlsplit(security.split_servers(url)[0]).username else {}
+    env = {**scrub, "PACER_NATS_URL": url, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
     agent: list[str] = []
     if role == "ps":
         command = ["python", "-m", "pacer.trainer.ps", "--cluster", cluster.to_json(), "--index", str(index)]
@@ -90,7 +120,7 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
         command = ["python", "-m", "pacer.trainer.worker", "--config", wc.to_json()]
         if cfg.agents:
             agent = ["python", "-m", "pacer.agent.main", "--job", rec.job, "--node", node, "--role", role,
-                     "--ipc", IPC, "--nats", cfg.nats_url]
+                     "--ipc", IPC, "--nats", url]
     # The plan's placement (Dike, from the brain) is a preference, never a condition: a node it does
     # not name goes anywhere, and one whose machine is full by now goes elsewhere (the backend's choice).
     return PodSpec(name=pod_name(rec.job, node, generation), job=rec.job, node=node, role=role, index=index,

@@ -164,3 +164,41 @@ async def test_the_agent_bus_connects_through_the_url(callout: EmbeddedNats) -> 
             await mine.create(subjects.agent_primary_key("job-b"), b"worker-0")
     finally:
         await bus.close()
+
+
+def test_the_embedded_stack_gives_pods_per_job_users(tmp_path: Path) -> None:
+    """The stack's auth service admits the URL the executor builds for a job's pods, for that job only."""
+    from pacer_services.cli.stack import Stack
+    from pacer_services.pod_executor import launch
+
+    st = Stack(tmp_path / "stack", services=["auth"]).start(ready_timeout=60)
+    try:
+        assert st.per_job_agents
+        executor_env = st._credentials("executor")
+        cfg = launch.LaunchConfig(executor_env["PACER_POD_NATS_URL"],
+                                  agent_secret=executor_env["PACER_AGENT_TOKEN_SECRET"])
+        url = launch.pod_nats_url(cfg, "job-a")
+        assert security.agent_user("job-a") in url and st.passwords["agent"] not in url
+        assert "PACER_AGENT_TOKEN_SECRET" not in st._credentials("shard")
+
+        async def as_pod() -> list[Exception]:
+            errors: list[Exception] = []
+
+            async def on_error(exc: Exception) -> None:
+                errors.append(exc)
+
+            bus = await Bus.connect(url, name="pod")
+            bus.nc._error_cb = on_error
+            try:
+                await bus.nc.publish(subjects.agent_heartbeat("job-a"), b"hb")
+                await bus.nc.publish(subjects.agent_heartbeat("job-b"), b"forged")
+                await bus.nc.flush()
+                await violation(errors, subjects.agent_heartbeat("job-b"))
+            finally:
+                await bus.close()
+            return errors
+
+        errors = asyncio.run(as_pod())
+        assert not any(subjects.agent_heartbeat("job-a") in str(e) for e in errors)
+    finally:
+        st.stop()
