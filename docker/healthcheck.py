@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
+import re
 import socket
 import ssl
 import sys
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import msgpack
 import nats
@@ -40,6 +42,10 @@ def auth_options(url: str, env: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if not urlsplit(url).username and env.get("PACER_NATS_USER"):
         out["user"], out["password"] = env["PACER_NATS_USER"], env.get("PACER_NATS_PASSWORD", "")
+    user = unquote(urlsplit(url).username or "") or env.get("PACER_NATS_USER", "")
+    if user:  # a user reads replies only under its own inbox prefix (pacer.security.inbox_prefix)
+        safe = re.fullmatch(r"[A-Za-z0-9_-]{1,64}", user)
+        out["inbox_prefix"] = "_INBOX_" + (user if safe else "h" + hashlib.sha256(user.encode()).hexdigest()[:24])
     if env.get("PACER_NATS_CREDS"):
         out["user_credentials"] = env["PACER_NATS_CREDS"]
     if env.get("PACER_NATS_CA"):

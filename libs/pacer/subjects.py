@@ -291,7 +291,7 @@ def monitor_inputs() -> list[str]:
 # A straggler policy is a service answering ``pacer.policy.<name>.decide``
 # (policy.PolicyRequest -> policy.PolicyDecision), in a queue group named
 # after the policy; built-in and user policies alike.
-POLICY_BUILTINS = ("antdt-nd", "antdt-dd", "lb-bsp", "backup-workers", "none")
+POLICY_BUILTINS = ("antdt-nd", "antdt-dd", "lb-bsp", "backup-workers", "pacer-adaptive", "none")
 
 
 def policy_decide(name: str) -> str:
