@@ -369,6 +369,21 @@ def strip_userinfo(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+# CA files of the servers this process itself started (an embedded Stack): server "host:port" -> CA.
+# More specific than PACER_NATS_CA, which is one CA for every server: two TLS stacks in one
+# process (tests) each keep their own.
+_TRUSTED: dict[str, str] = {}
+
+
+def trust(url: str, ca: str | None) -> None:
+    """Verify the servers of ``url`` against ``ca`` in this process (``None``: forget them)."""
+    for u in split_servers(url):
+        if ca is None:
+            _TRUSTED.pop(_netloc(u), None)
+        else:
+            _TRUSTED[_netloc(u)] = ca
+
+
 def connect_options(url: str, environ: Mapping[str, str]) -> dict[str, object]:
     """The nats-py ``connect`` options the settings ask for (read by ``Bus.connect``).
 
@@ -384,7 +399,9 @@ def connect_options(url: str, environ: Mapping[str, str]) -> dict[str, object]:
        ``./.pacer/context.json``), only when ``url`` names one of its servers.
 
     ``PACER_NATS_CA`` (else the context's CA) is a CA bundle: the connection
-    uses TLS and checks the server's certificate against it.  The client's
+    uses TLS (when the server requires it) and checks the server's
+    certificate against it; a CA registered with :func:`trust` for the
+    server, by the process that started it, comes first.  The client's
     reply inboxes get the prefix of its user (:func:`inbox_prefix`), the
     only inboxes the server lets the user read.
     """
@@ -397,7 +414,7 @@ def connect_options(url: str, environ: Mapping[str, str]) -> dict[str, object]:
             user, password = unquote(parts.username), unquote(parts.password or "")
             break
     creds = environ.get("PACER_NATS_CREDS", "")
-    ca = environ.get("PACER_NATS_CA", "")
+    ca = next((_TRUSTED[n] for n in map(_netloc, servers) if n in _TRUSTED), "") or environ.get("PACER_NATS_CA", "")
     if not user and not creds:
         user, password = environ.get("PACER_NATS_USER", ""), environ.get("PACER_NATS_PASSWORD", "")
     if (not user and not creds) or not ca:

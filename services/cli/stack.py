@@ -136,6 +136,8 @@ class Stack:
             os.environ["PACER_NATS_CA"] = str(files.ca)
         self.nats = EmbeddedNats(store_dir=self.data_dir / "nats", port=self.port,
                                  authorization=authorization, tls=tls).start()
+        if self.ca_file is not None:  # this process's clients of this server: its CA, whatever the env says
+            security.trust(self.bare_url, str(self.ca_file))
         security.write_context(self.context_file, security.Context(
             url=self.bare_url, user="admin" if self.secure else "", password=self.passwords.get("admin", ""),
             ca=str(self.ca_file.resolve()) if self.ca_file is not None else ""))
@@ -250,6 +252,8 @@ class Stack:
                 p.wait()
         self.procs.clear()
         if self.nats is not None:
+            if self.ca_file is not None:
+                security.trust(self.bare_url, None)
             self.nats.stop()
         if self.ca_file is not None and os.environ.get("PACER_NATS_CA") == str(self.ca_file):
             if self._saved_ca is None:

@@ -92,3 +92,30 @@ def test_explicit_settings_win_over_the_context(stack: Stack, tmp_path: Path) ->
     bad.write_text("{")
     with pytest.raises(security.ValidationError):
         security.connect_options(stack.bare_url, {"PACER_CONTEXT": str(bad)})
+
+
+def test_two_tls_stacks_in_one_process_each_keep_their_ca(tmp_path: Path) -> None:
+    """PACER_NATS_CA names one CA; a client of either stack still verifies against that stack's own."""
+    import asyncio
+
+    from pacer.bus import Bus
+
+    a = Stack(tmp_path / "a", services=[], tls=True).start()
+    b = Stack(tmp_path / "b", services=[], tls=True).start()
+    try:
+        assert a.ca_file != b.ca_file and a.ca_file is not None and b.ca_file is not None
+        assert a.ca_file.read_bytes() != b.ca_file.read_bytes()
+        assert os.environ["PACER_NATS_CA"] == str(b.ca_file)
+
+        async def reach(url: str) -> bool:
+            bus = await Bus.connect(url, name="two", connect_timeout=3)
+            try:
+                return bool(bus.nc.is_connected)
+            finally:
+                await bus.close()
+
+        assert asyncio.run(reach(a.url)) and asyncio.run(reach(b.url))
+    finally:
+        b.stop()
+        a.stop()
+    assert os.environ.get("PACER_NATS_CA") != str(a.ca_file)  # restored, not left pointing at a stopped stack
