@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,7 +113,10 @@ def test_kill_restart_raises_and_exits_75(tmp_path: Path) -> None:
     e2 = env(tmp_path, agent_ipc=str(tmp_path / "t2.ipc"))
     proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, **e2.to_env()})
     agent = None
+    deadline = time.monotonic() + 30
     while agent is None:
+        assert time.monotonic() < deadline and proc.poll() is None, "the trainer never created its IPC file"
+        time.sleep(0.01)
         agent = AgentIPC.try_open(e2.agent_ipc)
     agent.commit(agent.next_seq(), 0, ActionKind.KILL_RESTART, {}, immediate=True)
     assert proc.wait(30) == 75
@@ -196,3 +200,13 @@ def test_a_bad_trainer_section_names_every_problem() -> None:
         parse_job_spec("name: byo\ndataset: /d/t.rec\ntrainer: {image: x}\n")
     with pytest.raises(JobSpecError, match=r"model: required"):  # no trainer: the built-in needs a model
         parse_job_spec("name: byo\ndataset: /d/t.rec\n")
+
+
+@needs_spec
+def test_the_example_job_spec_parses_and_names_the_example_script() -> None:
+    from pacer.jobs.spec import load_job_spec
+
+    root = Path(__file__).resolve().parents[2]
+    spec = load_job_spec(str(root / "examples" / "trainers" / "logreg_ps.yaml"))
+    assert spec.trainer is not None and spec.trainer.command == spec.trainer.ps_command
+    assert (root / spec.trainer.command[1]).is_file()  # relative to where `pacer up` runs: the repo root
