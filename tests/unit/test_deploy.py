@@ -430,8 +430,9 @@ def test_pod_executor(overlay: str) -> None:
     assert by_name["PACER_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     # Its own pod's name: where the owner-reference lookup (pod -> ReplicaSet -> Deployment) starts.
     assert by_name["PACER_EXECUTOR_POD"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    # Training pods run the executor's own image (kept in step by the kustomization's replacements).
-    assert env["PACER_TRAINER_IMAGE"] == c["image"]
+    # Training pods run the trainer image (TensorFlow), of the same registry and tag as the slim one.
+    repo, _, tag = c["image"].rpartition(":")
+    assert env["PACER_TRAINER_IMAGE"] == f"{repo}-tf:{tag}"
 
     # The templates are the rendered ConfigMap, mounted where PACER_POD_TEMPLATES says.
     cm = configmap(docs, "pacer-pod-templates")
@@ -1042,6 +1043,7 @@ def test_schema_validation_can_fail() -> None:
 
 
 def test_dockerfile() -> None:
+    """The image basics; the two targets (slim service, trainer) are checked in test_packaging."""
     assert DOCKERFILE.is_file()
     lines = [ln.strip() for ln in DOCKERFILE.read_text().splitlines() if ln.strip() and not ln.strip().startswith("#")]
     assert lines[0].startswith("FROM python:3.11-slim")
@@ -1049,13 +1051,30 @@ def test_dockerfile() -> None:
     assert users, "no USER instruction"
     final = users[-1].split(":")[0]
     assert final not in {"root", "0"}, "image runs as root"
-    # The last USER comes after the last RUN (no root steps after dropping privileges matter,
-    # but the final user is what pods run as).
-    assert any(ln.startswith("RUN pip install .") for ln in lines)
+    assert any(ln.startswith('RUN pip install ".[') for ln in lines)
     assert (ROOT / "docker" / "healthcheck.py").is_file()
     assert (ROOT / "docker" / "Dockerfile.dockerignore").is_file()
     # The image's UID is what the manifests' runAsUser expects.
     assert final == "10001"
+
+
+def test_only_image_names_are_rewritten_in_env() -> None:
+    """base/kustomizeconfig.yaml lets `images:` rewrite env values equal to an image name: only the trainer's."""
+    images = yaml.safe_load((ROOT / "deploy" / "base" / "kustomization.yaml").read_text())["images"]
+    rewritten = {f"{i.get('newName', i['name'])}:{i['newTag']}" for i in images}
+    seen = 0
+    for ov in ("dev", "prod"):
+        for doc in render(ov):
+            if doc.get("kind") != "Deployment":
+                continue
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                for e in c.get("env", []):
+                    if e["name"] == "PACER_TRAINER_IMAGE":
+                        seen += 1
+                        assert e["value"] in rewritten
+                    else:
+                        assert e.get("value") not in rewritten, (ov, doc["metadata"]["name"], e)
+    assert seen == 2
 
 
 def test_healthcheck_parses() -> None:

