@@ -162,6 +162,23 @@ def test_a_lone_worker_beyond_balancing_is_relaunched_once() -> None:
     assert of(adaptive.decide(job(delays, {"ps-0": 0.0}, busy=True)), ActionKind.KILL_RESTART) == []
 
 
+def test_in_the_end_game_a_hopeless_worker_is_relaunched_even_after_a_relaunch() -> None:
+    """No shard left to hand out: the worker beyond balancing holds a shard only it would finish."""
+    delays = {f"w{i}": 0.0 for i in range(8)} | {"w3": 4.0}
+    req = job(delays, {"ps-0": 0.0}, restarts={"w3": 1})
+    assert of(adaptive.decide(req), ActionKind.KILL_RESTART) == []  # shards left: the backup drops it
+    sh = req.stats.shards
+    assert sh is not None
+    end = replace(req, stats=replace(req.stats, shards=replace(sh, todo=0, doing=3)))
+    assert [a.node for a in of(adaptive.decide(end), ActionKind.KILL_RESTART)] == ["w3"]
+    # A worker that balancing can absorb is not relaunched in the end game.
+    mild = job({f"w{i}": 0.0 for i in range(8)} | {"w3": 0.6}, {"ps-0": 0.0}, restarts={"w3": 1})
+    mild_sh = mild.stats.shards
+    assert mild_sh is not None
+    mild = replace(mild, stats=replace(mild.stats, shards=replace(mild_sh, todo=0, doing=3)))
+    assert of(adaptive.decide(mild), ActionKind.KILL_RESTART) == []
+
+
 def test_a_wave_of_equally_slow_workers_is_balanced_not_relaunched() -> None:
     delays = {f"w{i}": (1.2 if i % 2 else 0.0) for i in range(10)}
     d = adaptive.decide(job(delays, {"ps-0": 0.0}))

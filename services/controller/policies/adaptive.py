@@ -58,6 +58,11 @@ actions (AntDT Table II) and changes when and how they are taken:
      H is capped by the time left R and by the job's age.  The slowest goes first (the
      controller allows one restart per cool-down window).
 
+   * end game (BSP, no shard left to hand out): a worker whose delay alone
+     exceeds the balanced step is relaunched whatever its history; it holds
+     a shard that only it would finish (a dropped gradient does not advance
+     it), and the relaunch gives the shard back to the fast workers.
+
    p, init and s: ``params.pending_s`` (default: the longest pending time
    the monitor saw on this job's nodes, else 20 s), ``params.init_s``
    (default 100 s) and ``params.ps_start_s`` (default 30 s).
@@ -280,8 +285,21 @@ def decide(req: PolicyRequest) -> PolicyDecision:
         except ValueError:
             target, t_bal = [], 0.0
         slow_d = sorted(v for v in model.delays.values() if v > 0)
+        # End game: no shard left to hand out.  A worker whose delay exceeds the balanced step holds a
+        # shard that only it can finish (its dropped gradients do not advance it), and the whole job will
+        # wait for it: a relaunch gives the shard back to the fast workers at once (the shard service
+        # re-queues it), whatever the worker's history.
+        sh = stats.shards
+        endgame = sh is not None and sh.todo == 0 and sh.doing > 0 and not sh.finished and req.mode == "bsp"
         for w in sorted(workers, key=lambda x: -model.delays[x.node]):
             di = model.delays[w.node]
+            if endgame and t_bal > 0 and di >= t_bal and w.node not in blocked and not stats.cluster_busy:
+                actions.append(PolicyAction(
+                    kind=ActionKind.KILL_RESTART, node=w.node,
+                    reason=(f"{w.node} {di:.2f}s extra per step, beyond any batch, with no shard left to hand "
+                            "out: relaunch so its shard goes to the fast workers")))
+                restarting.add(w.node)
+                break
             # Slow over L_per too: the long window's BPT, at today's batch, still leaves a delay (a batch cut
             # within the window only makes the old samples look slower, never hides a delay).
             d_long = w.bpt_long_s - model.shared_s - model.per_sample * sizes[w.node] * accs[w.node]
