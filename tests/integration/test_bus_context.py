@@ -119,3 +119,39 @@ def test_two_tls_stacks_in_one_process_each_keep_their_ca(tmp_path: Path) -> Non
         b.stop()
         a.stop()
     assert os.environ.get("PACER_NATS_CA") != str(a.ca_file)  # restored, not left pointing at a stopped stack
+
+
+@pytest.mark.slow
+def test_pacer_up_itself_prints_no_password_and_the_cli_gets_in_with_its_exports(tmp_path: Path) -> None:
+    """The real ``pacer up`` process: its output holds no NATS password; its export line is enough."""
+    import signal
+
+    from pacer.embedded import free_port
+
+    port, api = free_port(), free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PACER_NATS_", "PACER_CONTEXT"))}
+    up = subprocess.Popen([sys.executable, "-m", "pacer_services.cli.main", "up", "--data-dir", str(tmp_path / "d"),
+                           "--port", str(port)], env={**clean, "PACER_API_PORT": str(api)},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out: list[str] = []
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            out.append(line)
+            if line.startswith("export "):
+                break
+        export = out[-1]
+        assert export.startswith("export PACER_CONTEXT="), "".join(out)
+        ctx = json.loads((tmp_path / "d" / "context.json").read_text())
+        assert ctx["password"] and all(ctx["password"] not in line for line in out)
+        assert ctx["ca"] and ctx["ca"] in "".join(out)  # the CA path is printed
+        env = dict(kv.split("=", 1) for kv in export.split("#")[0].split()[1:])
+        jobs = cli("jobs", "--json", "--nats", env["PACER_NATS_URL"], cwd=tmp_path, **env)
+        assert jobs.returncode == 0 and json.loads(jobs.stdout) == [], jobs.stderr
+    finally:
+        up.send_signal(signal.SIGINT)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
