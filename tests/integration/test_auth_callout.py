@@ -202,3 +202,32 @@ def test_the_embedded_stack_gives_pods_per_job_users(tmp_path: Path) -> None:
         assert not any(subjects.agent_heartbeat("job-a") in str(e) for e in errors)
     finally:
         st.stop()
+
+
+async def test_two_agents_of_a_job_run_the_barrier_and_answer_commands(callout: EmbeddedNats) -> None:
+    """Replies between agents (votes) and to the controller (node commands) pass through the JWT's ``resp``."""
+    a, a_errors = await agent(callout, "job-a")
+    b, b_errors = await agent(callout, "job-a")
+    controller = await nats.connect(callout.url, user="controller", password="pw-controller",
+                                    inbox_prefix=security.inbox_prefix("controller"))
+    try:
+        async def vote(m: nats.aio.msg.Msg) -> None:
+            await m.respond(b"yes")
+
+        async def command(m: nats.aio.msg.Msg) -> None:
+            await m.respond(b"applied")
+
+        await b.subscribe(subjects.agent_phase("job-a", subjects.AgentPhase.PREPARE), cb=vote)
+        await b.subscribe(subjects.agent_command("job-a", "worker-1"), cb=command)
+        await b.flush()
+        await b.flush()
+        assert (await a.request(subjects.agent_phase("job-a", subjects.AgentPhase.PREPARE), b"T=10",
+                                timeout=3)).data == b"yes"
+        assert (await controller.request(subjects.agent_command("job-a", "worker-1"), b"kill",
+                                         timeout=3)).data == b"applied"
+        await a.flush()
+        await b.flush()
+        assert a_errors == [] and b_errors == []
+    finally:
+        for nc in (a, b, controller):
+            await nc.close()
