@@ -55,7 +55,7 @@ pytestmark = pytest.mark.timeout(240)
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trainers" / "logreg_ps.py"
 ROWS = 80_000
 GLOBAL_BATCH = 256  # 128 per worker
-STEP_MS = 30  # ~310 steps of >= 30 ms per worker: long enough for actions to land mid-training
+STEP_MS = 50  # ~310 steps of >= 50 ms per worker (~15 s): agents start, elect and act well before the end
 
 
 class Node:
