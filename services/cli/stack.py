@@ -228,9 +228,10 @@ class Stack:
             return out
         out |= {"PACER_NATS_USER": name, "PACER_NATS_PASSWORD": self.passwords[name]}
         if name == "executor":
-            out["PACER_POD_NATS_URL"] = self.url_as("agent")  # the static agent user, unless per job:
-            if self.per_job_agents:
-                out["PACER_AGENT_TOKEN_SECRET"] = self._agent_secret
+            if self.per_job_agents:  # launch.py puts each job's own user into the pods' URL
+                out |= {"PACER_POD_NATS_URL": self.bare_url, "PACER_AGENT_TOKEN_SECRET": self._agent_secret}
+            else:
+                out["PACER_POD_NATS_URL"] = self.url_as("agent")  # the static agent user
         if name == security.AUTH_SERVICE and self.per_job_agents:
             out |= {"PACER_AUTH_ISSUER_SEED": self._issuer_seed, "PACER_AGENT_TOKEN_SECRET": self._agent_secret}
         return out
