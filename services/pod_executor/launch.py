@@ -4,6 +4,9 @@ Pure: a job record, the plan, the cluster addresses and a node in; a
 :class:`~pacer.contracts.executor.PodSpec` out.  Both backends run the same
 commands (``python -m pacer.trainer.ps|worker`` plus ``python -m
 pacer.agent.main``); ``{pod_dir}`` is the backend's per-pod directory.
+A job with a ``trainer`` section runs the user's ``command`` (and
+``ps_command``) instead, with the environment of :func:`trainer_env`
+(the contract of :class:`pacer.trainer.sdk.TrainerEnv`) and the same agent.
 The machine the plan's placement names for the node travels in
 :attr:`~pacer.contracts.executor.PodSpec.machine`.
 
@@ -27,6 +30,7 @@ from pacer import authjwt, security
 from pacer.contracts.executor import PodSpec
 from pacer.contracts.jobs import JobRecord, ResourcePlan
 from pacer.trainer.cluster import ClusterDesc
+from pacer.trainer.sdk import TrainerEnv
 from pacer.trainer.worker import WorkerConfig
 
 POD_DIR = "{pod_dir}"
@@ -94,6 +98,30 @@ def worker_config(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, inde
     )
 
 
+def trainer_env(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str, index: int,
+                cfg: LaunchConfig, restore: bool = False, generation: int = 0) -> dict[str, str]:
+    """The environment of a user's trainer (``spec.trainer``): the user's ``env``, then the SDK contract.
+
+    A worker gets the values the built-in worker gets in its config (its share
+    of the global batch, the held-out data and checkpoints on the chief only,
+    the agent's IPC file, the pod's bus URL); Pacer's variables win over the
+    user's (the spec parser refuses ``PACER_*`` and ``TF_CONFIG`` there anyway).
+    """
+    spec = rec.spec
+    assert spec.trainer is not None
+    worker = role == "worker"
+    wc = worker_config(rec, plan, cluster, index if worker else 0, cfg, restore, generation)
+    env = TrainerEnv(
+        job=rec.job, node=f"{role}-{index}", role=role, index=index, ps=cluster.ps, workers=cluster.workers,
+        nats_url=wc.nats_url, generation=generation, dataset=spec.dataset.name, data=rec.data_path,
+        eval_data=wc.eval_data if worker else "", num_workers=plan.workers, mode=spec.mode.value,
+        backup_workers=spec.backup_workers, batch_size=wc.batch_size, global_batch=wc.global_batch,
+        learning_rate=spec.model.learning_rate, agent_ipc=wc.ipc if worker else "", result=RESULT,
+        checkpoint_dir=wc.checkpoint_dir if worker else "", restore=wc.restore if worker else False,
+    )
+    return {**spec.trainer.env, **env.to_env()}
+
+
 def _straggler(cfg: LaunchConfig, node: str, generation: int) -> str:
     table = dict(cfg.stragglers)
     spec = table.get(node, table.get("*", ""))
@@ -111,13 +139,20 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
     url = pod_nats_url(cfg, rec.job)
     # A URL with its user wins over any other setting: the pod needs, and gets, nothing else.
     scrub = dict.fromkeys(SCRUBBED_ENV, "") if urlsplit(security.split_servers(url)[0]).username else {}
-    env = {**scrub, "PACER_NATS_URL": url, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+    user = rec.spec.trainer  # the user's own program instead of the built-in trainer
+    extra = trainer_env(rec, plan, cluster, role, index, cfg, restore, generation) if user is not None else {}
+    # A user's trainer.env may change the first two, never the bus URL or the scrubbed credentials.
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra, **scrub, "PACER_NATS_URL": url}
     agent: list[str] = []
     if role == "ps":
         command = ["python", "-m", "pacer.trainer.ps", "--cluster", cluster.to_json(), "--index", str(index)]
+        if user is not None and user.ps_command:
+            command = list(user.ps_command)
     else:
         wc = worker_config(rec, plan, cluster, index, cfg, restore, generation)
         command = ["python", "-m", "pacer.trainer.worker", "--config", wc.to_json()]
+        if user is not None:
+            command = list(user.command)
         if cfg.agents:
             agent = ["python", "-m", "pacer.agent.main", "--job", rec.job, "--node", node, "--role", role,
                      "--ipc", IPC, "--nats", url]
@@ -125,7 +160,8 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
     # not name goes anywhere, and one whose machine is full by now goes elsewhere (the backend's choice).
     return PodSpec(name=pod_name(rec.job, node, generation), job=rec.job, node=node, role=role, index=index,
                    generation=generation, cpu=cpu, memory_mb=memory_mb, command=command, agent=agent,
-                   env=env, port=port, machine=plan.placement.get(node, ""))
+                   env=env, port=port, machine=plan.placement.get(node, ""),
+                   image=user.image if user is not None else "")
 
 
 def parse_result(log_tail: str) -> dict[str, object]:

@@ -60,6 +60,9 @@ class PodSpec:
     machine: str = field(default="", metadata=doc(
         "the machine the plan's placement prefers for this node (\"\": anywhere); "
         "Kubernetes: soft node affinity on kubernetes.io/hostname, local: ignored"))
+    image: str = field(default="", metadata=doc(
+        "the trainer container's image (a job's trainer.image; \"\": the executor's trainer image); "
+        "Kubernetes only, the agent keeps the executor's image"))
 
 
 @message("executor.PodStatus")

@@ -30,6 +30,13 @@ Defaults (a field left out)
 ``policies``            straggler ``antdt-nd``, optimizer ``brain``
 ``resources``           none: the optimizer policy decides (zero-config)
 ``limits``              none: unbounded
+``trainer``             none: Pacer's built-in trainer runs ``model``.  A
+                        user's own program instead (docs/trainers.md): a map
+                        with ``command`` (argv, required), ``ps_command``
+                        (argv; empty = Pacer's TF PS), ``image`` and ``env``
+                        (no ``PACER_*`` or ``TF_CONFIG`` names), or a bare
+                        argv list.  With a trainer ``model`` may be left out
+                        (its ``learning_rate`` still reaches the trainer).
 ======================  =====================================================
 
 The job's name
@@ -82,6 +89,7 @@ from pacer.contracts.jobs import (
     ResourceLimits,
     ResourcePlan,
     ResourceRequest,
+    TrainerConfig,
     TrainingMode,
 )
 from pacer.errors import ValidationError
@@ -286,13 +294,15 @@ def _or(names: list[str]) -> str:
 # -------------------------------------------------------------------- fields
 
 TOP_LEVEL = ("name", "model", "dataset", "epochs", "batch_size", "mode", "backup_workers",
-             "policies", "resources", "limits")
+             "policies", "resources", "limits", "trainer")
 MODEL_FIELDS = ("name", "hash_buckets", "embed_dim", "hidden", "cross_layers", "cin_layers",
                 "learning_rate", "optimizer")
 DATASET_FIELDS = ("path", "format", "records", "test_path", "name")
 POLICY_FIELDS = ("straggler", "optimizer")
 RESOURCE_FIELDS = ("workers", "ps", "worker_cpu", "worker_memory_mb", "ps_cpu", "ps_memory_mb")
 LIMIT_FIELDS = ("max_workers", "max_ps", "max_cpu", "max_memory_mb")
+TRAINER_FIELDS = ("command", "ps_command", "image", "env")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def infer_format(path: str) -> DataFormat:
@@ -397,6 +407,52 @@ def _limits(c: _Checker, raw: Any) -> ResourceLimits | None:
     )
 
 
+def _argv(c: _Checker, obj: Mapping[str, Any], key: str, required: bool) -> list[str]:
+    full = f"trainer.{key}"
+    v = obj.get(key)
+    if v is None or v == []:
+        if required:
+            c.bad(full, "required: the program's argv, e.g. [python, /app/train.py]")
+        return []
+    if not isinstance(v, list):
+        c.bad(full, f"must be a list of strings (an argv, no shell), got {_kind(v)} {v!r}")
+        return []
+    for i, a in enumerate(v):
+        if type(a) is not str or (i == 0 and not a.strip()):
+            c.bad(f"{full}[{i}]", f"must be a{' non-empty' if i == 0 else ''} string, got {_kind(a)} {a!r}")
+    return [a for a in v if type(a) is str]
+
+
+def _trainer(c: _Checker, raw: Any) -> TrainerConfig | None:
+    if raw is None:
+        return None
+    if isinstance(raw, list):  # a bare argv
+        raw = {"command": raw}
+    t = c.section(raw, "trainer", TRAINER_FIELDS)
+    if t is None:
+        return None
+    command = _argv(c, t, "command", required=True)
+    ps_command = _argv(c, t, "ps_command", required=False)
+    image = c.text(t, "image", "trainer", required=False)
+    if image and (image != image.strip() or " " in image):
+        c.bad("trainer.image", f"must be an image reference without spaces, got {image!r}")
+    env: dict[str, str] = {}
+    raw_env = t.get("env")
+    if raw_env is not None and not isinstance(raw_env, Mapping):
+        c.bad("trainer.env", f"must be a map of NAME: value, got {_kind(raw_env)} {raw_env!r}")
+    elif raw_env is not None:
+        for k, v in raw_env.items():
+            if type(k) is not str or not _ENV_NAME.fullmatch(k):
+                c.bad(f"trainer.env.{k}", "must be a variable name (letters, digits and '_', not starting with a digit)")
+            elif k.startswith("PACER_") or k == "TF_CONFIG":
+                c.bad(f"trainer.env.{k}", "is set by Pacer (PACER_* and TF_CONFIG are the trainer contract)")
+            elif type(v) is not str:
+                c.bad(f"trainer.env.{k}", f"must be a string (quote it), got {_kind(v)} {v!r}")
+            else:
+                env[k] = v
+    return TrainerConfig(command=command, ps_command=ps_command, image=image, env=env)
+
+
 def _cross_checks(c: _Checker, spec: JobSpec) -> None:
     """Rules between fields; only run when every field alone was fine."""
     if spec.backup_workers and spec.mode is not TrainingMode.BSP:
@@ -427,7 +483,11 @@ def validate_job_spec(data: Any) -> JobSpec:
     if top is None:
         raise JobSpecError(c.problems)
     name = c.job_name(top)
-    model = _model(c, top.get("model"))
+    trainer = _trainer(c, top.get("trainer"))
+    if top.get("model") is None and top.get("trainer") is not None:
+        model: ModelConfig | None = ModelConfig(ModelName.WIDE_DEEP)  # not run; its learning_rate is passed on
+    else:
+        model = _model(c, top.get("model"))
     dataset = _dataset(c, top.get("dataset"))
     epochs = c.integer(top, "epochs", "", 1, 1) or 1
     batch_size = c.integer(top, "batch_size", "", 512, 1) or 512
@@ -440,7 +500,7 @@ def validate_job_spec(data: Any) -> JobSpec:
         raise JobSpecError(c.problems)
     spec = JobSpec(name=name, model=model, dataset=dataset, epochs=epochs, batch_size=batch_size,
                    mode=mode, backup_workers=backup, policies=policies, resources=resources,
-                   limits=limits)
+                   limits=limits, trainer=trainer)
     _cross_checks(c, spec)
     if c.problems:
         raise JobSpecError(c.problems)

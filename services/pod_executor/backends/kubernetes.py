@@ -352,12 +352,12 @@ class KubernetesBackend:
         env = [{"name": k, "value": _pod_dir(v)} for k, v in pod.env.items()]
         by_name = {c.get("name"): c for c in spec.get("containers") or []}
 
-        def container(name: str, argv: list[str], resources: dict[str, Any]) -> dict[str, Any]:
+        def container(name: str, argv: list[str], resources: dict[str, Any], image: str = "") -> dict[str, Any]:
             c: dict[str, Any] = by_name.get(name, {})
             c.pop("args", None)  # the PodSpec's argv is the whole command line
             kept_env = [e for e in c.get("env") or [] if e.get("name") not in pod.env]
             c.update(
-                name=name, image=self.image, command=[_pod_dir(a) for a in argv],
+                name=name, image=image or self.image, command=[_pod_dir(a) for a in argv],
                 env=kept_env + env, resources=resources,
                 volumeMounts=[m for m in c.get("volumeMounts") or [] if m.get("name") != "pod-dir"] + [mount],
             )
@@ -367,7 +367,7 @@ class KubernetesBackend:
         cpu = f"{max(1, round(pod.cpu * 1000))}m"
         mem = f"{pod.memory_mb}Mi"
         trainer = container("trainer", pod.command, {"requests": {"cpu": cpu, "memory": mem},
-                                                     "limits": {"cpu": cpu, "memory": mem}})
+                                                     "limits": {"cpu": cpu, "memory": mem}}, pod.image)
         if pod.port > 0:
             trainer["ports"] = [{"name": "tf-grpc", "containerPort": pod.port}]
         containers = [trainer]
