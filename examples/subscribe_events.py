@@ -2,6 +2,10 @@
 
     python examples/subscribe_events.py [NATS_URL] [--job JOB] [--count N]
 
+Against a secured stack, credentials, CA and the user's own reply inbox come
+from the same settings the services read (``pacer.security.connect_options``):
+after ``pacer up``, its ``export PACER_CONTEXT=...`` line is enough.
+
 Every event is on ``pacer.events.<domain>.<job>.<kind>`` (see
 ``proto-schemas/README.md`` for each kind's schema) and is kept in the
 ``PACER_EVENTS`` JetStream stream, so a dashboard that starts late can
@@ -14,13 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 
 import msgpack
 import nats
+from pacer.security import connect_options, default_url
 
 
 async def main(url: str, job: str, count: int) -> None:
-    nc = await nats.connect(url)
+    nc = await nats.connect(**connect_options(url, os.environ))  # servers, user, TLS, inbox prefix
     seen = 0
     done = asyncio.Event()
 
@@ -42,7 +48,7 @@ async def main(url: str, job: str, count: int) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("url", nargs="?", default="nats://127.0.0.1:4222")
+    ap.add_argument("url", nargs="?", default=default_url(os.environ))
     ap.add_argument("--job", default="*")
     ap.add_argument("--count", type=int, default=0, help="exit after N events (0: run forever)")
     a = ap.parse_args()

@@ -62,7 +62,14 @@ class CliError(Exception):
 
 
 def _default_url() -> str:
-    return os.environ.get("PACER_NATS_URL", "nats://127.0.0.1:4222")
+    """``$PACER_NATS_URL``, else the URL of ``pacer up``'s context file, else 127.0.0.1:4222."""
+    from pacer.errors import ValidationError
+    from pacer.security import default_url
+
+    try:
+        return default_url(os.environ)
+    except ValidationError:  # an unreadable context file: the plain default, Bus.connect says what is wrong
+        return os.environ.get("PACER_NATS_URL", "nats://127.0.0.1:4222")
 
 
 # --------------------------------------------------------------- formatting
@@ -481,7 +488,8 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nats", default=_default_url(), metavar="URL",
-                   help="NATS of the Pacer stack (default: $PACER_NATS_URL or nats://127.0.0.1:4222)")
+                   help="NATS of the Pacer stack (default: $PACER_NATS_URL, else pacer up's context "
+                        "($PACER_CONTEXT), else nats://127.0.0.1:4222)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
 
 

@@ -130,7 +130,7 @@ print("ok", sorted(registry.BUILTINS))
     assert r.stdout.startswith("ok") and "antdt-nd" in r.stdout
 
 
-@pytest.mark.parametrize("service", ["shard_service", "job_service", "monitor", "controller", "api",
+@pytest.mark.parametrize("service", ["shard_service", "job_service", "monitor", "controller", "api", "auth_callout",
                                      "pod_executor", "policy_service"])
 def test_slim_services_import_without_extras(service: str) -> None:
     r = _slim(f"import pacer_services.{service}.app, pacer_services.{service}.main")
