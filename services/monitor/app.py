@@ -36,10 +36,26 @@ One consumer loop applies events in stream order (so a node's ``died`` and
 its late metrics are seen in the order they were stored); the core is
 synchronous and never awaited in the middle of an update, so queries and the
 publish loop, which run on the same event loop, always see a consistent
-state.  Run one instance: instances sharing the durable consumer would each
-see only part of the events.  Acks are explicit: ack after applying; a
-message that can never be applied is terminated, dead-lettered (header
-``Pacer-Error``) and counted; nothing in a message can stop the loop.
+state.  Acks are explicit: ack after applying; a message that can never be
+applied is terminated, dead-lettered (header ``Pacer-Error``) and counted;
+nothing in a message can stop the loop.
+
+Several instances (issue 13)
+----------------------------
+Every instance consumes *every* input event with a durable consumer of its
+own (``monitor-<instance>``, deleted by the server after ``inactive_s``
+without its instance), so every instance holds every job's windows: a hot
+standby.  Per-job durable consumers bound by an owner were the alternative;
+they would make a new owner replay the window before it could answer, and
+the windows are a small pure fold of a stream that every instance can read,
+so replicating the fold is cheaper and makes a hand-over instant.  What must
+not happen twice is the output: each job is owned by one instance
+(:class:`pacer.ownership.Ownership`, lease ``monitor.<job>``, competed for
+as soon as an event names the job), and only the owner publishes the job's
+statistics.  Nothing is persisted: the windows are rebuilt from the stream
+(above).  A ``stats`` request that reaches a non-owner is forwarded to the
+owner (which answers the client directly); when no owner can be found the
+receiver answers itself, which is correct since it holds the same windows.
 
 Cluster information (AntDT V-D "third party"): the pod-executor publishes
 its backend's queue and capacity on ``pacer.events.cluster._cluster.status``
@@ -65,6 +81,8 @@ from pacer import metrics, subjects
 from pacer.bus import Bus
 from pacer.consumer import dead_letter
 from pacer.errors import PacerError
+from pacer.lease import Lease
+from pacer.ownership import DEFAULT_TTL_S, Ownership
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.telemetry import Counters
 from pacer_services.monitor import handlers
@@ -77,7 +95,10 @@ log = logging.getLogger("pacer.monitor")
 @dataclass
 class MonitorServiceConfig:
     interval_s: float = 10.0  # how often JobStatistics are published
-    durable: str = "monitor"  # name of the durable consumer on PACER_EVENTS
+    durable: str = "monitor"  # the durable consumer on PACER_EVENTS is <durable>-<instance>
+    inactive_s: float = 3600.0  # the server deletes a gone instance's consumer after this long
+    instance: str | None = None  # None: PACER_INSTANCE, else monitor-<random>
+    lease_ttl_s: float = DEFAULT_TTL_S
     replay: bool = True  # rebuild the windows from the stream on start
     fetch_batch: int = 256
     fetch_timeout_s: float = 0.5  # also bounds how long a drain waits for the loop
@@ -96,7 +117,8 @@ class MonitorServiceConfig:
             window_long_s=float(env.get("PACER_MONITOR_WINDOW_LONG_S", base.window_long_s)),
             slowness_ratio=float(env.get("PACER_MONITOR_SLOWNESS_RATIO", base.slowness_ratio)),
         )
-        return cls(interval_s=float(env.get("PACER_MONITOR_INTERVAL_S", cls.interval_s)), core=core)
+        return cls(interval_s=float(env.get("PACER_MONITOR_INTERVAL_S", cls.interval_s)), core=core,
+                   lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)))
 
 
 class MonitorService:
@@ -113,7 +135,9 @@ class MonitorService:
         self.clock = clock
         self.core = MonitorCore(self.cfg.core)
         self.counters = Counters(self.name)
-        self.feed = EventFeed(bus.js, self.cfg.durable)
+        self.own = Ownership(bus, self.name, self._acquired, self._lost, instance=self.cfg.instance,
+                             ttl_s=self.cfg.lease_ttl_s)
+        self.feed = EventFeed(bus.js, f"{self.cfg.durable}-{self.own.instance}")
         self.events = handlers.build_events(self.core)
         self.rpc = handlers.build_rpc(self)
         self.last_data: dict[str, float] = {}  # job -> monitor time of its newest event
@@ -127,7 +151,8 @@ class MonitorService:
     # ================================================================ lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
         await self.bus.ensure_streams()
-        self._durable = await self.feed.open_durable(self.cfg.ack_wait_s)  # before the replay: no gap
+        await self.own.start(tg, on_forwarded=self._on_forwarded)
+        self._durable = await self._open_durable()  # before the replay: no gap
         if self.cfg.replay:
             await self._replay()
         self._rpc_sub = await self.bus.nc.subscribe(
@@ -143,6 +168,19 @@ class MonitorService:
             with contextlib.suppress(nats.errors.Error):
                 await self._rpc_sub.unsubscribe()
         await self._consumer_idle.wait()  # the batch in hand is applied and acked
+        await self.own.close()  # the other instances take the jobs over at once
+
+    async def _open_durable(self) -> JetStreamContext.PullSubscription:
+        since = self.clock() - self.core.cfg.window_long_s if self.cfg.replay else None
+        return await self.feed.open_durable(self.cfg.ack_wait_s, since=since, inactive_s=self.cfg.inactive_s)
+
+    # ================================================================ ownership
+    async def _acquired(self, job: str, lease: Lease) -> None:
+        """Nothing to load: this instance's windows are as full as the last owner's."""
+        self.counters.inc("jobs_acquired")
+
+    async def _lost(self, job: str) -> None:
+        self.counters.inc("jobs_lost")  # publish_once checks ownership at every interval
 
     # ================================================================ events
     def _now_of(self, m: Msg) -> float:
@@ -162,6 +200,8 @@ class MonitorService:
         handler(job, m.data, now)
         if job != subjects.CLUSTER_SCOPE:
             self.last_data[job] = max(self.last_data.get(job, 0.0), now)
+            if job in self.core.jobs:
+                self.own.want(job)
         self.counters.inc("events", domain=domain)
 
     async def _replay(self) -> None:
@@ -190,7 +230,7 @@ class MonitorService:
         """The durable consumer: apply, ack; a bad message is terminated and dead-lettered."""
         try:
             if self._durable is None:  # restarted by guard after a crash
-                self._durable = await self.feed.open_durable(self.cfg.ack_wait_s)
+                self._durable = await self._open_durable()
             while not self._draining:
                 self._consumer_idle.clear()
                 try:
@@ -246,7 +286,7 @@ class MonitorService:
             await self.publish_once()
 
     async def publish_once(self) -> int:
-        """Publish the statistics of every job with data in the long window; forget long-silent jobs."""
+        """Publish the statistics of every job we own with data in the long window; forget long-silent jobs."""
         now = self.clock()
         sent = 0
         for job in sorted(self.core.jobs):
@@ -256,8 +296,9 @@ class MonitorService:
                 metrics.JOBS.forget(job)
                 self.last_data.pop(job, None)
                 self.counters.inc("jobs_forgotten")
+                await self.own.drop(job)
                 continue
-            if age > self.core.cfg.window_long_s:
+            if age > self.core.cfg.window_long_s or not self.own.owns(job):
                 continue
             try:
                 stats = self.core.statistics(job, now)
@@ -271,6 +312,20 @@ class MonitorService:
         return sent
 
     async def _on_rpc(self, msg: Msg) -> None:
+        """A request for job J: answered here if we own J, else passed to J's owner (see the module doc)."""
+        try:
+            job, _ = subjects.parse_rpc(msg.subject)
+        except PacerError:
+            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)  # the error reply
+            return
+        if job not in self.core.jobs:  # nobody has data of it: not_found, from here
+            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
+            return
+        how = await self.own.route(msg, job, self._on_forwarded, local_ok=True)
+        if how == "forwarded":
+            self.counters.inc("requests_forwarded")
+
+    async def _on_forwarded(self, msg: Msg) -> None:
         await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
 
 

@@ -1,11 +1,12 @@
 """IO of the monitor: its JetStream consumers, the dead-letter subject, the statistics events.
 
-Two consumers read the monitor's inputs from ``PACER_EVENTS`` (the filters
+Two consumers of each monitor instance read the monitor's inputs from ``PACER_EVENTS`` (the filters
 are :func:`pacer.subjects.monitor_inputs`):
 
-* the *durable* pull consumer (explicit acks) that the monitor lives on; it
-  keeps the monitor's position across restarts, so nothing published while
-  the monitor was down is missed;
+* the instance's *durable* pull consumer (explicit acks, named after the
+  instance: every instance sees every event) that the monitor lives on; it
+  keeps the instance's position across restarts of the same instance name,
+  so nothing published while it was down is missed;
 * a short-lived *ephemeral* consumer, created once at start, that replays
   the stream from ``now - L_per`` (``DeliverPolicy.BY_START_TIME``, no acks)
   so that the sliding windows are full again before the first query is
@@ -41,15 +42,36 @@ class EventFeed:
         self.durable = durable
         self.filters = filters or subjects.monitor_inputs()
 
-    async def open_durable(self, ack_wait_s: float = 30.0) -> JetStreamContext.PullSubscription:
+    async def open_durable(self, ack_wait_s: float = 30.0, since: float | None = None,
+                           inactive_s: float | None = None) -> JetStreamContext.PullSubscription:
         """Bind to (creating on first use) the durable consumer.
 
-        Created with ``DeliverPolicy.NEW``: what came before its creation is
+        Created with ``DeliverPolicy.NEW`` (or, given ``since``, from unix
+        time ``since``: a new instance's consumer starts at the window, whose
+        events the service skips as already replayed): what came before is
         the replay's business, and a fresh monitor must not walk a week of
-        history.  Call this *before* :meth:`replay` so that no message falls
-        between the two.
+        history.  ``inactive_s``: the server deletes the consumer after so
+        long without a client (an instance's own consumer, once the instance
+        is gone for good).  Call this *before* :meth:`replay` so that no
+        message falls between the two.
         """
-        return await bind_durable(self.js, self.durable, self.filters, DeliverPolicy.NEW, ack_wait_s)
+        if since is None and inactive_s is None:
+            return await bind_durable(self.js, self.durable, self.filters, DeliverPolicy.NEW, ack_wait_s)
+        return await self.js.pull_subscribe(
+            "",
+            durable=self.durable,
+            stream=subjects.EVENTS_STREAM,
+            config=ConsumerConfig(
+                durable_name=self.durable,
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.NEW if since is None else DeliverPolicy.BY_START_TIME,
+                opt_start_time=None if since is None else datetime.datetime.fromtimestamp(since, datetime.UTC),
+                ack_wait=ack_wait_s,
+                max_deliver=-1,
+                filter_subjects=list(self.filters),
+                inactive_threshold=inactive_s,
+            ),
+        )
 
     async def replay(self, since: float, batch: int = 256, idle_s: float = 0.5) -> AsyncIterator[Msg]:
         """Yield every input event stored since unix time ``since`` up to the stream's current end."""
