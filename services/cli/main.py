@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from pacer import __version__
 from pacer.codec import to_dict
+from pacer.extras import DISTRIBUTION, require_or_exit
 
 if TYPE_CHECKING:
     from pacer_services.cli.stack import Stack
@@ -42,6 +42,7 @@ def _default_url() -> str:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    require_or_exit("embedded", "pacer up (a local nats-server)")
     from pacer_services.cli.stack import Stack
 
     stack = Stack(Path(args.data_dir), port=args.port)
@@ -87,28 +88,31 @@ def up_banner(stack: Stack, api_port: str) -> list[str]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from pacer.bus import Bus
     from pacer.shards.client import ShardAdmin
+    from pacer_services.cli import jobs
 
-    async def run() -> None:
-        bus = await Bus.connect(args.url)
-        try:
-            st = await ShardAdmin(bus).status(args.job, args.dataset)
-            print(json.dumps(to_dict(st), indent=2, default=str))
-        finally:
-            await bus.close()
+    async def body(client: jobs.JobClient) -> int:
+        st = await ShardAdmin(client.bus).status(args.job, args.dataset)
+        print(json.dumps(to_dict(st), indent=2, default=str))
+        return 0
 
-    asyncio.run(run())
-    return 0
+    # Like every bus command: gives up on an unreachable NATS after seconds, an error reply is a message.
+    rc: int = jobs._run("status", args.url, body)
+    return rc
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    require_or_exit("embedded", "pacer demo (a local nats-server)")
+    require_or_exit("trainer", "pacer demo (TensorFlow PS and workers)")
     from pacer_services.cli import demo
 
     return int(demo.main(args))
 
 
 def cmd_train_local(args: argparse.Namespace) -> int:
+    require_or_exit("trainer", "pacer train local")
+    if not args.url:
+        require_or_exit("embedded", "pacer train local without --url (a local nats-server)")
     from pacer.trainer import train_cli
     from pacer_services.cli.stack import Stack
 
@@ -134,6 +138,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="pacer", description="Pacer control plane")
+    p.add_argument("--version", action="version", version=f"pacer {__version__} ({DISTRIBUTION})")
     sub = p.add_subparsers(dest="cmd", required=True)
     from pacer_services.cli.data import add_cli as add_data_cli
     add_data_cli(sub)
