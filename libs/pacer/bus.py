@@ -283,12 +283,12 @@ class Bus:
     # ------------------------------------------------------------ events
     async def publish(self, subject: str, msg: Any) -> None:
         """Fire-and-forget publish (events land in PACER_EVENTS without an ack wait)."""
-        with tracing.span(f"publish {_op(subject)}", SpanKind.PRODUCER, subject):
+        with tracing.child_span(f"publish {_op(subject)}", SpanKind.PRODUCER, subject):
             await self.nc.publish(subject, encode(msg), headers=trace_headers())
 
     async def publish_durable(self, subject: str, msg: Any, timeout: float = 5.0) -> int:
         """Publish to JetStream and wait until it is stored; returns the stream sequence."""
-        with tracing.span(f"publish {_op(subject)}", SpanKind.PRODUCER, subject):
+        with tracing.child_span(f"publish {_op(subject)}", SpanKind.PRODUCER, subject):
             ack = await self.js.publish(subject, encode(msg), timeout=timeout, headers=trace_headers())
             return int(ack.seq)
 

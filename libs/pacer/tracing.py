@@ -55,6 +55,21 @@ def span(name: str, kind: SpanKind, subject: str, headers: Mapping[str, str] | N
 
 
 @contextmanager
+def child_span(name: str, kind: SpanKind, subject: str, **attrs: Any) -> Iterator[Span | None]:
+    """:func:`span`, but only inside a trace: outside any span it yields None and records nothing.
+
+    For publishes: a periodic event sent outside any span (an agent's heartbeat
+    every second, its metrics, the monitor's statistics) would otherwise start
+    a one-span trace of its own each time.
+    """
+    if not trace.get_current_span().get_span_context().is_valid:
+        yield None
+        return
+    with span(name, kind, subject, **attrs) as s:
+        yield s
+
+
+@contextmanager
 def http_server_span(name: str, headers: Mapping[str, str], **attrs: Any) -> Iterator[Span]:
     """A ``SERVER`` span for one HTTP request, child of the W3C context in its ``headers`` if any.
 
