@@ -4,16 +4,18 @@ Run it beside a Pacer stack (``make up`` prints PACER_NATS_URL)::
 
     PACER_NATS_URL=nats://127.0.0.1:4222 .venv/bin/python examples/policies/restart_slowest.py
 
-and name it in a job spec::
+and name it in a job spec, with its parameters if the default does not suit::
 
     policies:
       straggler: restart-slowest
+      params: {threshold: 2.5}
 
 Every statistics window of that job (``pacer.events.monitor.<job>.statistics``)
 the controller sends a ``PolicyRequest`` on ``pacer.policy.restart-slowest.decide``;
 this answers with KILL_RESTART for the slowest live worker when its BPT over
-the short window is at least ``threshold`` times its peers' median (the job
-spec cannot pass parameters yet; change THRESHOLD here).  The controller
+the short window is at least ``threshold`` times its peers' median
+(``policies.params.threshold`` of the job spec, arriving in
+``PolicyRequest.params``; THRESHOLD when the spec gives none).  The controller
 still applies its own rules: no restart while the cluster is busy, none of
 the same node within the cool-down, and a malformed answer means "none".
 """

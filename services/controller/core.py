@@ -95,7 +95,8 @@ class JobSetup:
         workers = rec.plan.workers if rec.plan else 1
         per = max(1, rec.spec.batch_size // workers)
         return cls(global_batch=per * workers, mode=rec.spec.mode.value,
-                   backup_workers=rec.spec.backup_workers, min_batch=max(1, per // 8))
+                   backup_workers=rec.spec.backup_workers, min_batch=max(1, per // 8),
+                   params=dict(rec.spec.policies.params))
 
     def apply(self, action: PolicyAction) -> JobSetup:
         """The setup after ``action`` was executed (ADJUST_BS, BACKUP_WORKERS; others change nothing here)."""

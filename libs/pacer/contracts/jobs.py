@@ -103,6 +103,8 @@ class PolicyConfig:
 
     straggler: str = field(default="antdt-nd", metadata=doc("straggler-mitigation policy service"))
     optimizer: str = field(default="brain", metadata=doc("resource-optimizer policy service"))
+    params: dict[str, Any] = field(default_factory=dict, metadata=doc(
+        "parameters of the straggler policy, sent in every PolicyRequest.params (scalars and lists)"))
 
 
 @message("job.ResourceRequest")

@@ -27,7 +27,10 @@ Defaults (a field left out)
                         ``criteo_tsv``, anything else -> ``record``
 ``dataset.records``     0 = derived from the file when the job is planned
 ``dataset.name``        ``train``
-``policies``            straggler ``antdt-nd``, optimizer ``brain``
+``policies``            straggler ``antdt-nd``, optimizer ``brain``, no
+                        ``params`` (the straggler policy's parameters,
+                        e.g. ``{threshold: 2.5}``, sent in every
+                        ``PolicyRequest.params``)
 ``resources``           none: the optimizer policy decides (zero-config)
 ``limits``              none: unbounded
 ``trainer``             none: Pacer's built-in trainer runs ``model``.  A
@@ -298,7 +301,8 @@ TOP_LEVEL = ("name", "model", "dataset", "epochs", "batch_size", "mode", "backup
 MODEL_FIELDS = ("name", "hash_buckets", "embed_dim", "hidden", "cross_layers", "cin_layers",
                 "learning_rate", "optimizer")
 DATASET_FIELDS = ("path", "format", "records", "test_path", "name")
-POLICY_FIELDS = ("straggler", "optimizer")
+POLICY_FIELDS = ("straggler", "optimizer", "params")
+MAX_POLICY_PARAMS = 32  # a policy's knobs, not a data channel
 RESOURCE_FIELDS = ("workers", "ps", "worker_cpu", "worker_memory_mb", "ps_cpu", "ps_memory_mb")
 LIMIT_FIELDS = ("max_workers", "max_ps", "max_cpu", "max_memory_mb")
 TRAINER_FIELDS = ("command", "ps_command", "image", "env")
@@ -374,7 +378,35 @@ def _policies(c: _Checker, raw: Any) -> PolicyConfig:
     return PolicyConfig(
         straggler=c.token(p, "straggler", "policies", d.straggler) or d.straggler,
         optimizer=c.token(p, "optimizer", "policies", d.optimizer) or d.optimizer,
+        params=_policy_params(c, p.get("params")),
     )
+
+
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
+def _policy_params(c: _Checker, raw: Any) -> dict[str, Any]:
+    """``policies.params``: the straggler policy's knobs (``{threshold: 2.5}``), passed as PolicyRequest.params."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        c.bad("policies.params", f"must be a map of name: value, got {_kind(raw)} {raw!r}")
+        return {}
+    if len(raw) > MAX_POLICY_PARAMS:
+        c.bad("policies.params", f"at most {MAX_POLICY_PARAMS} parameters, got {len(raw)}")
+        return {}
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        if not isinstance(k, str) or not k:
+            c.bad("policies.params", f"parameter names must be strings, got {k!r}")
+        elif isinstance(v, float) and not math.isfinite(v):
+            c.bad(f"policies.params.{k}", f"must be a finite number, got {v!r}")
+        elif _scalar(v) or (isinstance(v, list) and all(_scalar(x) for x in v)):
+            out[k] = list(v) if isinstance(v, list) else v
+        else:
+            c.bad(f"policies.params.{k}", f"must be a number, string, boolean or a list of them, got {_kind(v)}")
+    return out
 
 
 def _resources(c: _Checker, raw: Any) -> ResourceRequest | None:
