@@ -66,6 +66,7 @@ SERVICES = [
     Service("brain", "brain", "brain", {"PACER_BRAIN_CPU_QUOTA": "64", "PACER_BRAIN_NODE_CPU": "16"}),
     Service("policies", "policy_service", "policies", single=False),
     Service("pacer-api", "api", "api", {"PACER_API_HOST": "0.0.0.0", "PACER_API_PORT": "8750"}, single=False),
+    Service("auth-callout", "auth_callout", "auth", single=False),  # stateless: replicas share the requests
 ]
 
 
@@ -727,6 +728,7 @@ def test_network_policy_admits_nats_clients_only_from_pacer_pods(overlay: str) -
 # --------------------------------------------------------------- NATS users and TLS
 
 USERS_SECRET = "pacer-nats-users"
+CALLOUT_SECRET = "pacer-auth-callout"
 TLS_SECRET = "nats-server-tls"
 
 
@@ -783,22 +785,29 @@ def nats_clients(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], 
 
 @needs_kubectl
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
-def test_nats_users_secret_ships_without_values(overlay: str) -> None:
-    """Passwords in the repository would be everyone's: the operator fills the Secret (deploy/README.md)."""
-    secret = one(render(overlay), "Secret", USERS_SECRET)
-    assert not secret.get("data") and not secret.get("stringData"), secret
+def test_nats_secrets_ship_without_values(overlay: str) -> None:
+    """Passwords (or the callout's signing key) in the repository would be everyone's: the operator fills
+    the Secrets (deploy/README.md)."""
+    for name in (USERS_SECRET, CALLOUT_SECRET):
+        secret = one(render(overlay), "Secret", name)
+        assert not secret.get("data") and not secret.get("stringData"), secret
 
 
 @needs_kubectl
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_every_nats_client_logs_in_as_its_own_user(overlay: str) -> None:
-    """Each service as the user of its role (named like its health subject), the training pods as
-    ``agent``; every password is the Secret's key of that user, and the server knows every user."""
+    """Each service as the user of its role (named like its health subject); every password is the Secret's
+    key of that user, and the server knows every user.  The training pods get no static credential at all:
+    their job's user and token come in the URL the executor builds (tests/unit/test_deploy_nats.py runs it)."""
     docs = render(overlay)
     users = conf_users(nats_conf_text(docs))
     assert users, "no users in the NATS config"
     seen: dict[str, str] = {}
     for name, (_, c) in nats_clients(docs).items():
+        if name.startswith("training"):
+            for var in ("PACER_NATS_USER", "PACER_NATS_PASSWORD", "PACER_NATS_CREDS"):
+                assert env_source(docs, c, var) is None, f"{name}: {var} would serve every job's pods"
+            continue
         user = env_source(docs, c, "PACER_NATS_USER")
         assert user and user[0] == "value", f"{name}: no PACER_NATS_USER"
         assert env_source(docs, c, "PACER_NATS_PASSWORD") == ("secret", (USERS_SECRET, user[1])), name
@@ -806,10 +815,36 @@ def test_every_nats_client_logs_in_as_its_own_user(overlay: str) -> None:
         seen[name] = user[1]
     for svc in SERVICES:
         assert seen[svc.deployment] == svc.health, svc.deployment
-    assert {u for n, u in seen.items() if n.startswith("training")} == {"agent"}
     # Distinct services never share a user (their permissions differ).
     services = [seen[s.deployment] for s in SERVICES]
     assert len(set(services)) == len(services), services
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_auth_callout_keys_come_from_one_secret(overlay: str) -> None:
+    """The executor derives the agents' tokens from the secret the callout checks them with; the callout
+    signs with the seed whose public key NATS trusts; NATS gets the public key only, the executor no seed."""
+    docs = render(overlay)
+    conf = nats_conf_text(docs)
+    callout = nats_conf_blocks(conf)["auth_callout"]  # (nested blocks are found too)
+    issuer = re.search(r"issuer:\s*\$(\w+)", callout)
+    assert issuer, f"the callout's issuer is not a variable: {callout}"
+    nats_c = nats_container(one(docs, "StatefulSet", "nats"))
+    assert env_source(docs, nats_c, issuer.group(1)) == ("secret", (CALLOUT_SECRET, "issuer"))
+    # Every static user bypasses the callout (else a service's login would wait on the auth service).
+    bypass = set(yaml.safe_load(re.search(r"auth_users:\s*(\[.*?\])", callout, re.S).group(1)))  # type: ignore[union-attr]
+    assert bypass == set(conf_users(conf))
+    auth = one(docs, "Deployment", "auth-callout")["spec"]["template"]["spec"]["containers"][0]
+    executor = one(docs, "Deployment", "pod-executor")["spec"]["template"]["spec"]["containers"][0]
+    token_secret = ("secret", (CALLOUT_SECRET, "agent-token-secret"))
+    assert env_source(docs, auth, "PACER_AGENT_TOKEN_SECRET") == token_secret
+    assert env_source(docs, executor, "PACER_AGENT_TOKEN_SECRET") == token_secret
+    assert env_source(docs, auth, "PACER_AUTH_ISSUER_SEED") == ("secret", (CALLOUT_SECRET, "issuer-seed"))
+    seed_readers = [f"{d['kind']}/{d['metadata']['name']}" for d in docs if d["kind"] in {"Deployment", "StatefulSet"}
+                    for c in d["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])
+                    if e.get("valueFrom", {}).get("secretKeyRef", {}).get("key") == "issuer-seed"]
+    assert seed_readers == ["Deployment/auth-callout"]
 
 
 @needs_kubectl

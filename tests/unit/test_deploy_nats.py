@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from typing import Any
 
 import nats
 import pytest
-from pacer import deploy_conf, security
+from pacer import authjwt, deploy_conf, security
 from pacer import subjects as S
 from pacer.embedded import find_binary, free_port
 
@@ -73,29 +74,44 @@ def test_passwords_are_read_back_as_strings() -> None:
 
 
 TEST_PASSWORDS: dict[str, str] = {}
+TEST_CALLOUT = deploy_conf.callout_keys()  # what `deploy_conf callout-keys` fills pacer-auth-callout with
 
 
-def secret_value(key: str) -> str:
-    """The test's stand-in for key ``key`` of the Secret pacer-nats-users (like deploy_conf's: letters+hex)."""
+def secret_value(key: str, secret: str = deploy_conf.SECRET) -> str:
+    """The test's stand-in for key ``key`` of the Secret pacer-nats-users (like deploy_conf's: letters+hex),
+    or of pacer-auth-callout (fresh keys, as its command makes them)."""
+    if secret == deploy_conf.CALLOUT_SECRET:
+        return TEST_CALLOUT[key]
+    assert secret == deploy_conf.SECRET, secret
     return TEST_PASSWORDS.setdefault(key, f"t{key.replace('-', '')}0{len(TEST_PASSWORDS)}x")
+
+
+def container_env(docs: list[dict[str, Any]], c: dict[str, Any], pod_name: str = "") -> dict[str, str]:
+    """A container's environment as the kubelet would make it: fieldRefs (the pod's name, namespace), Secret keys (test
+    values), ConfigMap keys and ``$(VAR)`` expansion of earlier variables."""
+    env: dict[str, str] = {}
+    for e in c.get("env", []):
+        src = env_source(docs, c, e["name"])
+        if src is None:  # an optional ConfigMap key that is not there
+            continue
+        kind, value = src
+        if kind == "field":
+            fields = {"metadata.name": pod_name, "metadata.namespace": "pacer"}
+            assert value in fields, value
+            env[e["name"]] = fields[value]
+        elif kind == "secret":
+            env[e["name"]] = secret_value(value[1], value[0])
+        else:
+            env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+    return env
 
 
 def nats_env(docs: list[dict[str, Any]], pod_name: str) -> dict[str, str]:
     """The NATS container's environment as the kubelet would make it: fieldRefs, Secret keys (test values)
     and ``$(VAR)`` expansion of earlier variables."""
     c = nats_container(one(docs, "StatefulSet", "nats"))
-    env: dict[str, str] = {}
-    for e in c["env"]:
-        src = env_source(docs, c, e["name"])
-        assert src is not None, e
-        kind, value = src
-        if kind == "field":
-            assert value == "metadata.name", value
-            env[e["name"]] = pod_name
-        elif kind == "secret":
-            env[e["name"]] = secret_value(value[1])
-        else:
-            env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+    env = container_env(docs, c, pod_name)
+    assert set(env) == {e["name"] for e in c["env"]}, "a variable of the NATS container did not resolve"
     return env
 
 
@@ -179,6 +195,11 @@ def test_rendered_config_passes_nats_server_config_test(overlay: str, tmp_path: 
     missing = config_test(conf, {k: v for k, v in env.items() if k != deploy_conf.password_env("shard")})
     assert missing.returncode != 0
     assert deploy_conf.password_env("shard") in missing.stderr + missing.stdout
+    # So does a missing callout issuer, and one that is not an account's public key (a seed, say).
+    no_issuer = config_test(conf, {k: v for k, v in env.items() if k != deploy_conf.ISSUER_ENV})
+    assert no_issuer.returncode != 0 and deploy_conf.ISSUER_ENV in no_issuer.stderr + no_issuer.stdout
+    seed = config_test(conf, {**env, deploy_conf.ISSUER_ENV: TEST_CALLOUT[deploy_conf.SEED_KEY]})
+    assert seed.returncode != 0 and "account nkey" in seed.stderr + seed.stdout, seed.stderr + seed.stdout
 
 
 @contextmanager
@@ -389,3 +410,106 @@ def test_prod_cert_reloader_reloads_nats_when_the_certificate_is_renewed(tmp_pat
         client = {"PACER_NATS_USER": "shard", "PACER_NATS_PASSWORD": secret_value("shard"),
                   "PACER_NATS_CA": str(tls / "ca.crt")}
         assert asyncio.run(round_trip(f"nats://127.0.0.1:{ports['client']}", client)) == b"ping"
+
+
+# --------------------------------------------------------------- the auth callout
+
+
+async def as_pod(url: str, job: str, other: str) -> tuple[bytes, list[str]]:
+    """Connect with a pod's URL (its user and token in it, nothing else), round-trip a heartbeat of ``job``
+    and try to forge one of ``other``: the heartbeat and the permission errors the server sent."""
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc).lower())
+
+    opts = security.connect_options(url, {})
+    nc = await nats.connect(**opts, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3,  # type: ignore[arg-type]
+                            error_cb=on_error)
+    try:
+        sub = await nc.subscribe(S.agent_heartbeat(job))
+        await nc.publish(S.agent_heartbeat(job), b"hb")
+        msg = await sub.next_msg(timeout=5)
+        await nc.publish(S.agent_heartbeat(other), b"forged")
+        await nc.flush()
+        for _ in range(50):
+            if any("permissions violation" in e for e in errors):
+                break
+            await asyncio.sleep(0.05)
+        return bytes(msg.data), errors
+    finally:
+        await nc.close()
+
+
+@needs_kubectl
+def test_dev_config_and_the_auth_callout_service_admit_a_jobs_pods_only(tmp_path: Path) -> None:
+    """The rendered dev config in a real nats-server, the auth callout service as its Deployment runs it (its
+    command and env, Secret keys filled like `deploy_conf callout-keys`), and the pod URL the executor builds
+    from its own rendered env: job j1's pods are admitted as agent-j1 with j1's subjects only; a wrong token,
+    another job's token and a user that is no job's agent are refused; a static service bypasses the callout."""
+    from pacer_services.pod_executor import config as executor_config
+    from pacer_services.pod_executor import launch
+
+    docs = render("dev")
+    ports = {"client": free_port(), "monitor": free_port()}
+    conf = write_conf(docs, tmp_path / "conf", ports)
+    url = f"nats://127.0.0.1:{ports['client']}"
+
+    def service_env(deployment: str) -> dict[str, str]:
+        (c,) = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]["containers"]
+        env = container_env(docs, c, f"{deployment}-0")
+        assert env["PACER_NATS_URL"] == "nats://nats:4222"
+        return {**env, "PACER_NATS_URL": url}
+
+    (auth_c,) = one(docs, "Deployment", "auth-callout")["spec"]["template"]["spec"]["containers"]
+    assert auth_c["command"][:2] == ["python", "-m"]
+    auth_env = {**os.environ, **service_env("auth-callout"), "PACER_METRICS_PORT": "0"}
+    for k in ("PACER_CONTEXT", "PACER_NATS_CA", "PACER_NATS_CREDS"):
+        auth_env.pop(k, None)
+    # The executor, configured from its Deployment's env, builds job j1's pod URL.
+    exec_env = service_env("pod-executor")
+    pod_url = exec_env["PACER_POD_NATS_URL"].replace("nats://nats:4222", url)
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in exec_env.items():
+            mp.setenv(k, v)
+        cfg = executor_config.ExecutorConfig.from_env()
+    j1_url = launch.pod_nats_url(launch.LaunchConfig(pod_url, agent_secret=cfg.agent_secret), "j1")
+    assert security.agent_user("j1") in j1_url
+
+    with nats_servers([(conf, nats_env(docs, "nats-0"))], tmp_path):
+        wait_for(lambda: monitor(ports["monitor"], "/healthz").get("status") == "ok", "nats-server healthy")
+        # Without the callout service no agent gets in (nobody answers the server's request).
+        assert "authorization" in asyncio.run(refused(j1_url, {}))
+        LOGS.paths.append(tmp_path / "auth.log")
+        with open(tmp_path / "auth.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, *auth_c["command"][1:]], env=auth_env, stdout=log,
+                                    stderr=subprocess.STDOUT)
+        try:
+            def admitted() -> bytes | None:
+                try:
+                    return asyncio.run(as_pod(j1_url, "j1", "j2"))[0]
+                except Exception:  # not yet subscribed: the server's request times out
+                    return None
+
+            assert wait_for(admitted, "agent-j1 admitted through the callout service") == b"hb"
+            hb, errors = asyncio.run(as_pod(j1_url, "j1", "j2"))
+            assert hb == b"hb"
+            assert any("permissions violation" in e and S.agent_heartbeat("j2").lower() in e for e in errors), errors
+            token = authjwt.agent_token(TEST_CALLOUT[deploy_conf.AGENT_SECRET_KEY], "j1")
+            assert token in j1_url  # the executor's secret is the callout's
+            wrong = j1_url.replace(token, authjwt.agent_token("another secret", "j1"))
+            assert "authorization" in asyncio.run(refused(wrong, {}))
+            j2_token = j1_url.replace(token, authjwt.agent_token(TEST_CALLOUT[deploy_conf.AGENT_SECRET_KEY], "j2"))
+            assert "authorization" in asyncio.run(refused(j2_token, {}))
+            assert "authorization" in asyncio.run(refused(security.with_credentials(url, "someone", token), {}))
+            # A service logs in with its static password, the callout not asked.
+            shard = {"PACER_NATS_USER": "shard", "PACER_NATS_PASSWORD": secret_value("shard")}
+            assert asyncio.run(round_trip(url, shard)) == b"ping"
+            assert proc.poll() is None, LOGS.tails()
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
