@@ -151,7 +151,8 @@ class ExecutorService:
         self.jobs: dict[str, ExecutorJob] = {}
         self.orphans: dict[str, float] = {}  # pod -> when first seen without a job record
         self.launch = launch.LaunchConfig(bus_url(bus), self.cfg.checkpoint_root, self.cfg.checkpoint_every,
-                                          agents=self.cfg.agents, stragglers=tuple(self.cfg.stragglers.items()))
+                                          agents=self.cfg.agents, stragglers=tuple(self.cfg.stragglers.items()),
+                                          agent_secret=self.cfg.agent_secret)
         # pod_builder: what runs in a pod (tests run small stand-in programs)
         self.fx = Effects(bus, backend, self.counters, clock, pod_builder, self.launch, self.cfg.delete_grace_s)
         self.pods = self.fx.pods  # newest status of every pod we know

@@ -29,6 +29,9 @@ class ExecutorConfig:
     stragglers: dict[str, str] = field(default_factory=dict)  # fault injection: node or "*" -> StragglerSpec JSON
     policy: core.ExecutorPolicy = field(default_factory=core.ExecutorPolicy)
     drain_s: float = 10.0  # on stop, how long work already queued for jobs may take to finish
+    # PACER_AGENT_TOKEN_SECRET, shared with the auth callout: each job's pods get the user agent-<job> and
+    # a token derived from it (launch.pod_nats_url); "": pods get the pod URL as it is.
+    agent_secret: str = field(default="", repr=False)
 
     @classmethod
     def from_env(cls) -> ExecutorConfig:
@@ -40,6 +43,7 @@ class ExecutorConfig:
             checkpoint_root=env.get("PACER_CHECKPOINT_ROOT", str(data / "checkpoints")),
             checkpoint_every=int(env.get("PACER_CHECKPOINT_EVERY", "500")),
             stragglers=_stragglers(env.get("PACER_INJECT_STRAGGLERS", "")),
+            agent_secret=env.get("PACER_AGENT_TOKEN_SECRET", ""),
             policy=core.ExecutorPolicy(
                 relaunch_budget=int(env.get("PACER_RELAUNCH_BUDGET", "3")),
                 oom_memory_factor=float(env.get("PACER_OOM_MEMORY_FACTOR", "2.0")),

@@ -10,8 +10,8 @@ A job with a ``trainer`` section runs the user's ``command`` (and
 The machine the plan's placement names for the node travels in
 :attr:`~pacer.contracts.executor.PodSpec.machine`.
 
-Bus credentials of a pod: with an agent token secret (``PACER_AGENT_TOKEN_SECRET``,
-shared with the auth callout responder) every pod of job ``j`` gets the user
+Bus credentials of a pod: with an agent token secret (:attr:`LaunchConfig.agent_secret`,
+the executor's ``PACER_AGENT_TOKEN_SECRET``, shared with the auth callout responder) every pod of job ``j`` gets the user
 ``agent-<j>`` and the password :func:`pacer.authjwt.agent_token` in its URL,
 which the auth callout admits with job ``j``'s subjects only; without one,
 the URL the executor was given (the static ``agent`` user).  When the URL
@@ -22,7 +22,6 @@ the pod's environment (a local pod inherits the executor's).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -54,7 +53,8 @@ class LaunchConfig:
     # pod lands elsewhere (AntDT's KILL_RESTART gain), unless the spec sets "sticky": true.
     stragglers: tuple[tuple[str, str], ...] = ()
     # Per-job agent credentials (see the module docstring); "" = every pod gets nats_url as it is.
-    agent_secret: str = field(default_factory=lambda: os.environ.get("PACER_AGENT_TOKEN_SECRET", ""), repr=False)
+    # (ExecutorConfig.agent_secret, from PACER_AGENT_TOKEN_SECRET.)
+    agent_secret: str = field(default="", repr=False)
 
 
 # What a pod must not inherit from a local executor: its NATS user and the secrets that mint credentials.
