@@ -133,6 +133,9 @@ def _service(name: str, publish: list[str], subscribe: list[str], js: bool = Tru
 # The executor's "commands" are every op but the read-only ones.
 _EXECUTOR_READS = [_rpc(S.EXECUTOR_SERVICE, S.ExecutorOp.STATUS), _rpc(S.EXECUTOR_SERVICE, S.ExecutorOp.LOGS)]
 _EXECUTOR_ALL = f"{S.PREFIX}.rpc.{S.EXECUTOR_SERVICE}.>"
+# Two instances of a service share its jobs by leases (pacer.ownership): the leases and the owners'
+# fenced state live in one KV bucket; a request that reached the non-owner is forwarded to the owner.
+_LEASES = kv(S.LEASE_BUCKET)
 _AGENT_RPC = f"{S.PREFIX}.rpc.{S.AGENT_SERVICE}.>"  # global actions and node commands
 _AGENT_PROTOCOL = f"{S.PREFIX}.agent.>"  # the two-phase barrier between agents
 _SHARD_RPC = _rpc(S.SHARD_SERVICE)
@@ -149,8 +152,8 @@ def _table() -> dict[str, Permissions]:
             subscribe=[_SHARD_RPC, S.EVENTS_SUBJECTS]),
         S.MONITOR_SERVICE: _service(
             S.MONITOR_SERVICE,
-            publish=[_events(S.MONITOR_SERVICE)],
-            subscribe=[_rpc(S.MONITOR_SERVICE), S.EVENTS_SUBJECTS]),
+            publish=[_events(S.MONITOR_SERVICE), _LEASES, S.ownership_forward(S.MONITOR_SERVICE)],
+            subscribe=[_rpc(S.MONITOR_SERVICE), S.EVENTS_SUBJECTS, S.ownership_forward(S.MONITOR_SERVICE)]),
         S.JOB_SERVICE: _service(
             S.JOB_SERVICE,
             publish=[_events("job"), kv(S.JOB_BUCKET), _EXECUTOR_ALL, _rpc(S.BRAIN_SERVICE), _SHARD_RPC,
@@ -165,7 +168,7 @@ def _table() -> dict[str, Permissions]:
         S.CONTROLLER_SERVICE: _service(
             S.CONTROLLER_SERVICE,
             publish=[_events(S.CONTROLLER_SERVICE), _policies(), _EXECUTOR_ALL, _AGENT_RPC, _SHARD_RPC,
-                     _rpc(S.MONITOR_SERVICE), _rpc(S.JOB_SERVICE)],
+                     _rpc(S.MONITOR_SERVICE), _rpc(S.JOB_SERVICE), _LEASES],
             subscribe=[S.EVENTS_SUBJECTS]),
         "policies": _service("policies", publish=[], subscribe=[S.policy_decide(p) for p in S.POLICY_BUILTINS],
                              js=False),

@@ -160,6 +160,12 @@ def cluster_status() -> str:
 # The job service: submissions, the lifecycle of each job, its plan.
 JOB_SERVICE = "jobs"
 JOB_BUCKET = "pacer-jobs"  # JetStream KV: key <job> -> jobs.JobRecord (read by the executor and the API)
+LEASE_BUCKET = "pacer-leases"  # per-job ownership of a service's instances (pacer.ownership): leases and fenced state
+
+
+def ownership_forward(service: str, instance: str = "*") -> str:
+    """Where a service instance receives requests forwarded to it as the owner of their job (pacer.ownership)."""
+    return f"{PREFIX}.svc.{service}.{instance}.forward"
 ALL_JOBS = "_all"  # the job token of requests about no single job (list)
 
 
