@@ -290,7 +290,12 @@ def render_authorization(users: Mapping[str, tuple[str, str]], callout: Callout 
 
 
 def with_credentials(url: str, user: str, password: str) -> str:
-    """``nats://host:port`` -> ``nats://user:password@host:port`` (what a child process is given)."""
+    """``nats://host:port`` -> ``nats://user:password@host:port`` (what a child process is given).
+
+    A server list (``nats://a:1,nats://b:2``, a cluster) gets the credentials on every server.
+    """
+    if "," in url:
+        return ",".join(with_credentials(u, user, password) for u in split_servers(url))
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
     netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}" + (f":{parts.port}" if parts.port else "")

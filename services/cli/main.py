@@ -45,7 +45,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     require_or_exit("embedded", "pacer up (a local nats-server)")
     from pacer_services.cli.stack import Stack
 
-    stack = Stack(Path(args.data_dir), port=args.port)
+    if args.cluster < 1:
+        print("pacer up: --cluster must be at least 1", file=sys.stderr)
+        return 2
+    stack = Stack(Path(args.data_dir), port=args.port, cluster=args.cluster)
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -154,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="run the embedded stack (nats-server + services) in the foreground")
     up.add_argument("--data-dir", default=".pacer", help="JetStream store and service logs")
     up.add_argument("--port", type=int, default=4222)
+    up.add_argument("--cluster", type=int, default=1, metavar="N",
+                    help="N clustered nats-servers on free loopback ports (JetStream replicas min(N, 3)); "
+                         "kill one and the stack carries on")
     up.set_defaults(fn=cmd_up)
 
     st = sub.add_parser("status", help="a dataset's shard status")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pacer import security
-from pacer.embedded import EmbeddedNats
+from pacer.embedded import EmbeddedCluster, EmbeddedNats
 
 # Every service of the embedded stack: name -> module to run.
 SERVICES: dict[str, str] = {
@@ -50,7 +50,10 @@ class Stack:
     data_dir: Path
     port: int = 0
     services: list[str] = field(default_factory=lambda: list(SERVICES))
-    nats: EmbeddedNats | None = None
+    nats: EmbeddedNats | EmbeddedCluster | None = None
+    # More than 1: that many clustered nats-servers on loopback (issue 13), streams and KV at
+    # replicas min(cluster, 3), the services given every server's URL.  ``port`` is then unused.
+    cluster: int = 1
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # extra environment of every service
     # Bus security: every service, the pods (role ``agent``) and the operator (``admin``) get a NATS
@@ -134,8 +137,13 @@ class Stack:
             # until stop() restores what was set before.
             self._saved_ca = os.environ.get("PACER_NATS_CA")
             os.environ["PACER_NATS_CA"] = str(files.ca)
-        self.nats = EmbeddedNats(store_dir=self.data_dir / "nats", port=self.port,
-                                 authorization=authorization, tls=tls).start()
+        if self.cluster > 1:
+            self.env.setdefault("PACER_REPLICAS", str(min(self.cluster, 3)))
+            self.nats = EmbeddedCluster(store_dir=self.data_dir / "nats", size=self.cluster,
+                                        authorization=authorization, tls=tls).start()
+        else:
+            self.nats = EmbeddedNats(store_dir=self.data_dir / "nats", port=self.port,
+                                     authorization=authorization, tls=tls).start()
         if self.ca_file is not None:  # this process's clients of this server: its CA, whatever the env says
             security.trust(self.bare_url, str(self.ca_file))
         security.write_context(self.context_file, security.Context(
