@@ -45,17 +45,9 @@ def nats_cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
 
 
 async def connect_cluster(cluster: EmbeddedCluster, name: str, replicas: int = 3) -> Bus:
-    """A :class:`Bus` given every server of ``cluster`` (it fails over between them), streams at ``replicas``.
-
-    Built from the server list directly: until ``Bus.connect`` takes the
-    comma-separated ``cluster.url`` this keeps Bus.connect's reconnect
-    settings (reconnect forever, 0.2 s apart).
-    """
-    import nats
-
-    nc = await nats.connect(servers=cluster.urls, name=name, connect_timeout=5.0, reconnect_time_wait=0.2,
-                            max_reconnect_attempts=-1, allow_reconnect=True, pending_size=64 * 1024 * 1024)
-    return Bus(nc, nc.jetstream(timeout=5.0), replicas)
+    """A :class:`Bus` given every server of ``cluster`` (``cluster.url``, comma-separated: it fails over
+    between them), making its streams and KV buckets at ``replicas``."""
+    return await Bus.connect(cluster.url, name=name, replicas=replicas)
 
 
 @pytest.fixture

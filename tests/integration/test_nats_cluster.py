@@ -8,14 +8,17 @@ would; the clients are given every server's URL and fail over by themselves.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
+import nats
 import nats.errors
 import nats.js.errors
 import pytest
 from conftest import connect_cluster, eventually
-from pacer import subjects
+from pacer import security, subjects
 from pacer.bus import Bus
 from pacer.embedded import EmbeddedCluster, http_json
 from pacer.errors import Unavailable
@@ -70,7 +73,7 @@ async def cbus(nats_cluster: EmbeddedCluster) -> Any:
 
 
 async def test_streams_and_kv_are_replicated_on_all_three_servers(nats_cluster: EmbeddedCluster, cbus: Bus) -> None:
-    await cbus.kv(KV_BUCKET)
+    await until_ok(lambda: cbus.kv(KV_BUCKET))
     names = {s.server_name for s in nats_cluster.servers}
     for stream in (subjects.SHARD_LOG_STREAM, subjects.EVENTS_STREAM, f"KV_{KV_BUCKET}"):
         info = await cbus.js.stream_info(stream)
@@ -81,8 +84,8 @@ async def test_streams_and_kv_are_replicated_on_all_three_servers(nats_cluster: 
 
 
 async def test_killing_the_stream_leader_loses_nothing_acknowledged(nats_cluster: EmbeddedCluster, cbus: Bus) -> None:
-    kv = await cbus.kv(KV_BUCKET)
-    await kv.put("k", b"before")
+    kv = await until_ok(lambda: cbus.kv(KV_BUCKET))
+    await until_ok(lambda: kv.put("k", b"before"))
     subject = subjects.shard_log("job-ha")
     acked: dict[int, bytes] = {}  # stream sequence -> payload, only what the server acknowledged
     failed_attempts = 0
@@ -144,7 +147,7 @@ async def test_expected_last_sequence_fences_a_stale_writer_across_a_leader_chan
     try:
         old, new = ShardLogStore(cbus.js), ShardLogStore(other.js)
         job = "job-fence"
-        s1 = await old.append(job, [["r", 1]], expected_last_seq=0)
+        s1 = await until_ok(lambda: old.append(job, [["r", 1]], expected_last_seq=0))
         # Both writers believe they own the job as of s1; the stream leader dies.
         nats_cluster.kill(nats_cluster.index_of(await stream_leader(cbus, subjects.SHARD_LOG_STREAM)))
         s2 = await until_ok(lambda: new.append(job, [["r", 2]], expected_last_seq=s1))
@@ -169,9 +172,10 @@ async def test_a_retried_append_with_its_message_id_is_not_fenced_by_itself(
     answers with the first copy's sequence (a duplicate), instead of a wrong-last-sequence error that
     would make the writer believe someone else took its job."""
     subject = subjects.shard_log("job-retry")
-    s1 = int((await cbus.js.publish(subject, b"a", headers={"Nats-Msg-Id": "a"})).seq)
+    # (retried: a stream just created may not have elected its leader yet; the message ids make it safe)
+    s1 = int((await until_ok(lambda: cbus.js.publish(subject, b"a", headers={"Nats-Msg-Id": "a"}))).seq)
     hdrs = {"Nats-Msg-Id": "b", "Nats-Expected-Last-Subject-Sequence": str(s1)}
-    s2 = int((await cbus.js.publish(subject, b"b", headers=hdrs)).seq)
+    s2 = int((await until_ok(lambda: cbus.js.publish(subject, b"b", headers=hdrs))).seq)
     nats_cluster.kill(nats_cluster.index_of(await stream_leader(cbus, subjects.SHARD_LOG_STREAM)))
     again = await until_ok(lambda: cbus.js.publish(subject, b"b", headers=hdrs))
     assert (int(again.seq), again.duplicate) == (s2, True)
@@ -179,3 +183,34 @@ async def test_a_retried_append_with_its_message_id_is_not_fenced_by_itself(
     with pytest.raises(nats.js.errors.BadRequestError):
         await until_ok(lambda: cbus.js.publish(
             subject, b"b", headers={"Nats-Expected-Last-Subject-Sequence": str(s1)}))
+
+
+async def test_a_secured_cluster_admits_only_its_users_over_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same ``authorization`` and ``tls`` blocks as a single server, on every server of the cluster."""
+    from pacer.tls import ensure_server_tls, server_tls_config
+
+    files = ensure_server_tls(tmp_path / "tls")
+    users = {"shard": ("pw-shard", "shard"), "admin": ("pw-admin", "admin")}
+    cluster = EmbeddedCluster(store_dir=tmp_path / "secure", authorization=security.render_authorization(users),
+                              tls=server_tls_config(files)).start()
+    try:
+        monkeypatch.setenv("PACER_NATS_USER", "shard")
+        monkeypatch.setenv("PACER_NATS_PASSWORD", "pw-shard")
+        monkeypatch.setenv("PACER_NATS_CA", str(files.ca))
+        bus = await connect_cluster(cluster, "secure-shard")
+        try:
+            await bus.ensure_streams()
+            job = "job-secure"
+            store = ShardLogStore(bus.js)
+            s1 = await until_ok(lambda: store.append(job, [["r", 1]], expected_last_seq=0))
+            cluster.kill(cluster.index_of(await stream_leader(bus, subjects.SHARD_LOG_STREAM)))
+            assert await until_ok(lambda: store.append(job, [["r", 2]], expected_last_seq=s1)) > s1
+        finally:
+            await bus.close()
+        ctx = ssl.create_default_context(cafile=str(files.ca))
+        for password in ("wrong", None):
+            with pytest.raises(nats.errors.Error):  # refused by every live server
+                await nats.connect(servers=cluster.urls, user="shard" if password else None, password=password,
+                                   tls=ctx, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+    finally:
+        cluster.stop()
