@@ -25,6 +25,11 @@ can stop a job):
 * ``GET  /healthz``                        ``{"status": "ok" | "degraded", ...}`` (503 without NATS)
 * ``GET  /`` and ``GET /jobs/{job}``       the dashboard (one page, ``static/``, relative URLs only)
 
+Credentials: what the executor launches carries them (each pod's bus URL holds its job's agent user
+and token), and a pod's log, an error text or an event may quote them.  Every string of a response
+body, an SSE event and an error message passes :func:`pacer.redact.text` (``nats://agent-j:***@...``),
+and the string value of a key named like a password or secret is masked (:func:`jsonable`).
+
 Traces: every request but ``/healthz`` and ``/static/`` runs in a ``SERVER``
 span named by its method and route (``POST /api/v1/jobs``), continuing the
 W3C ``traceparent`` of the HTTP request if it has one, so the bus requests the
@@ -71,7 +76,7 @@ from aiohttp import web
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from opentelemetry.trace import Status, StatusCode
-from pacer import codec, subjects, tracing
+from pacer import codec, redact, subjects, tracing
 from pacer.bus import Bus, RetryPolicy
 from pacer.contracts.agent import ActionResult, AgentMetrics, Heartbeat
 from pacer.contracts.brain import BrainDecision
@@ -180,19 +185,24 @@ def jsonable(obj: Any) -> Any:
     """Plain msgpack data -> data ``json.dumps`` accepts and ``JSON.parse`` reads back.
 
     Bytes become hex, map keys strings, and non-finite floats ``null`` (JSON
-    has no NaN; a trainer's diverged loss must not break the page).
+    has no NaN; a trainer's diverged loss must not break the page).  It is
+    what users are shown, so credentials are masked (:mod:`pacer.redact`):
+    in every string, and the string value of a credential-named key.
     """
     if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
+        return {str(k): redact.MASK if redact.secret_key(str(k)) and isinstance(v, str) and v else jsonable(v)
+                for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [jsonable(v) for v in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, bytes):
         return obj.hex()
-    if isinstance(obj, str | int | float | bool) or obj is None:
+    if isinstance(obj, str):
+        return redact.text(obj)
+    if isinstance(obj, int | float | bool) or obj is None:
         return obj
-    return str(obj)
+    return redact.text(str(obj))
 
 
 def to_json(msg: Any) -> Any:
@@ -250,7 +260,7 @@ def spec_name(text: str) -> str:
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message}}
+    return {"error": {"code": code, "message": redact.text(message)}}
 
 
 # ------------------------------------------------------------------ the service
@@ -457,7 +467,7 @@ class ApiService:
             if exc is None:
                 body[part] = to_json(task.result())
             else:
-                body["unavailable"][part] = exc.message if isinstance(exc, PacerError) else type(exc).__name__
+                body["unavailable"][part] = redact.text(exc.message) if isinstance(exc, PacerError) else type(exc).__name__
         self.counters.inc("requests", op="get")
         return web.json_response(body)
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 from opentelemetry import trace
-from pacer import telemetry
+from pacer import redact, telemetry
 from pacer.bus import Bus, RetryPolicy
 from pacer.codec import to_dict
 from pacer.contracts.executor import ExecutorStatus
@@ -210,7 +210,13 @@ def new_lines(prev: list[str], cur: list[str]) -> list[str]:
 
 
 def _dump(obj: Any) -> str:
-    return json.dumps(obj, indent=2, default=str)
+    return json.dumps(redact.data(obj), indent=2, default=lambda o: redact.text(str(o)))
+
+
+def _show(text: str = "", **kw: Any) -> None:
+    """Print what the user is shown, credentials masked: a pod's bus URL carries its job's agent token
+    (pacer.redact), and a log line, a reason or an error may quote it."""
+    print(redact.text(text), **kw)
 
 
 # ----------------------------------------------------------------- plumbing
@@ -256,7 +262,7 @@ def _fail(cmd: str, message: str, rc: int, code: str = "") -> int:
         msg = message.replace("\n", "; ")  # one line: a service's error is one fact
     else:
         msg = message.replace("\n", "\n  ")  # one problem per line, each naming its field
-    print(f"pacer {cmd}: {msg}" + (f" [{code}]" if code else ""), file=sys.stderr)
+    _show(f"pacer {cmd}: {msg}" + (f" [{code}]" if code else ""), file=sys.stderr)
     return rc
 
 
@@ -305,14 +311,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(_dump(to_dict(rec)) if args.json else f"{rec.job}  {rec.state.value}")
             return 0
         if not args.json:
-            print(f"{rec.job}  {rec.state.value}")
+            _show(f"{rec.job}  {rec.state.value}")
         rec, timed_out = await _wait(c, rec, args.timeout, args.interval)
         if args.json:
             print(_dump(to_dict(rec)))
         else:
-            print(finish_line(rec))
+            _show(finish_line(rec))
         if timed_out:
-            print(f"pacer submit: gave up waiting after {args.timeout:g}s; job {rec.job} is {rec.state.value}",
+            _show(f"pacer submit: gave up waiting after {args.timeout:g}s; job {rec.job} is {rec.state.value}",
                   file=sys.stderr)
             return 3
         return 0 if rec.state is JobState.COMPLETED else 1
@@ -348,9 +354,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if args.json:
             print(_dump([to_dict(r) for r in jl.jobs]))
         elif not jl.jobs:
-            print("no jobs" + (f" in state {args.state}" if args.state else ""))
+            _show("no jobs" + (f" in state {args.state}" if args.state else ""))
         else:
-            print(jobs_table(jl.jobs, time.time()))
+            _show(jobs_table(jl.jobs, time.time()))
         return 0
 
     return _run("jobs", args.nats, body)
@@ -399,17 +405,17 @@ def cmd_job(args: argparse.Namespace) -> int:
             print(_dump({"job": to_dict(rec), "nodes": to_dict(nodes) if nodes else None,
                          "statistics": to_dict(stats) if stats else None, "notes": notes}))
             return 0
-        print(job_summary(rec, time.time()))
+        _show(job_summary(rec, time.time()))
         if nodes is not None:
-            print()
-            print(nodes_table(nodes))
+            _show()
+            _show(nodes_table(nodes))
         if stats is not None:
-            print()
-            print(stats_table(stats))
+            _show()
+            _show(stats_table(stats))
         if notes:
-            print()
+            _show()
             for n in notes:
-                print(f"note: {n}")
+                _show(f"note: {n}")
         return 0
 
     return _run("job", args.nats, body)
@@ -448,6 +454,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def _emit(lines: list[str], as_json: bool, pod: str) -> None:
     for line in lines:
+        line = redact.text(line)
         print(json.dumps({"pod": pod, "line": line}) if as_json else line)
     sys.stdout.flush()
 
@@ -467,7 +474,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         if args.json:
             print(_dump(to_dict(rec)))
         else:
-            print(f"{rec.job}  {rec.state.value}" + (f"  ({rec.reason})" if rec.reason else ""))
+            _show(f"{rec.job}  {rec.state.value}" + (f"  ({rec.reason})" if rec.reason else ""))
         return 0
 
     return _run("stop", args.nats, body)
