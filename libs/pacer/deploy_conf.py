@@ -41,7 +41,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pacer import authjwt, security
+from pacer import security
 
 SECRET = "pacer-nats-users"  # the Secret holding every password, one key per user
 ROUTE_USER = "route"  # the cluster's routes authenticate as this user (key `route` of the Secret)
@@ -108,6 +108,8 @@ def secret_patch(names: Sequence[str]) -> str:
 
 def callout_keys() -> dict[str, str]:
     """Fresh keys of the Secret ``pacer-auth-callout``: an account seed, its public key, an agent token secret."""
+    from pacer import authjwt  # here: the other commands need only the standard library
+
     issuer = authjwt.KeyPair.create(authjwt.PREFIX_ACCOUNT)
     return {SEED_KEY: issuer.seed, ISSUER_KEY: issuer.public_key, AGENT_SECRET_KEY: secrets.token_urlsafe(32)}
 

@@ -513,3 +513,18 @@ def test_dev_config_and_the_auth_callout_service_admit_a_jobs_pods_only(tmp_path
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def test_callout_keys_fill_the_secret_with_a_matching_fresh_key_pair(capsys: pytest.CaptureFixture[str]) -> None:
+    """``callout-keys``: the seed is an account's, the issuer NATS is given is that seed's public key, and each
+    run makes new keys (a shipped or shared key would let anyone mint users)."""
+    runs = []
+    for _ in range(2):
+        assert deploy_conf.main(["callout-keys"]) == 0
+        runs.append(json.loads(capsys.readouterr().out)["stringData"])
+    for keys in runs:
+        assert set(keys) == {deploy_conf.SEED_KEY, deploy_conf.ISSUER_KEY, deploy_conf.AGENT_SECRET_KEY}
+        pair = authjwt.KeyPair.from_seed(keys[deploy_conf.SEED_KEY])
+        assert pair.prefix == authjwt.PREFIX_ACCOUNT and pair.public_key == keys[deploy_conf.ISSUER_KEY]
+        assert len(keys[deploy_conf.AGENT_SECRET_KEY]) >= 32
+    assert all(runs[0][k] != runs[1][k] for k in runs[0])
