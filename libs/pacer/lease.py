@@ -26,8 +26,9 @@ else can start.  Timing decides liveness only; safety comes from fencing:
 The decisions (when to renew, when we lost it, when to take over) are the
 pure :func:`decide`; :class:`Lease` applies them against the real KV, and
 :func:`hold` runs the loop with ``on_acquired`` / ``on_lost`` callbacks.
-Concurrency: one :class:`Lease` is driven by one task (``hold``); its
-methods are not meant to be called concurrently.
+Concurrency: one :class:`Lease` is driven by one task (``hold``: acquire,
+renew, release); :meth:`Lease.fenced_put` may be called from other tasks of
+the same event loop (it and ``renew`` take turns on a lock).
 """
 
 from __future__ import annotations
@@ -130,6 +131,10 @@ class Lease:
         self.token: int | None = None
         self.revision: int | None = None
         self._unconfirmed_since: float | None = None  # when an acquisition of unknown outcome was sent
+        # Renewals and fenced writes both hinge on the lease key's revision: one at a time, so that a
+        # write never checks a revision that a renewal in flight is replacing (a cluster refuses a CAS
+        # on a subject with a write in flight: error 10164).
+        self._writing = asyncio.Lock()
 
     @classmethod
     async def open(cls, bus: Bus, bucket: str, key: str, holder: str, ttl_s: float,
@@ -255,25 +260,28 @@ class Lease:
         if not self.valid():
             self._drop("not renewed in time")
             return False
-        sent = self.clock()
-        assert self.view.written_at is not None
-        # Do not wait for an answer past the moment we would count the lease lost anyway.
-        left = self.view.written_at + self.timing.lost_after * self.timing.ttl_s - sent
-        try:
-            rev = await self._write(self.revision, timeout=max(0.05, min(self.timeout, left)))
-        except nats.js.errors.BadRequestError as exc:
-            if exc.err_code not in _WRONG_LAST_SEQUENCE:
-                raise
-            return await self._after_refusal()
-        except (nats.errors.Error, TimeoutError) as exc:
-            log.warning("lease renewal failed: %s", exc, extra={"fields": {"key": self.key}})
-            if not self.valid():
-                self._drop(f"not renewed in time ({type(exc).__name__})")
+        async with self._writing:
+            if not self.held:  # (a fenced write found the lease gone while we waited)
                 return False
+            sent = self.clock()
+            assert self.view.written_at is not None and self.revision is not None
+            # Do not wait for an answer past the moment we would count the lease lost anyway.
+            left = self.view.written_at + self.timing.lost_after * self.timing.ttl_s - sent
+            try:
+                rev = await self._write(self.revision, timeout=max(0.05, min(self.timeout, left)))
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                    raise
+                return await self._after_refusal()
+            except (nats.errors.Error, TimeoutError) as exc:
+                log.warning("lease renewal failed: %s", exc, extra={"fields": {"key": self.key}})
+                if not self.valid():
+                    self._drop(f"not renewed in time ({type(exc).__name__})")
+                    return False
+                return True
+            self.view = LeaseView(sent, rev, sent)
+            self.revision = rev
             return True
-        self.view = LeaseView(sent, rev, sent)
-        self.revision = rev
-        return True
 
     async def _after_refusal(self) -> bool:
         try:
@@ -282,9 +290,11 @@ class Lease:
             entry = None
         except (nats.errors.Error, TimeoutError):
             return self.valid()  # unknown: the next renewal will tell
-        if entry is not None and entry.value == self.holder.encode() and (entry.revision or 0) > (self.revision or 0):
+        if entry is not None and entry.value == self.holder.encode() and (entry.revision or 0) >= (self.revision or 0):
+            # Still ours: a renewal of ours was stored after all (adopt its revision), or the refusal was
+            # about a write still in flight (10164).  Either way we keep counting from our last confirmed write.
             self.revision = int(entry.revision or 0)
-            return True
+            return self.valid()
         self._drop("taken over")
         return False
 
@@ -308,19 +318,21 @@ class Lease:
         The server checks the lease key's last sequence in the same stream
         (``Nats-Expected-Last-Subject-Sequence-Subject``), so a stale owner's
         write is refused (:class:`LeaseLost`) even if it arrives after a
-        rival took over.  Not to be called concurrently with :meth:`renew`.
+        rival took over.  Serialised with :meth:`renew` (a lock), so the
+        owner may write from any task while :func:`hold` renews.
         """
-        if not self.held or self.revision is None:
-            raise LeaseLost(f"lease {self.key!r} is not held by {self.holder!r}")
-        try:
-            ack = await self.bus.js.publish(
-                self.subject(key), value, timeout=self.timeout,
-                headers={_EXPECTED_SEQ: str(self.revision), _EXPECTED_SEQ_SUBJECT: self.subject()})
-        except nats.js.errors.BadRequestError as exc:
-            if exc.err_code not in _WRONG_LAST_SEQUENCE:
-                raise
-            raise LeaseLost(f"lease {self.key!r} moved on from revision {self.revision}") from exc
-        return int(ack.seq)
+        async with self._writing:
+            if not self.held or self.revision is None:
+                raise LeaseLost(f"lease {self.key!r} is not held by {self.holder!r}")
+            try:
+                ack = await self.bus.js.publish(
+                    self.subject(key), value, timeout=self.timeout,
+                    headers={_EXPECTED_SEQ: str(self.revision), _EXPECTED_SEQ_SUBJECT: self.subject()})
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                    raise
+                raise LeaseLost(f"lease {self.key!r} moved on from revision {self.revision}") from exc
+            return int(ack.seq)
 
 
 class LeaseLost(Exception):

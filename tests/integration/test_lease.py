@@ -225,3 +225,33 @@ async def test_ownership_stays_exclusive_when_the_lease_buckets_leader_is_killed
         await b.finish()
     terms = sorted(a.acquired + b.acquired)
     assert len(set(terms)) == len(terms)  # every term has its own token
+
+
+async def test_fenced_writes_interleaved_with_renewals_are_never_refused_while_held(buses: tuple[Bus, Bus]) -> None:
+    """The owner's state writes and its lease renewals run in different tasks; a write must not be
+    refused because a renewal moved the lease's revision under it (or was still in flight)."""
+    fast = LeaseTiming(ttl_s=1.0, renew_after=0.05, lost_after=0.9)  # renew every few tens of ms
+    kv = (await Lease.open(buses[0], BUCKET, "job-3", "x", ttl_s=1.0)).kv
+    x = Lease(buses[0], kv, BUCKET, "job-3", "x", fast)
+    h = Holder(x).start()
+    refused: list[str] = []
+    writes = 0
+    try:
+        await eventually(lambda: h.acquired, 20, "x never acquired the lease")
+        renewed_from = x.revision or 0
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 3.0
+        while loop.time() < end:
+            if not x.valid():
+                await asyncio.sleep(0.01)
+                continue
+            try:
+                await x.fenced_put("job-3.state", str(writes).encode())
+                writes += 1
+            except LeaseLost as exc:
+                if x.valid() and h.lost == []:
+                    refused.append(str(exc))
+        assert (x.revision or 0) > renewed_from + 5  # renewals did interleave
+    finally:
+        await h.finish()
+    assert writes > 10 and refused == []
