@@ -165,8 +165,26 @@ class Bus:
             # Exists with another config (e.g. replicas changed): update it in place.
             await self.js.update_stream(cfg)
 
-    async def kv(self, bucket: str, description: str = "") -> KeyValue:
-        """The JetStream KV bucket ``bucket`` (file storage, history 1), created on first use."""
+    async def kv(self, bucket: str, description: str = "", wait_s: float = 30.0) -> KeyValue:
+        """The JetStream KV bucket ``bucket`` (file storage, history 1), created on first use.
+
+        On a cluster a replicated bucket has no leader for a few seconds after it
+        is created or its leader died (about 5 s measured here, docs/ha.md): the
+        lookup times out or finds no responder.  That is retried for ``wait_s``
+        instead of failing a service's start.
+        """
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            try:
+                return await self._kv_once(bucket, description)
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                    nats.js.errors.ServiceUnavailableError) as exc:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+                log.info("KV %s not available yet (%s); retrying", bucket, type(exc).__name__)
+                await asyncio.sleep(0.5)
+
+    async def _kv_once(self, bucket: str, description: str) -> KeyValue:
         try:
             return await self.js.key_value(bucket)
         except nats.js.errors.BucketNotFoundError:

@@ -95,7 +95,7 @@ class ShardLogStore:
                 headers={Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(expected_last_seq)},
             )
         except nats.js.errors.APIError as exc:
-            if exc.err_code == 10071:  # wrong last sequence
+            if exc.err_code in (10071, 10164):  # wrong last sequence (10164: nats-server 2.12+, e.g. a cluster)
                 raise Fenced(f"shard log of job {job!r} was appended to by another writer") from exc
             raise Unavailable(f"shard log append failed: {exc}") from exc
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,

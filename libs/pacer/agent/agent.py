@@ -88,7 +88,7 @@ T = TypeVar("T")
 
 #: Roles whose trainers iterate and therefore take part in global actions.
 STEPPING_ROLES = frozenset({"worker", "chief"})
-_WRONG_LAST_SEQUENCE = 10071  # JetStream error code of a failed compare-and-set
+_WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream codes of a failed compare-and-set (10164: 2.12+, a cluster)
 
 
 # ====================================================================== pure decisions
@@ -464,7 +464,7 @@ class AgentService:
         try:
             return await self._cas_put(0)
         except nats.js.errors.BadRequestError as exc:
-            if exc.err_code != _WRONG_LAST_SEQUENCE:
+            if exc.err_code not in _WRONG_LAST_SEQUENCE:
                 raise
         assert self._kv is not None
         try:
@@ -497,7 +497,7 @@ class AgentService:
                     self._rev = await self._cas_put(self._rev)
                     last_ok = time.monotonic()
                 except nats.js.errors.BadRequestError as exc:
-                    if exc.err_code == _WRONG_LAST_SEQUENCE:
+                    if exc.err_code in _WRONG_LAST_SEQUENCE:
                         await self._step_down("lost the key")
                     else:
                         raise
