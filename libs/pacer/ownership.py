@@ -71,7 +71,7 @@ from pacer.lease import Lease, LeaseAction, LeaseLost, decide
 
 log = logging.getLogger("pacer.ownership")
 
-LEASE_BUCKET = "pacer-leases"  # leases <service>.<job> and the owners' fenced state state.<service>.<job>
+LEASE_BUCKET = subjects.LEASE_BUCKET  # "pacer-leases": <service>.<job> and the owners' fenced state state.<service>.<job>
 FORWARDED_BY = "Pacer-Forwarded-By"
 ORIGINAL_SUBJECT = "Pacer-Subject"
 DEFAULT_TTL_S = 6.0
@@ -103,7 +103,7 @@ def state_key(service: str, job: str) -> str:
 
 def forward_subject(service: str, instance: str) -> str:
     """``pacer.svc.<service>.<instance>.forward``: requests the other instances pass to this one."""
-    return f"{subjects.PREFIX}.svc.{service}.{instance}.forward"
+    return subjects.ownership_forward(service, instance)
 
 
 @dataclass

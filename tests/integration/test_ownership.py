@@ -213,12 +213,13 @@ FORWARD_A = forward_subject("monitor", "a")
 
 
 def _users(forwarding: bool) -> str:
-    """The monitor's permissions from pacer.security, plus (``forwarding``) the requested forward subjects."""
+    """The monitor's permissions from pacer.security; without ``forwarding``, less its forward subjects."""
     mon = security.permissions("monitor", "monitor").to_conf()
-    if forwarding:
-        fwd = forward_subject("monitor", "*")
-        mon["publish"]["allow"].append(fwd)  # type: ignore[index]
-        mon["subscribe"]["allow"].append(fwd)  # type: ignore[index]
+    fwd = forward_subject("monitor", "*")
+    assert fwd in mon["publish"]["allow"] and fwd in mon["subscribe"]["allow"]  # type: ignore[index]
+    if not forwarding:
+        for what in ("publish", "subscribe"):
+            mon[what]["allow"].remove(fwd)  # type: ignore[index]
     api = security.permissions("api", "api").to_conf()
     users = [f"{{user: monitor, password: pw-m, permissions: {json.dumps(mon)}}}",
              f"{{user: api, password: pw-a, permissions: {json.dumps(api)}}}"]
@@ -229,9 +230,9 @@ def _users(forwarding: bool) -> str:
 async def test_the_owner_may_answer_a_forwarded_request(tmp_path: Path, forwarding: bool) -> None:
     """allow_responses covers the reply subject of a *forwarded* message: the owner answers the client.
 
-    Without the forward subjects in the monitor's permissions, the forward is
-    refused by the server and the client gets no answer: the request for
-    pacer.security in requests-h10-ha.md is needed.
+    Without the forward subjects in the monitor's permissions (pacer.security
+    grants them), the forward is refused by the server and the client gets no
+    answer.
     """
     srv = EmbeddedNats(store_dir=tmp_path / "nats", authorization=_users(forwarding)).start()
     errors: list[Exception] = []
