@@ -15,6 +15,8 @@ rounded down, and w = w-hat rounded up to whole cores.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pacer.contracts.jobs import (
     DataFormat,
@@ -144,9 +146,17 @@ def test_optimize_rejects_a_profile_without_cpu() -> None:
 
 
 def test_sample_plan_is_one_worker_and_a_few_ps_with_c_max() -> None:
-    plan = sample_plan(spec(), PAPER)
+    plan = sample_plan(spec(), replace(PAPER, sample_workers=1))  # the paper's sample: one worker
     assert (plan.workers, plan.ps, plan.worker_cpu, plan.ps_cpu) == (1, 2, 32.0, 32.0)
     assert plan.source == PlanSource.BRAIN
+
+
+def test_sample_plan_takes_the_c_max_workers_the_quota_leaves_beside_the_ps() -> None:
+    # 200 CPUs - 2 PS x 32 = 136: four 32-CPU workers (the default's most); 100 CPUs: one
+    plan = sample_plan(spec(), PAPER)
+    assert (plan.workers, plan.ps, plan.worker_cpu, plan.ps_cpu) == (4, 2, 32.0, 32.0)
+    assert sample_plan(spec(), replace(PAPER, sample_workers=2)).workers == 2
+    assert sample_plan(spec(), replace(PAPER, c_total=100.0)).workers == 1
 
 
 def test_sample_plan_respects_backup_workers_and_limits() -> None:

@@ -8,13 +8,16 @@ the benchmark measures is the code that runs jobs.
 Stages (DLRover 2023 §4.2, the cores in :mod:`.stages`):
 
 * **sample** - a job without history starts with :func:`.stages.sample_plan`
-  (one worker and a few PS with C_max CPUs).  An OOM while sampling doubles
+  (a few workers and PS with C_max CPUs, as the quota allows).  An OOM while sampling doubles
   the failed role (:func:`.stages.on_sample_oom`); saturated PS get more CPU
   and the sample goes on (:func:`.stages.on_sample_saturated`).  A job with
   history starts from its warm-start plan (DLRover-RM Alg. 1) and skips the
   sample.
-* **optimize** - once the sample plan has been measured: N_w and s_total from
-  w-hat and s-hat (DLRover 2023 Eq. 10-11, :func:`.stages.optimize`).
+* **optimize** - once the sample plan has been measured well enough (a
+  statistical stopping rule on the measured noise, :func:`.evidence.windows_needed`):
+  the model's plan directly when it is sure of it (:func:`.evidence.takes_model_plan`:
+  one restart instead of two), else N_w and s_total from w-hat and s-hat
+  (DLRover 2023 Eq. 10-11, :func:`.stages.optimize`).
 * **adjust** - every ``adjust_interval_s`` (DLRover-RM §6: 3 min), in order:
   1. OOM prevention (DLRover-RM §5.3, :class:`.oom.MemoryWatch`);
   2. the model, from the first adjust round on (a cold job has then
@@ -39,8 +42,9 @@ Choices of ours where the papers are silent (all in :class:`AutoscaleConfig`):
   decision is not in force (for at most three intervals); throughput and
   CPU per configuration are the means of its valid windows (noise averages
   out, a configuration revisited adds evidence).
-* The sample ends after ``sample_windows`` valid windows rather than a whole
-  adjust interval: the job crawls on one worker meanwhile.
+* The sample ends after ``sample_windows`` valid windows (more when the
+  measured noise asks for more, ``sample_tolerance``) rather than a whole
+  adjust interval: the job crawls on its sample plan meanwhile.
 * Where a candidate was measured, its measured throughput replaces the
   prediction; the measured configurations are candidates too, so a step
   that disappointed is undone.  A prediction is discounted by the model's
@@ -89,6 +93,7 @@ from .cluster import (
     effective_overhead,
     plan_resources,
 )
+from .evidence import anchored, model_mb_of_plan, plan_distance, takes_model_plan, windows_needed
 from .fitting import Coefficients, Config, FitError, JobConstants, Model, Sample, fit
 from .oom import ALL_ROLES, DEFAULT_OOM, MemorySample, MemoryWatch, OomConfig, fit_memory_trend
 from .pareto import (
@@ -137,7 +142,7 @@ class AutoscaleConfig:
     calibration: CalibrationConfig | None = None  # None: its priors, with C_max and CPU steps of ``stages``
     adjust_interval_s: float = 180.0  # DLRover-RM §6: "adjusts ... every 3 minutes"
     settle_s: float = 30.0  # a plan counts as measured after all its nodes ran this long
-    sample_windows: int = 2  # valid windows of the sample plan before optimize
+    sample_windows: int = 2  # valid windows of the sample plan at least before optimize (.evidence.windows_needed)
     min_windows: int = 2  # valid windows of the plan in force before the model moves it (one is too noisy)
     min_gain: float = 0.02  # a model-based change must promise this much more throughput
     min_configs: int = 1  # distinct measured configurations before the model is fitted
@@ -154,6 +159,10 @@ class AutoscaleConfig:
     generations: int = 50
     seed: int = 0
     oom: OomConfig | None = DEFAULT_OOM  # None: no OOM prediction (the benchmark's control)
+    sample_tolerance: float = 0.1  # the sample ends once its mean throughput is this close (z = 2) ...
+    max_sample_windows: int = 8  # ... or after this many valid windows
+    anchor: bool = True  # predictions capped by the model's ratio to the nearest measured plan (.evidence.anchored)
+    direct: bool = True  # after the sample, the model's plan when it is sure of it (else Eq. 10-11's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +260,7 @@ class JobAutoscaler:
         self.batch_size = max(1, batch_size)
         self.config = config or AutoscaleConfig()
         self.stage = Stage.ADJUST if warm and first is not None else Stage.SAMPLE
+        self.warm = warm and first is not None
         self._first = first
         self.plan: ResourcePlan | None = None  # the plan in force
         self.measured: dict[_Key, _Measured] = {}
@@ -374,14 +384,17 @@ class JobAutoscaler:
         # sampling, OOMs double the role instead (DLRover 2023 §4.2) and the horizon means nothing.
         if (self.memory is not None and self.stage is Stage.ADJUST and stats.throughput_samples_per_s > 0
                 and remaining > 0):
-            raised = self.memory.plan_for(plan, now + remaining / stats.throughput_samples_per_s, roles=ALL_ROLES)
-            if raised is not None:
+            # Against the plan asked for last: while an OOM plan (or any) is on its way, a forecast it
+            # already answers must not be decided again every window.
+            base = self._pending if self._pending is not None else plan
+            raised = self.memory.plan_for(base, now + remaining / stats.throughput_samples_per_s, roles=ALL_ROLES)
+            if raised is not None and not same_resources(raised, base):
                 return Proposal(self._decide(now, Decision(replace(raised, job=plan.job), self.stage, Rule.OOM)))
         if profile is None:
             return None
         if self.stage is Stage.SAMPLE and self._pending is None:
             # The job crawls on the sample plan: optimize as soon as it is measured well enough.
-            if self.measured[_key(plan)].n >= self.config.sample_windows:
+            if self.measured[_key(plan)].n >= self.sample_windows_needed():
                 d = self._sample_done(now, plan, profile, remaining)
                 return Proposal(d) if d is not None else None
             return None
@@ -447,6 +460,10 @@ class JobAutoscaler:
         self.sample_profile = profile
         self.stage = Stage.ADJUST
         opt = optimize(profile, self.spec, cfg)
+        if self.config.direct:
+            d = self._direct(now, sampled, profile, remaining, opt.predicted_throughput)
+            if d is not None:
+                return d
         # DLRover-RM Eq. 8 for the optimize plan too: the throughput it promises must pay for the
         # pause of getting there before the job ends (a short job, or an optimize plan smaller than
         # the sample because the quota is, stays put; the model takes over from here).
@@ -464,11 +481,45 @@ class JobAutoscaler:
                 plan = replace(plan, ps_memory_mb=need)
         return self._decide(now, Decision(plan, Stage.ADJUST, Rule.OPTIMIZE, opt.predicted_throughput))
 
+    def _direct(self, now: float, sampled: ResourcePlan, profile: SampleProfile, remaining: float,
+                rule_throughput: float) -> Decision | None:
+        """The model's plan straight from the sample, one restart instead of two (Eq. 10-11's, then the
+        model's), when the model is sure enough of it (:func:`.evidence.takes_model_plan`): its prediction,
+        discounted by the model's error and anchored at the sample (:meth:`_model_candidates`), gains more
+        than the pause costs (DLRover-RM Eq. 8, TG(A) = Delta Psi - Overhead(A) > 0, :func:`.cluster.best_for_job`)
+        and more than Eq. 10-11's plan promises from the same sample.  Else the optimize plan, as before."""
+        candidates = self._model_candidates(sampled, profile)
+        if not candidates:
+            return None
+        current = self.measured[_key(sampled)].throughput
+        req = JobRequest(job=sampled.job, candidates=candidates, remaining_samples=remaining,
+                         current=sampled, current_throughput=current)
+        choice = best_for_job(req, self.quota, prices=self.config.prices, overhead=self.overhead_model())
+        if choice.scored is None or choice.plan is None or same_resources(choice.plan, sampled):
+            return None
+        if not takes_model_plan(choice.scored.gain, choice.scored.candidate.throughput, rule_throughput):
+            return None
+        plan = fit_to_spec(replace(choice.plan, job=sampled.job,
+                                   reason=f"optimize stage by the model: {choice.scored.candidate.throughput:.1f} "
+                                          f"samples/s (Eq. 10-11 promise {rule_throughput:.1f})"), self.spec)
+        return self._decide(now, Decision(plan, Stage.ADJUST, Rule.OPTIMIZE, choice.scored.candidate.throughput))
+
     def _memory_skew(self, profile: SampleProfile) -> float:
         if self.calibration is not None:
             return self.calibration.memory_skew
         base = float(self.config.stages.process_base_mb)
         return skew([max(0.0, r - base) for r in profile.ps_rss_mb]) or 1.0
+
+    def _warm_model_mb(self, profile: SampleProfile) -> float:
+        """The model size a warm-start plan's PS memory was made for (.evidence.model_mb_of_plan): similar
+        jobs' plans as they ran to their end tell how far the embeddings grow, long before this job's own
+        RSS trend can; a move then keeps the memory the job will need, instead of a PS migration later."""
+        first = self._first
+        if not self.warm or first is None:
+            return 0.0
+        st = self.config.stages
+        return model_mb_of_plan(first.ps, first.ps_memory_mb, memory_skew=self._memory_skew(profile),
+                                base_mb=float(st.process_base_mb), headroom=st.memory_headroom)
 
     def _model_mb_ahead(self) -> float | None:
         """The model's MiB on all PS when the job's last record is trained, from its growth over the
@@ -498,7 +549,7 @@ class JobAutoscaler:
         sp = self.sample_profile
         if sp is not None and sp.throughput > 0 and profile.throughput > 0 and plan.workers > 0:
             # The hot-PS rule's s-hat x N_w is the PS CPU N_w workers need.  The sample's s-hat is per
-            # worker of the sample plan (one worker with C_max CPUs, far faster than one of N_w), so
+            # worker of the sample plan (workers with C_max CPUs, far faster than one of N_w), so
             # scale the sample's PS CPU per sample/s to the job's throughput now, with room to grow.
             s_hat = sp.ps_cpu_total / sp.throughput * profile.throughput * self.config.hot_ps_growth / plan.workers
         adj = adjust(plan, profile, s_hat, self.spec, cfg)
@@ -543,9 +594,10 @@ class JobAutoscaler:
                 self.converged = True
                 return self._back_to_best(now)
         new = fit_to_spec(replace(choice.plan, job=plan.job), self.spec)
-        if (tried is None or not tried.n) and _key(choice.plan) in self._raw and len(self._model_keys) >= 2:
-            # how good the model is, judged where it has seen more than one configuration (a model of
-            # one configuration, e.g. the sample's, knows nothing of scaling: its miss says little)
+        if (tried is None or not tried.n) and _key(choice.plan) in self._raw and (
+                len(self._model_keys) >= 2 or self.prior is not None):
+            # how good the model is, judged where it has seen more than one configuration or has a prior
+            # (a model of the sample's one configuration alone knows nothing of scaling: its miss says little)
             self._predicted[_key(new)] = self._raw[_key(choice.plan)]
         return self._decide(now, Decision(new, Stage.ADJUST, Rule.MODEL, predicted))
 
@@ -558,6 +610,14 @@ class JobAutoscaler:
         (the prior counting as one of them)."""
         errs = self.prediction_errors
         return math.sqrt((self.config.model_error ** 2 + sum(e * e for e in errs)) / (1 + len(errs)))
+
+    def sample_windows_needed(self) -> int:
+        """Valid windows of the sample plan before optimize: a statistical stopping rule on the measured noise
+        (:func:`.evidence.windows_needed`; the prior ``default_noise`` until two windows can tell it)."""
+        m = self.measured.get(_key(self.plan)) if self.plan is not None else None
+        sigma = self.noise() if m is None or m.n < 2 else math.sqrt(m.m2 / (m.n - 1))
+        return windows_needed(sigma, self.config.sample_tolerance, least=self.config.sample_windows,
+                              most=max(self.config.sample_windows, self.config.max_sample_windows))
 
     def noise(self) -> float:
         """Relative noise of one window's throughput, pooled over the configurations measured twice or more."""
@@ -618,7 +678,7 @@ class JobAutoscaler:
         worker_rss = max((m.worker_rss_mb for m in measured), default=profile.worker_rss_mb)
         worker_mem = _keep(plan.worker_memory_mb, memory_for(max(worker_rss, profile.worker_rss_mb), cfg))
         model_mb = max(0.0, sum(profile.ps_rss_mb) - base * len(profile.ps_rss_mb))
-        model_mb = max(model_mb, self._model_mb_ahead() or 0.0)
+        model_mb = max(model_mb, self._model_mb_ahead() or 0.0, self._warm_model_mb(profile))
         return SearchSpace(
             batch_size=self.batch_size, max_workers=max(max_w, min_w), max_ps=max(max_p, 1),
             max_worker_cpu=cfg.c_max, max_ps_cpu=cfg.c_max, min_worker_cpu=cfg.cpu_step, min_ps_cpu=cfg.cpu_step,
@@ -657,11 +717,19 @@ class JobAutoscaler:
         seen: set[_Key] = set()
         # A prediction is judged pessimistically, by the model's error so far: a move on a prediction
         # pauses training, and a model fitted on a few configurations is optimistic where it has not been.
+        # ... and no higher than anchored at the nearest measured plan (.evidence.anchored): the model's
+        # bias there is shared by its neighbours, so a move must look good by the model's level and by
+        # its ratio to what was measured; a model that overrates every plan alike no longer moves a
+        # converged job to a plan no better than its own.
         doubt = math.exp(-self.model_error())
+        refs = [(k, m.throughput, model.predict(Config(k[0], k[1], k[2], k[3], self.batch_size)))
+                for k, m in self.measured.items() if m.n and self.config.anchor]
         for c in self._candidates:
             m = self.measured.get(_key(c.plan))
-            self._raw[_key(c.plan)] = c.throughput
-            out.append(Candidate(c.plan, c.cost, m.throughput if m is not None and m.n else c.throughput * doubt))
+            near = min(refs, key=lambda r: plan_distance(r[0], _key(c.plan)), default=None)
+            guess = c.throughput if near is None else min(c.throughput, anchored(c.throughput, near[2], near[1]))
+            self._raw[_key(c.plan)] = guess  # what a move there is judged by (model_error)
+            out.append(Candidate(c.plan, c.cost, m.throughput if m is not None and m.n else guess * doubt))
             seen.add(_key(c.plan))
         quota = self.quota
         for k, m in self.measured.items():  # measured plans: a step that disappointed can be undone

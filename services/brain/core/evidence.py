@@ -1,0 +1,85 @@
+"""How much a job's measurements say: when to stop measuring, what a prediction is worth, what a plan implies.
+
+Three small rules of the autoscaler (:mod:`.autoscaler`), each a pure
+function so that it can be tested alone:
+
+* :func:`windows_needed` - a statistical stopping rule.  The mean of ``n``
+  windows of relative noise ``sigma`` is within ``tolerance`` of the truth
+  with confidence ``z`` once ``z sigma / sqrt(n) <= tolerance``, i.e.
+  ``n >= (z sigma / tolerance)^2``; never fewer than ``least`` windows (one
+  window cannot tell its own noise) nor more than ``most``.  A quiet job
+  stops at ``least``, a noisy one measures longer instead of acting on
+  noise.
+* :func:`anchored` - a model's prediction for a plan, scaled by how far the
+  model misses the plan in force: ``Psi(c) x Psi_measured(cur) / Psi_model(cur)``.
+  The fitted model's bias near the job's configurations is largely shared
+  by its neighbours, so the *ratio* it predicts is more trustworthy than
+  its level; a candidate is then worth a move only when that ratio clears
+  the noise and the pause (DLRover-RM Eq. 8, TG(A) = Delta Psi - Overhead(A)).
+  Without the anchor a model that overrates every plan by a few percent
+  moves a converged job to a plan no better than the one it runs.
+* :func:`takes_model_plan` - after the sample, the model's plan directly
+  (one restart) instead of Eq. 10-11's plan and then the model's (two), when
+  the model's pessimistic prediction (anchored, discounted by its error)
+  both pays for the pause (Eq. 8's gain net of the overhead is positive)
+  and beats what Eq. 10-11 promise from the same sample; where the model
+  does not clear that bar (typically a PS-bound job whose PS capacity the
+  sample could only bound from below), Eq. 10-11's plan is measured first.
+* :func:`model_mb_of_plan` - the model size (MiB over all PS) a plan's PS
+  memory was made for: a warm-start plan (DLRover-RM Alg. 1) is built from
+  similar jobs' plans *as they ran to their end*, OOM relaunches included,
+  so its PS memory says how large the embeddings grow, long before the
+  job's own RSS trend can (DLRover-RM §5.3).  Inverts the sizing of
+  :func:`.stages.memory_for` and the hottest partition's share
+  ``min(1, kappa / p)``.
+
+Pure: no IO, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["anchored", "model_mb_of_plan", "plan_distance", "takes_model_plan", "windows_needed"]
+
+
+def windows_needed(sigma: float, tolerance: float, *, z: float = 2.0, least: int = 2, most: int = 10) -> int:
+    """Windows to average so the mean is within ``tolerance`` (relative) at ``z`` standard errors."""
+    if least < 1 or most < least:
+        raise ValueError(f"need 1 <= least <= most, got least={least} most={most}")
+    if tolerance <= 0.0:
+        raise ValueError(f"tolerance must be > 0, got {tolerance}")
+    if not math.isfinite(sigma) or sigma < 0.0:
+        return most
+    n = math.ceil((z * sigma / tolerance) ** 2 - 1e-9)
+    return max(least, min(most, n))
+
+
+def anchored(predicted: float, model_at_current: float, measured_current: float) -> float:
+    """``predicted`` scaled by measured / predicted throughput of the plan in force (no anchor: unchanged)."""
+    if model_at_current <= 0.0 or measured_current <= 0.0 or not math.isfinite(model_at_current):
+        return predicted
+    return predicted * measured_current / model_at_current
+
+
+def model_mb_of_plan(ps: int, ps_memory_mb: int, *, memory_skew: float, base_mb: float, headroom: float) -> float:
+    """MiB of model over all PS that ``ps`` PS of ``ps_memory_mb`` each were sized to hold.
+
+    A PS gets ``(base + share x model) x (1 + headroom)`` with the hottest
+    share ``min(1, kappa / p)``; so ``model = (mem / (1 + headroom) - base) / share``.
+    """
+    if ps < 1 or ps_memory_mb <= 0:
+        return 0.0
+    share = min(1.0, max(1.0, memory_skew) / ps)
+    return max(0.0, ps_memory_mb / (1.0 + headroom) - base_mb) / share
+
+
+def takes_model_plan(gain_net_of_overhead: float, model_throughput: float, rule_throughput: float) -> bool:
+    """Whether the model's plan is sure enough to skip Eq. 10-11's step: it pays for its pause
+    (TG > 0, DLRover-RM Eq. 8) and its pessimistic throughput beats Eq. 10-11's promise."""
+    return gain_net_of_overhead > 0.0 and model_throughput > rule_throughput
+
+
+def plan_distance(a: tuple[int, int, float, float], b: tuple[int, int, float, float]) -> float:
+    """Distance of two plans (workers, PS, worker CPU, PS CPU) in log space: relative changes count alike."""
+    return math.sqrt(sum(math.log(max(x, 1e-9) / max(y, 1e-9)) ** 2 for x, y in zip(a, b, strict=True)))
