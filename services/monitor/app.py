@@ -172,7 +172,9 @@ class MonitorService:
 
     async def _open_durable(self) -> JetStreamContext.PullSubscription:
         since = self.clock() - self.core.cfg.window_long_s if self.cfg.replay else None
-        return await self.feed.open_durable(self.cfg.ack_wait_s, since=since, inactive_s=self.cfg.inactive_s)
+        sub: JetStreamContext.PullSubscription = await self.feed.open_durable(
+            self.cfg.ack_wait_s, since=since, inactive_s=self.cfg.inactive_s)
+        return sub
 
     # ================================================================ ownership
     async def _acquired(self, job: str, lease: Lease) -> None:

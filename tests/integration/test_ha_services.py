@@ -227,7 +227,7 @@ async def test_two_monitors_one_publishes_requests_reach_the_owner_and_a_stop_ha
         published.append(decode(JobStatistics, msg.data).job)
 
     sub = await cbus.nc.subscribe(subjects.monitor_statistics("hm1"), cb=on_stats)
-    first = ""
+    first: str | None = ""
     try:
         now = time.time()
         for t in (now - 2, now - 1, now):

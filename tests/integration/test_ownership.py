@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import nats
 import nats.errors
 import pytest
 from conftest import connect_cluster, eventually
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from pacer import security
 from pacer.bus import Bus
@@ -101,13 +102,14 @@ async def pair(nats_cluster: EmbeddedCluster) -> AsyncIterator[tuple[Instance, I
             await x.bus.close()
 
 
-async def ask(nc: nats.NATS, subject: str, data: bytes, headers: dict[str, str] | None = None) -> Msg:
+async def ask(nc: Client, subject: str, data: bytes, headers: dict[str, str] | None = None) -> Msg:
     """A request, retried while the cluster has not yet spread the responder's interest to our server."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 10
     while True:
         try:
-            return await nc.request(subject, data, timeout=5, headers=headers)
+            reply: Msg = await nc.request(subject, data, timeout=5, headers=headers)
+            return reply
         except nats.errors.NoRespondersError:
             if loop.time() > deadline:
                 raise
@@ -177,7 +179,7 @@ async def test_a_request_reaching_the_non_owner_is_answered_by_the_owner(pair: t
     a, b = pair
     answered_by: list[str] = []
 
-    def handler(inst: Instance) -> Callable[[Msg], object]:
+    def handler(inst: Instance) -> Callable[[Msg], Awaitable[None]]:
         async def handle(msg: Msg) -> None:
             answered_by.append(inst.name)
             await inst.bus.nc.publish(msg.reply, f"{inst.name}:{msg.subject}:{msg.data.decode()}".encode())
