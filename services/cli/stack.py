@@ -8,6 +8,12 @@ bus is secured by default, its own NATS user (``PACER_NATS_USER`` /
 executor starts get the ``agent`` user in their URL (``PACER_POD_NATS_URL``)
 and ``Stack.url`` carries the operator's ``admin`` user.
 
+``instances`` runs a service as N processes (``Stack(instances={"controller":
+2})``: ``controller-0`` and ``controller-1``, each with ``PACER_INSTANCE`` set,
+which :mod:`pacer.ownership` takes as the instance's name); ``kill(key)``
+SIGKILLs one process, ``restart(key)`` starts it again, ``supervise()``
+restarts every process that exited (bench/chaos.py uses all three).
+
 ``start()`` returns once every service answers its health subject with
 ``ready``: a client that talks to the stack right after (a test, the demo)
 never meets a service that is still importing (on a loaded 2-core machine
@@ -54,7 +60,11 @@ class Stack:
     # More than 1: that many clustered nats-servers on loopback (issue 13), streams and KV at
     # replicas min(cluster, 3), the services given every server's URL.  ``port`` is then unused.
     cluster: int = 1
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    # More than 1 instance of a service (issue 13): ``{"controller": 2}`` runs processes ``controller-0`` and
+    # ``controller-1``, each with ``PACER_INSTANCE=<name>-<i>`` (pacer.ownership names the instance by it) and
+    # its own log ``<name>-<i>.log``.  A service not named runs once, as ``<name>`` (its process key and log).
+    instances: dict[str, int] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)  # process key -> process
     env: dict[str, str] = field(default_factory=dict)  # extra environment of every service
     # Bus security: every service, the pods (role ``agent``) and the operator (``admin``) get a NATS
     # user of their own with the permissions of pacer.security; off, the server admits anyone.
@@ -150,7 +160,8 @@ class Stack:
             url=self.bare_url, user="admin" if self.secure else "", password=self.passwords.get("admin", ""),
             ca=str(self.ca_file.resolve()) if self.ca_file is not None else ""))
         for name in self.services:
-            self.start_service(name)
+            for key in self.instance_names(name):
+                self.start_service(key)
         try:
             self.wait_ready(self.services, ready_timeout)
         except BaseException:
@@ -188,12 +199,14 @@ class Stack:
         deadline = time.monotonic() + timeout
         bus = await Bus.connect(self.url, name="pacer-stack")
         try:
-            for name in names:
+            for key in names:
+                name = self.service_of(key)
                 while True:
-                    proc = self.procs.get(name)
-                    if proc is not None and proc.poll() is not None:
-                        raise RuntimeError(f"service {name} exited with code {proc.returncode} while starting:\n"
-                                           f"{self.log_tail(name)}")
+                    for k in ([key] if key != name else self.instance_names(name)):
+                        proc = self.procs.get(k)
+                        if proc is not None and proc.poll() is not None:
+                            raise RuntimeError(f"service {k} exited with code {proc.returncode} while starting:\n"
+                                               f"{self.log_tail(k)}")
                     try:
                         h = await bus.request(subjects.health(name), None, Health, timeout=1.0, retry=NO_RETRY)
                         if h.status == "ready":
@@ -201,7 +214,8 @@ class Stack:
                     except Exception:  # not listening yet: NoResponders, timeout
                         pass
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"service {name} not ready within {timeout:.0f} s:\n{self.log_tail(name)}")
+                        tail = self.log_tail(key if key != name else self.instance_names(name)[0])
+                        raise TimeoutError(f"service {key} not ready within {timeout:.0f} s:\n{tail}")
                     await asyncio.sleep(0.1)
         finally:
             await bus.close()
@@ -212,7 +226,26 @@ class Stack:
         except OSError:
             return "(no log)"
 
+    def instance_names(self, name: str) -> list[str]:
+        """The process keys of service ``name``: ``[name]`` when it runs once, else ``<name>-0`` ... ``<name>-<n-1>``."""
+        n = self.instances.get(name, 1)
+        if n < 1:
+            raise ValueError(f"instances of {name} must be >= 1, got {n}")
+        return [name] if n == 1 else [f"{name}-{i}" for i in range(n)]
+
+    def service_of(self, key: str) -> str:
+        """The service a process key belongs to (``controller-1`` -> ``controller``)."""
+        if key in SERVICES:
+            return key
+        name, sep, index = key.rpartition("-")
+        if sep and index.isdigit() and name in SERVICES and self.instances.get(name, 1) > int(index):
+            return name
+        raise KeyError(f"no service or instance {key!r}; services: {sorted(SERVICES)}, instances: {self.instances}")
+
     def start_service(self, name: str) -> subprocess.Popen[bytes]:
+        """Start the process ``name``: a service (run once) or one instance of it (``<service>-<i>``)."""
+        key, name = name, self.service_of(name)
+        instance = {"PACER_INSTANCE": key} if key != name else {}
         cores = str(os.cpu_count() or 2)
         # The brain plans within this machine (C_total = C_max = its cores) unless told otherwise.
         # Local pods start in seconds, not the minutes of a cluster's scheduling and image pulls: the
@@ -220,14 +253,40 @@ class Stack:
         env = {"PACER_BRAIN_CPU_QUOTA": cores, "PACER_BRAIN_NODE_CPU": cores,
                "PACER_BRAIN_WORKER_PAUSE_S": "5", "PACER_BRAIN_PS_PAUSE_S": "15",
                **os.environ, "PACER_NATS_URL": self.bare_url, "PACER_DATA_DIR": str(self.data_dir),
-               **self._credentials(name), **self.env}
-        log = open(self.data_dir / f"{name}.log", "ab")
+               **self._credentials(name), **self.env, **instance}
+        log = open(self.data_dir / f"{key}.log", "ab")
         try:
             proc = subprocess.Popen([sys.executable, "-m", SERVICES[name]], env=env, stdout=log, stderr=log)
         finally:
             log.close()
-        self.procs[name] = proc
+        self.procs[key] = proc
         return proc
+
+    def kill(self, key: str) -> None:
+        """SIGKILL the process ``key`` (a service or one instance), as a crash would, and reap it."""
+        proc = self.procs[key]
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+    def restart(self, key: str, ready_timeout: float = 120.0) -> subprocess.Popen[bytes]:
+        """Start the process ``key`` again (killing it first if it still runs); returns once it is ready.
+
+        Ready means: this process is alive and its service answers its health
+        subject (any instance may answer: instances share the subject).
+        """
+        if key in self.procs:
+            self.kill(key)
+        proc = self.start_service(key)
+        self.wait_ready([key], ready_timeout)
+        return proc
+
+    def supervise(self) -> list[str]:
+        """Start again every process that exited (what ``pacer up`` does); returns their keys."""
+        dead = self.check()
+        for key in dead:
+            self.start_service(key)
+        return dead
 
     def _credentials(self, name: str) -> dict[str, str]:
         """The service's own user (``PACER_NATS_USER``/``_PASSWORD``); the executor also gets the pods' URL."""
@@ -245,7 +304,7 @@ class Stack:
         return out
 
     def check(self) -> list[str]:
-        """Names of services that exited."""
+        """Process keys (services or ``<service>-<i>`` instances) that exited."""
         return [n for n, p in self.procs.items() if p.poll() is not None]
 
     def stop(self, timeout: float = 15.0) -> None:
