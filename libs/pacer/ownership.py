@@ -200,14 +200,29 @@ class Ownership:
         return st.lease if st is not None and self.owns(job) else None
 
     async def claim(self, job: str, within: float = 5.0) -> bool:
-        """Compete for ``job`` and wait for the first acquisition attempt (at most ``within``); whether we own it."""
+        """Compete for ``job`` and wait, at most ``within``, until we own it or another instance is
+        seen holding it (an attempt of unknown outcome, e.g. during a failover, is waited out); whether we own it."""
         self.want(job)
         st = self.jobs.get(job)
         if st is None:
             return False
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(st.attempted.wait(), within)
-        return self.owns(job)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while not self.owns(job):
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(st.attempted.wait(), left)
+            if self.owns(job):
+                break
+            if st.attempted.is_set():
+                with contextlib.suppress(nats.errors.Error, TimeoutError):
+                    holder = await self.owner_of(job)
+                    if holder is not None and holder != self.instance:
+                        return False
+                await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+        return True
 
     async def owner_of(self, job: str) -> str | None:
         """The instance the lease of ``job`` names now (None: nobody holds it)."""
