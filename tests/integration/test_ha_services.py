@@ -276,3 +276,23 @@ async def test_two_monitors_one_publishes_requests_reach_the_owner_and_a_stop_ha
         for name in sorted(mons, key=lambda n: n == first):  # the cut-off one last
             with contextlib.suppress(Exception):
                 await mons[name].stop()
+
+
+# ================================================================ the controller's state, pure
+def test_controller_state_round_trips_and_refuses_garbage() -> None:
+    from pacer_services.controller.core import ControllerCore, JobSetup
+    from pacer_services.controller.state import encode_state, restore, snapshot
+
+    core = ControllerCore("j", JobSetup(global_batch=512, mode="bsp", batch_sizes={"w0": 384, "w1": 128},
+                                        accumulations={"w0": 1, "w1": 1}, backup_workers=1, params={"k": 2}))
+    core.restarts, core.resync = [("w1", 100.0)], True
+    data = encode_state(snapshot(core, last=99.0, planned=[("w0", 120.0)]))
+    fresh = ControllerCore("j", JobSetup(global_batch=512))
+    st = decode_state(data)
+    restore(fresh, st)
+    assert fresh.setup == core.setup and fresh.resync is True and st.last == 99.0
+    assert fresh.restarts == [("w1", 100.0), ("w0", 120.0)]  # the intention counts as a restart
+    assert core.restarts == [("w1", 100.0)]  # snapshot does not touch the core
+    for bad in (b"", b"not json", b'{"v": 2}', b'{"v": 1, "setup": {}}', b"[1, 2]"):
+        with pytest.raises(ValueError):
+            decode_state(bad)
