@@ -24,15 +24,18 @@ plan instead of the brain's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pacer import security
 from pacer.embedded import EmbeddedCluster, EmbeddedNats
@@ -163,7 +166,7 @@ class Stack:
             for key in self.instance_names(name):
                 self.start_service(key)
         try:
-            self.wait_ready(self.services, ready_timeout)
+            self.wait_ready([k for n in self.services for k in self.instance_names(n)], ready_timeout)
         except BaseException:
             self.stop()
             raise
@@ -207,18 +210,50 @@ class Stack:
                         if proc is not None and proc.poll() is not None:
                             raise RuntimeError(f"service {k} exited with code {proc.returncode} while starting:\n"
                                                f"{self.log_tail(k)}")
-                    try:
-                        h = await bus.request(subjects.health(name), None, Health, timeout=1.0, retry=NO_RETRY)
-                        if h.status == "ready":
+                    if key != name:  # one instance: its own answer (the others answer the same subject)
+                        if await self._instance_ready(bus, name, self.procs[key].pid):
                             break
-                    except Exception:  # not listening yet: NoResponders, timeout
-                        pass
+                    else:
+                        try:
+                            h = await bus.request(subjects.health(name), None, Health, timeout=1.0, retry=NO_RETRY)
+                            if h.status == "ready":
+                                break
+                        except Exception:  # not listening yet: NoResponders, timeout
+                            pass
                     if time.monotonic() > deadline:
                         tail = self.log_tail(key if key != name else self.instance_names(name)[0])
                         raise TimeoutError(f"service {key} not ready within {timeout:.0f} s:\n{tail}")
                     await asyncio.sleep(0.1)
         finally:
             await bus.close()
+
+    @staticmethod
+    async def _instance_ready(bus: Any, name: str, pid: int, wait_s: float = 1.0) -> bool:
+        """Whether the process ``pid`` is among the instances of ``name`` answering ``ready`` (every answer
+        to one health request is read; a service's runtime names itself ``<host>-<pid>``)."""
+        from pacer import subjects
+        from pacer.codec import decode
+        from pacer.contracts.common import Health
+
+        me = f"{socket.gethostname()}-{pid}"
+        inbox = bus.nc.new_inbox()
+        sub = await bus.nc.subscribe(inbox)
+        try:
+            await bus.nc.publish(subjects.health(name), b"", reply=inbox)
+            deadline = time.monotonic() + wait_s
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    m = await sub.next_msg(timeout=left)
+                except Exception:  # no (more) answers in time
+                    return False
+                with contextlib.suppress(Exception):
+                    h = decode(Health, m.data)
+                    if h.instance == me and h.status == "ready":
+                        return True
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     def log_tail(self, name: str, lines: int = 20) -> str:
         try:
@@ -272,8 +307,8 @@ class Stack:
     def restart(self, key: str, ready_timeout: float = 120.0) -> subprocess.Popen[bytes]:
         """Start the process ``key`` again (killing it first if it still runs); returns once it is ready.
 
-        Ready means: this process is alive and its service answers its health
-        subject (any instance may answer: instances share the subject).
+        Ready means: this very process answers its service's health subject
+        with ``ready`` (with several instances, its own answer among theirs).
         """
         if key in self.procs:
             self.kill(key)
