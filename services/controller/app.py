@@ -32,8 +32,9 @@ This module is the IO shell: the same core drives the cluster simulator
 
 Several instances (issue 13)
 ----------------------------
-Every instance hears every job's statistics (no queue group) and acts only
-on the jobs it owns (:class:`pacer.ownership.Ownership`, lease
+Every instance hears every job's statistics (a plain subscription, no queue
+group and no consumer: statistics are periodic snapshots, a lost one is
+replaced by the next) and acts only on the jobs it owns (:class:`pacer.ownership.Ownership`, lease
 ``controller.<job>``, claimed on the first statistics of a running job).
 The job's state (:mod:`pacer_services.controller.state`: setup, cool-downs,
 re-send flag, last round) lives in KV beside the lease
