@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     clu = cluster(args.cluster_jobs, cfg, seed=0)
     say("5. off the model's structure")
     off_rows, _ = single_jobs(args.off_model_seeds, cfg, form="off-model")
-    off = {"jct_vs_oracle_pct": _mean([r["pacer_vs_oracle_pct"] for r in off_rows]),
+    off: dict[str, Any] = {"jct_vs_oracle_pct": _mean([r["pacer_vs_oracle_pct"] for r in off_rows]),
            "jct_gain_vs_es_pct": _mean([r["gain_vs_es_pct"] for r in off_rows]),
            "jct_gain_vs_optimus_pct": _mean([r["gain_vs_optimus_pct"] for r in off_rows]),
            "jct_vs_oracle_pct_by_profile": by_profile(off_rows, "pacer_vs_oracle_pct"),
@@ -387,13 +387,17 @@ def main(argv: list[str] | None = None) -> int:
     print("| profile | cold vs oracle | warm vs oracle | shorter than ES | (oracle's own) | shorter than Optimus "
           "| (oracle's own) | off-model vs oracle | moves |")
     print("|---|---|---|---|---|---|---|---|---|")
+    def pct(table: dict[str, float | None], prof: str, sign: str = "") -> str:
+        v = table.get(prof)
+        return "-" if v is None else f"{v:{sign}.1f} %"
+
     for prof in PROFILES:
-        print(f"| {prof} | {res['jct_vs_oracle_pct_by_profile'][prof]:+.1f} % | "
-              f"{res['jct_vs_oracle_pct_warm_by_profile'][prof]:+.1f} % | "
-              f"{res['jct_gain_vs_es_pct_by_profile'][prof]:.1f} % | {res['oracle_gain_vs_es_pct_by_profile'][prof]:.1f} % | "
-              f"{res['jct_gain_vs_optimus_pct_by_profile'][prof]:.1f} % | "
-              f"{res['oracle_gain_vs_optimus_pct_by_profile'][prof]:.1f} % | "
-              f"{off['jct_vs_oracle_pct_by_profile'][prof]:+.1f} % | {res['scalings_by_profile'][prof]} |")
+        print(f"| {prof} | {pct(res['jct_vs_oracle_pct_by_profile'], prof, '+')} | "
+              f"{pct(res['jct_vs_oracle_pct_warm_by_profile'], prof, '+')} | "
+              f"{pct(res['jct_gain_vs_es_pct_by_profile'], prof)} | {pct(res['oracle_gain_vs_es_pct_by_profile'], prof)} | "
+              f"{pct(res['jct_gain_vs_optimus_pct_by_profile'], prof)} | "
+              f"{pct(res['oracle_gain_vs_optimus_pct_by_profile'], prof)} | "
+              f"{pct(off['jct_vs_oracle_pct_by_profile'], prof, '+')} | {res['scalings_by_profile'][prof]} |")
     print("\n## Warm start (DLRover-RM Alg. 1)\n")
     print("| profile | seed | warm plan | plan error vs oracle | warm JCT | cold JCT | oracle JCT | "
           "warm / cold time to 95 % |")
