@@ -296,3 +296,82 @@ def test_controller_state_round_trips_and_refuses_garbage() -> None:
     for bad in (b"", b"not json", b'{"v": 2}', b'{"v": 1, "setup": {}}', b"[1, 2]"):
         with pytest.raises(ValueError):
             decode_state(bad)
+
+
+async def test_a_stale_controller_owner_cannot_restart_anything(
+        cbus: Bus, nats_cluster: EmbeddedCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frozen owner (its clock stands still: it neither renews nor doubts its lease) is taken over;
+    when it runs rounds again, its KILL_RESTART intentions are refused by the server and nothing is
+    executed by it; no node is restarted twice."""
+    from pacer_services.controller.app import ControllerService, ControllerServiceConfig
+    from pacer_services.controller.core import ControllerConfig
+
+    monkeypatch.setenv("PACER_REPLICAS", "3")
+    order = [f"worker-{i}" for i in range(5)] + ["ps-0"]
+    asked = [0]
+
+    def cycle(req: PolicyRequest) -> PolicyDecision:  # the next node at every round
+        asked[0] += 1
+        return PolicyDecision(req.job, "cycle", [PolicyAction(ActionKind.KILL_RESTART, node=order[asked[0] % 6],
+                                                              reason="cycle")])
+
+    def six(job: str) -> JobStatistics:
+        st = statistics(job)
+        return JobStatistics(job=job, ts=st.ts, window_short_s=st.window_short_s, window_long_s=st.window_long_s,
+                             throughput_samples_per_s=st.throughput_samples_per_s, cluster_busy=False,
+                             nodes=[node(n, "ps" if n.startswith("ps") else "worker") for n in order])
+
+    commands: list[ExecutorCommand] = []
+
+    async def executor(msg: Msg) -> None:
+        cmd = decode(ExecutorCommand, msg.data)
+        commands.append(cmd)
+        await cbus.respond(msg, CommandResult(cmd.job, cmd.node, cmd.command_id, True, "pod"))
+
+    subs = await serve_policies(cbus, {"cycle": cycle})
+    subs.append(await cbus.nc.subscribe("pacer.rpc.executor.*.command", cb=executor))
+    await add_job(cbus, "hj2", "cycle")
+
+    def config(name: str) -> ControllerServiceConfig:
+        return ControllerServiceConfig(decide_every_s=0.0, policy_timeout_s=2.0, lease_ttl_s=TTL, instance=name,
+                                       core=ControllerConfig(cooldown_s=3600.0, max_restarts_per_window=10))
+
+    def frozen_a(b: Bus) -> ControllerService:
+        svc = ControllerService(b, config("ctl-a"))
+        svc.own.clock = lambda: 1000.0
+        return svc
+
+    ctl_a = InProcess(nats_cluster.url, frozen_a)
+    ctl_b = InProcess(nats_cluster.url, lambda b: ControllerService(b, config("ctl-b")))
+    a = await ctl_a.start()
+    started_b = False
+    try:
+        await cbus.publish(subjects.monitor_statistics("hj2"), six("hj2"))
+        await eventually(lambda: commands, 30, "ctl-a restarted nothing")
+        assert all("-ctl-a-" in c.command_id for c in commands)
+        b = await ctl_b.start()
+        started_b = True
+        await cbus.publish(subjects.monitor_statistics("hj2"), six("hj2"))  # b claims the job on statistics
+        deadline = time.monotonic() + 30
+        while await owner(cbus, subjects.CONTROLLER_SERVICE, "hj2") != "ctl-b" and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert await owner(cbus, subjects.CONTROLLER_SERVICE, "hj2") == "ctl-b"
+        assert a.own.owns("hj2")  # the stale owner still believes it owns the job
+        await asyncio.sleep(1.0)
+        baseline = len(commands)
+        for _ in range(40):
+            if a.counters.values.get("fenced", 0) >= 1:
+                break
+            await cbus.publish(subjects.monitor_statistics("hj2"), six("hj2"))
+            await asyncio.sleep(0.3)
+        assert a.counters.values.get("fenced", 0) >= 1, a.counters.values
+        assert b.own.owns("hj2") and b.counters.values.get("rounds", 0) >= 1  # the new owner decides
+        assert not [c for c in commands[baseline:] if "-ctl-a-" in c.command_id]
+        nodes = [c.node for c in commands]
+        assert len(nodes) == len(set(nodes)), nodes  # no node restarted twice, whoever owned the job
+    finally:
+        if started_b:
+            await ctl_b.stop()
+        await ctl_a.stop()
+        for s in subs:
+            await s.unsubscribe()
