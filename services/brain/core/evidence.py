@@ -11,13 +11,15 @@ function so that it can be tested alone:
   stops at ``least``, a noisy one measures longer instead of acting on
   noise.
 * :func:`anchored` - a model's prediction for a plan, scaled by how far the
-  model misses the plan in force: ``Psi(c) x Psi_measured(cur) / Psi_model(cur)``.
+  model misses a measured plan (the autoscaler takes the nearest, by
+  :func:`plan_distance`): ``Psi(c) x Psi_measured(ref) / Psi_model(ref)``.
   The fitted model's bias near the job's configurations is largely shared
   by its neighbours, so the *ratio* it predicts is more trustworthy than
-  its level; a candidate is then worth a move only when that ratio clears
+  its level.  The autoscaler caps a prediction at its anchored value, so a
+  candidate is worth a move only when both its level and its ratio clear
   the noise and the pause (DLRover-RM Eq. 8, TG(A) = Delta Psi - Overhead(A)).
-  Without the anchor a model that overrates every plan by a few percent
-  moves a converged job to a plan no better than the one it runs.
+  Without the cap a model that overrates every plan by a few percent moved
+  converged xDeepFM jobs to plans no better than the ones they ran.
 * :func:`takes_model_plan` - after the sample, the model's plan directly
   (one restart) instead of Eq. 10-11's plan and then the model's (two), when
   the model's pessimistic prediction (anchored, discounted by its error)
