@@ -96,7 +96,7 @@ log = logging.getLogger("pacer.monitor")
 class MonitorServiceConfig:
     interval_s: float = 10.0  # how often JobStatistics are published
     durable: str = "monitor"  # the durable consumer on PACER_EVENTS is <durable>-<instance>
-    inactive_s: float = 3600.0  # the server deletes a gone instance's consumer after this long
+    inactive_s: float = 300.0  # the server deletes a gone instance's consumer after this long
     instance: str | None = None  # None: PACER_INSTANCE, else monitor-<random>
     lease_ttl_s: float = DEFAULT_TTL_S
     replay: bool = True  # rebuild the windows from the stream on start
