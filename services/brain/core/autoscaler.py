@@ -49,8 +49,10 @@ Choices of ours where the papers are silent (all in :class:`AutoscaleConfig`):
   prediction; the measured configurations are candidates too, so a step
   that disappointed is undone.  A prediction is discounted by the model's
   error so far (``model_error`` until moves have measured it: the RMS of
-  log(measured / predicted) of the plans it moved to), and the plan in
-  force is measured for ``min_windows`` windows before it is judged.
+  log(measured / predicted) of the plans it moved to), capped by the
+  model's ratio at the nearest measured plan (:func:`.evidence.anchored`),
+  and the plan in force is measured for ``min_windows`` windows before it
+  is judged.
 * A change must promise at least ``min_gain`` (2 %) more throughput than
   the current plan measures, and more than twice the noise of that
   measurement (the relative spread of windows of one plan, pooled); below
