@@ -32,6 +32,16 @@ straggler can never reach lambda = 2); the median keeps two stragglers from
 hiding each other; and PS and workers do different work, so their BPTs are
 never compared (the paper treats worker and server stragglers separately too).
 
+Servers: a PS has no steps; its agent reports as ``bpt_s`` the mean latency
+of a small TF RPC it times against the PS (``pacer.agent.agent``,
+"Servers"), so T_i of a PS is its answer time and it is compared with the
+other PS only.  Healthy answers take well under a millisecond, where noise
+alone can make one PS look 1.5x another: the reference of a PS is therefore
+at least ``ps_latency_floor_s`` (default 5 ms), so only a PS that answers in
+>= lambda x max(median of its peers, the floor) counts as slow.  (The
+workers' time per PS is not measured: one TF session run touches every PS
+at once.)
+
 A node is ``persistent`` if it is slow over L_per *and* its samples reach
 back further than L_trans (otherwise the long window holds no more evidence
 than the short one, and a node that has been slow for two minutes would
@@ -81,6 +91,8 @@ class MonitorConfig:
     # Persistent only if the node's samples reach back at least this far (None: window_short_s).
     persistent_min_span_s: float | None = None
     max_samples: int = 4096  # per node, whatever the window holds
+    # A PS's reference answer time is at least this (s): sub-millisecond noise is no straggler.
+    ps_latency_floor_s: float = 0.005
     # Cluster busy when at least this many pods are queued in the cluster ...
     busy_pending_pods: int = 1
     # ... or less than this fraction of the cluster's capacity is free ...
@@ -97,6 +109,8 @@ class MonitorConfig:
             raise ValidationError("slowness_ratio must be > 0")
         if self.heartbeat_timeout_s <= 0 or self.max_samples <= 0:
             raise ValidationError("heartbeat_timeout_s and max_samples must be > 0")
+        if self.ps_latency_floor_s < 0:
+            raise ValidationError("ps_latency_floor_s must be >= 0")
 
     @property
     def min_span_s(self) -> float:
@@ -333,8 +347,11 @@ class JobWindows:
             """BPT of n over the median BPT of its live same-role peers (AntDT-ND: T_i / T)."""
             if not win[n].has_data:
                 return 0.0
-            vals = by_role.get((0 if win is short else 1, self.nodes[n].role), [])
+            role = self.nodes[n].role
+            vals = by_role.get((0 if win is short else 1, role), [])
             ref = _median_without(vals, win[n].bpt_s)
+            if role == PS_ROLE and ref > 0:
+                ref = max(ref, cfg.ps_latency_floor_s)
             return win[n].bpt_s / ref if ref > 0 else 0.0
 
         out: list[NodeStats] = []

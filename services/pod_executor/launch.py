@@ -10,6 +10,15 @@ A job with a ``trainer`` section runs the user's ``command`` (and
 The machine the plan's placement names for the node travels in
 :attr:`~pacer.contracts.executor.PodSpec.machine`.
 
+Every PS gets an agent too (``--role ps --probe <the PS address>``): it
+reports the PS process's CPU and RSS and the latency of a small TF RPC it
+sends the PS (:mod:`pacer.agent.agent`, "Servers").  The built-in PS
+attaches to the agent's IPC file only to tell it its pid; a user's
+``ps_command`` need not (the agent finds the process listening on the PS
+port).  An injected straggler's ``cpu`` (``PACER_INJECT_STRAGGLERS``, node
+names only: ``"*"`` stands for every *worker*) lowers the node's pod CPU
+limit, the realistic way to slow a PS down.
+
 Bus credentials of a pod: with an agent token secret (:attr:`LaunchConfig.agent_secret`,
 the executor's ``PACER_AGENT_TOKEN_SECRET``, shared with the auth callout responder) every pod of job ``j`` gets the user
 ``agent-<j>`` and the password :func:`pacer.authjwt.agent_token` in its URL,
@@ -30,6 +39,7 @@ from pacer.contracts.executor import PodSpec
 from pacer.contracts.jobs import JobRecord, ResourcePlan
 from pacer.trainer.cluster import ClusterDesc
 from pacer.trainer.sdk import TrainerEnv
+from pacer.trainer.straggler import StragglerSpec
 from pacer.trainer.worker import WorkerConfig
 
 POD_DIR = "{pod_dir}"
@@ -46,7 +56,7 @@ class LaunchConfig:
     checkpoint_root: str = ""  # "": no checkpoints; else <root>/<job> for the chief
     checkpoint_every: int = 500  # chief steps between flash checkpoints
     lease_s: float = 30.0
-    agents: bool = True  # an agent sidecar beside every worker
+    agents: bool = True  # an agent sidecar beside every worker and every PS
     # Fault injection for tests and benchmarks: node ("*" = every worker) -> StragglerSpec JSON
     # (sleep-based, costs no CPU).  From PACER_INJECT_STRAGGLERS, a JSON map of node -> spec fields.
     # It emulates a slow *machine*: only a node's first pod (generation 0) is slow; a relaunched
@@ -124,12 +134,32 @@ def trainer_env(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: 
 
 def _straggler(cfg: LaunchConfig, node: str, generation: int) -> str:
     table = dict(cfg.stragglers)
-    spec = table.get(node, table.get("*", ""))
+    spec = table.get(node, table.get("*", "") if node.startswith("worker-") else "")
     if not spec:
         return ""
     fields = json.loads(spec)
     sticky = bool(fields.pop("sticky", False))
     return json.dumps(fields) if generation == 0 or sticky else ""
+
+
+THROTTLE_ENV = "PACER_POD_CPU_THROTTLE"  # read by the local pod supervisor (backends/pod.py)
+
+
+def pod_cpu(cfg: LaunchConfig, node: str, generation: int, cpu: float) -> tuple[float, dict[str, str]]:
+    """The pod's CPU limit and extra env under an injected CPU straggler (its slow pods only).
+
+    ``cpu`` with ``start_s`` 0 lowers the pod's limit itself (every backend);
+    with ``start_s`` > 0 the limit stays and the local supervisor lowers its
+    quota that long after the trainer started (:data:`THROTTLE_ENV`; the
+    Kubernetes backend cannot change a running container's limit).
+    """
+    text = _straggler(cfg, node, generation)
+    spec = StragglerSpec.from_json(text) if text else None
+    if spec is None or spec.cpu <= 0:
+        return cpu, {}
+    if spec.start_s > 0:
+        return cpu, {THROTTLE_ENV: json.dumps({"cpu": spec.cpu, "start_s": spec.start_s})}
+    return (min(cpu, spec.cpu) if cpu > 0 else spec.cpu), {}
 
 
 def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str, index: int,
@@ -142,12 +172,18 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
     user = rec.spec.trainer  # the user's own program instead of the built-in trainer
     extra = trainer_env(rec, plan, cluster, role, index, cfg, restore, generation) if user is not None else {}
     # A user's trainer.env may change the first two, never the bus URL or the scrubbed credentials.
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra, **scrub, "PACER_NATS_URL": url}
+    cpu, throttle = pod_cpu(cfg, node, generation, cpu)
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra, **throttle, **scrub, "PACER_NATS_URL": url}
     agent: list[str] = []
     if role == "ps":
         command = ["python", "-m", "pacer.trainer.ps", "--cluster", cluster.to_json(), "--index", str(index)]
+        if cfg.agents:
+            command += ["--ipc", IPC]
         if user is not None and user.ps_command:
             command = list(user.ps_command)
+        if cfg.agents:
+            agent = ["python", "-m", "pacer.agent.main", "--job", rec.job, "--node", node, "--role", role,
+                     "--ipc", IPC, "--nats", url, "--probe", cluster.ps[index]]
     else:
         wc = worker_config(rec, plan, cluster, index, cfg, restore, generation)
         command = ["python", "-m", "pacer.trainer.worker", "--config", wc.to_json()]

@@ -28,6 +28,25 @@ loops (poll, heartbeat, election) run under :func:`pacer.runtime.guard`.
 The pure decisions (target iteration, membership) are the functions at the
 top of this module.
 
+Servers (role ``ps``): a TF parameter server runs no Python per request,
+so it has no step records and no hook to time what it serves.  Its agent
+measures it from outside instead: every ``probe_every_s`` it sends the PS
+one small real TF RPC (``tensorflow.WorkerService/GetStatus`` over gRPC, to
+``--probe host:port``) and times the answer, which waits behind whatever
+the server is doing and for every moment it is throttled off its CPU.  Every
+``report_every_s`` it publishes an :class:`AgentMetrics` with ``role="ps"``
+whose ``bpt_s`` is the mean probe latency over the report (``steps`` = the
+probes answered; a probe that times out counts as the timeout), plus the PS
+process's CPU and RSS; ``samples_per_s`` is 0 (a PS trains no samples).  A
+PS agent takes no part in the election or the barrier (it has nothing that
+iterates).  The PS process is the pid in the IPC file (the built-in PS
+attaches only to write it) or else the process listening on the probe's
+port, so a user's ``ps_command`` that never attaches is still measured, and
+its agent heart-beats whatever happens (``trainer_alive`` then says whether
+that process was found).  Without ``grpcio`` (an image without the
+``[trainer]`` extra) or without ``--probe`` only CPU and RSS are reported
+(``bpt_s`` 0: nothing for the monitor to compare).
+
 The agent finds its trainer's liveness, CPU and RSS through the pid the
 trainer writes into the IPC file, so on Kubernetes the pod needs
 ``shareProcessNamespace: true`` (the IPC file itself goes on a shared
@@ -160,6 +179,69 @@ def window_metrics(window: list[StepRecord], before: StepRecord | None) -> tuple
     return bpt, (samples / span if span > 0 else 0.0)
 
 
+def _host_port(target: str) -> tuple[str, int] | None:
+    host, _, port = target.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() and 0 < int(port) < 65536 else None
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeWindow:
+    """What a PS agent saw between two reports (pure: :meth:`ServerProbe.take` makes one)."""
+
+    latency_s: float  # mean over the answered probes (0: none answered)
+    answered: int
+    failed: int  # not answered at all (the server was not up): not a latency
+
+
+def probe_window(latencies: list[float], failed: int) -> ProbeWindow:
+    return ProbeWindow(sum(latencies) / len(latencies) if latencies else 0.0, len(latencies), failed)
+
+
+class ServerProbe:
+    """Times one small TF RPC to a parameter server (blocking: call it from a thread).
+
+    ``GetStatus`` is the cheapest call every TF server answers (it lists the
+    server's devices); its bytes are neither built nor parsed here, so the
+    probe needs ``grpcio`` but not TensorFlow.
+    """
+
+    METHOD = "/tensorflow.WorkerService/GetStatus"
+
+    def __init__(self, target: str, timeout_s: float) -> None:
+        import grpc  # an optional dependency (the [trainer] extra); the caller handles ImportError
+
+        self._grpc = grpc
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(target)
+        self._call = self._channel.unary_unary(self.METHOD, request_serializer=None, response_deserializer=None)
+
+    def once(self) -> float | None:
+        """Seconds the server took to answer; the timeout if it did not in time; None if it is not up."""
+        t0 = time.perf_counter()
+        try:
+            self._call(b"", timeout=self.timeout_s)
+        except self._grpc.RpcError as exc:
+            if exc.code() is self._grpc.StatusCode.DEADLINE_EXCEEDED:
+                return self.timeout_s  # at least this slow: a stopped server must not look fast
+            return None
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def listener_pid(port: int) -> int:
+    """The pid of a process of ours listening on TCP ``port`` (0: none found)."""
+    try:
+        conns = psutil.net_connections("tcp")
+    except (psutil.Error, OSError):
+        return 0
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            return int(c.pid)
+    return 0
+
+
 # ====================================================================== service
 
 
@@ -180,6 +262,11 @@ class AgentConfig:
     commit_timeout_s: float = 1.0
     max_attempts: int = 4
     prepare_hold_s: float = 5.0  # a yes-voted prepare with no decision is released after this
+    # Servers (role ps, see the module docstring): the PS address probed, how often, when to report.
+    probe: str = ""  # host:port of the TF server; "": no latency probe
+    probe_every_s: float = 0.25
+    probe_timeout_s: float = 2.0
+    report_every_s: float = 2.0
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
 
     def __post_init__(self) -> None:
@@ -188,6 +275,15 @@ class AgentConfig:
             raise ValueError("k must be >= 1")
         if self.election_ttl_s < 1.0:
             raise ValueError("election TTL must be >= 1 s (JetStream per-message TTL granularity)")
+        if self.probe_every_s <= 0 or self.probe_timeout_s <= 0 or self.report_every_s <= 0:
+            raise ValueError("probe_every_s, probe_timeout_s and report_every_s must be > 0")
+        if self.probe and not _host_port(self.probe):
+            raise ValueError(f"probe: {self.probe!r} is not host:port")
+
+    @property
+    def stepping(self) -> bool:
+        """Whether the trainer iterates (a worker) or serves (a PS: measured from outside)."""
+        return self.role in STEPPING_ROLES
 
 
 @dataclass
@@ -225,6 +321,14 @@ class AgentService:
         self._proc: psutil.Process | None = None
         self._last_open_try = 0.0
         self._stopping = False
+        # Servers: probe latencies since the last report, the PS pid found by its port.
+        self._probe: ServerProbe | None = None
+        self._latencies: list[float] = []
+        self._probe_failed = 0
+        self._probes_total = 0
+        self._recent_latency = 0.0
+        self._port_pid = 0
+        self._port_looked = 0.0
 
     # ------------------------------------------------------------ lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
@@ -242,11 +346,15 @@ class AgentService:
             await nc.subscribe(subjects.agent_command(job, self.cfg.node),
                                cb=tracing.traced("handle agent.command", self._on_command, SpanKind.SERVER)),
         ]
-        self._kv = await self._bucket()
         self._attach()
-        tg.create_task(guard("agent-poll", self._poll_loop, pause=0.2), name="pacer:agent-poll")
+        if self.cfg.stepping:
+            self._kv = await self._bucket()
+            tg.create_task(guard("agent-poll", self._poll_loop, pause=0.2), name="pacer:agent-poll")
+            tg.create_task(guard("agent-election", self._election_loop), name="pacer:agent-election")
+        else:  # a server: measured from outside, no barrier, never primary
+            self._start_probe()
+            tg.create_task(guard("agent-server", self._server_loop, pause=0.5), name="pacer:agent-server")
         tg.create_task(guard("agent-heartbeat", self._heartbeat_loop), name="pacer:agent-heartbeat")
-        tg.create_task(guard("agent-election", self._election_loop), name="pacer:agent-election")
         log.info("agent started", extra={"fields": self._fields(ipc=str(self.cfg.ipc_path))})
 
     async def drain(self) -> None:
@@ -261,6 +369,9 @@ class AgentService:
                     self.ipc.abort(loc.seq)
             self.ipc.close()
             self.ipc = None
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
 
     def _fields(self, **kw: Any) -> dict[str, Any]:
         return {"job": self.cfg.job, "node": self.cfg.node, **kw}
@@ -368,6 +479,71 @@ class AgentService:
             await self.bus.publish(subjects.agent_metrics(self.cfg.job), m)
             self.counters.inc("agent_metrics_published")
 
+    # ------------------------------------------------------------ servers (role ps)
+    def _start_probe(self) -> None:
+        if not self.cfg.probe:
+            return
+        try:
+            self._probe = ServerProbe(self.cfg.probe, self.cfg.probe_timeout_s)
+        except ImportError:
+            log.warning("no grpcio: the PS is measured by CPU and RSS only", extra={"fields": self._fields()})
+
+    def _server_pid(self) -> int:
+        """The PS process: the pid in the IPC file, else the listener on the probe's port (0: unknown)."""
+        if self.ipc is not None:
+            try:
+                snap = self.ipc.snapshot()
+            except IPCError:
+                snap = None
+            if snap is not None and self._trainer_alive(snap.pid, snap.exiting):
+                return snap.pid
+        hp = _host_port(self.cfg.probe) if self.cfg.probe else None
+        if hp is None:
+            return 0
+        now = time.monotonic()
+        if self._port_pid and self._trainer_alive(self._port_pid, False):
+            return self._port_pid
+        if now - self._port_looked >= 2.0:  # a scan of every socket: not on every tick
+            self._port_looked = now
+            self._port_pid = listener_pid(hp[1])
+        return self._port_pid if self._port_pid and self._trainer_alive(self._port_pid, False) else 0
+
+    async def _server_loop(self) -> None:
+        next_report = time.monotonic() + self.cfg.report_every_s
+        while True:
+            t0 = time.monotonic()
+            self._attach()
+            if self._probe is not None:
+                lat = await asyncio.to_thread(self._probe.once)
+                self._probes_total += 1
+                if lat is None:
+                    self._probe_failed += 1
+                else:
+                    self._latencies.append(lat)
+            now = time.monotonic()
+            if now >= next_report:
+                next_report = now + self.cfg.report_every_s
+                await self._publish_server_metrics()
+            await asyncio.sleep(max(0.0, self.cfg.probe_every_s - (time.monotonic() - t0)))
+
+    async def _publish_server_metrics(self) -> None:
+        w = probe_window(self._latencies, self._probe_failed)
+        self._latencies, self._probe_failed = [], 0
+        if w.answered:
+            self._recent_latency = w.latency_s
+        pid = self._server_pid()
+        cpu, rss = self._proc_usage(pid) if pid else (0.0, 0)
+        m = AgentMetrics(
+            job=self.cfg.job, node=self.cfg.node, role=self.cfg.role, ts=time.time(),
+            local_step=self._probes_total, iteration=-1, bpt_s=w.latency_s, batch_size=0, samples_per_s=0.0,
+            samples_total=0, cpu_percent=cpu, rss_bytes=rss, last_action_seq=0, last_action_iteration=-1,
+            primary=False, steps=w.answered, steps_total=self._probes_total,
+        )
+        await self.bus.publish(subjects.agent_metrics(self.cfg.job), m)
+        self.counters.inc("agent_metrics_published")
+        if w.failed:
+            self.counters.inc("agent_probes_failed", w.failed)
+
     # ------------------------------------------------------------ heartbeat and membership
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -376,7 +552,10 @@ class AgentService:
 
     def _heartbeat(self) -> Heartbeat:
         alive, it, bpt, pid = False, -1, 0.0, 0
-        if self.ipc is not None:
+        if not self.cfg.stepping:
+            pid = self._server_pid()
+            alive, bpt = pid > 0, self._recent_latency
+        elif self.ipc is not None:
             try:
                 snap = self.ipc.snapshot()
             except IPCError:

@@ -1,7 +1,11 @@
 """Entry point of the agent sidecar.
 
 ``python -m pacer.agent.main --job J --node N --role worker|ps --ipc PATH
-[--nats URL] [--k 10] [--election-ttl 3]``
+[--nats URL] [--k 10] [--election-ttl 3] [--probe HOST:PORT]``
+
+A PS's agent (``--role ps``) times a small TF RPC to ``--probe`` every
+``--probe-every`` s and reports every ``--report-every`` s (see
+:mod:`pacer.agent.agent`, "Servers").
 
 Runs until SIGTERM/SIGINT.  The trainer beside it attaches to the same
 ``--ipc`` file (:class:`pacer.agent.ipc.TrainerIPC`; the launcher usually
@@ -36,6 +40,11 @@ def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig
     p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
     p.add_argument("--member-ttl", type=float, default=3.0, help="an agent not heard for this long leaves the barrier")
     p.add_argument("--prepare-lead", type=float, default=0.5, help="seconds of the fastest worker's steps before T")
+    p.add_argument("--probe", default="", help="role ps: the TF server's host:port to time RPCs against")
+    p.add_argument("--probe-every", type=float, default=float(os.environ.get("PACER_AGENT_PROBE_EVERY_S", "0.25")),
+                   help="role ps: seconds between probes ($PACER_AGENT_PROBE_EVERY_S)")
+    p.add_argument("--report-every", type=float, default=float(os.environ.get("PACER_AGENT_REPORT_EVERY_S", "2")),
+                   help="role ps: seconds between metrics reports ($PACER_AGENT_REPORT_EVERY_S)")
     a = p.parse_args(argv)
     try:
         cfg = AgentConfig(
@@ -48,6 +57,9 @@ def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig
             heartbeat_s=a.heartbeat,
             member_ttl_s=a.member_ttl,
             prepare_lead_s=a.prepare_lead,
+            probe=a.probe,
+            probe_every_s=a.probe_every,
+            report_every_s=a.report_every,
         )
     except Exception as exc:  # ids and ranges: a usage error, not a traceback
         p.error(str(exc))

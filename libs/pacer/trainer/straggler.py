@@ -13,6 +13,13 @@ Patterns (``kind``):
   seconds (AntDT: a delay for 15 min every 30 min with probability 0.3);
 * ``none``: never.
 
+A slow *server* cannot sleep per request (a TF PS runs no Python per
+request), so a PS straggler is injected by ``cpu``: the node's pod gets at
+most that many CPUs (the executor lowers the pod's CPU limit: on the local
+backend the supervisor's SIGSTOP/SIGCONT quota, on Kubernetes the container's
+CFS limit).  ``cpu`` works for workers too; it is a property of the pod, not
+a pattern in time, so :class:`Pattern` ignores it.
+
 :class:`StragglerSpec` is the blueprint, the JSON that travels
 (``PACER_INJECT_STRAGGLERS``, the executor's launch config, the worker's
 ``--config``); :class:`Pattern` is that blueprint on one node, the only
@@ -51,6 +58,7 @@ class StragglerSpec:
     probability: float = 0.3  # transient: chance that a period is selected
     seed: int = 0
     start_s: float = 0.0  # the pattern begins this long after the clock's zero
+    cpu: float = 0.0  # > 0: the pod's CPU limit is lowered to this many CPUs (a throttled PS or worker)
 
     def __post_init__(self) -> None:
         try:
@@ -61,6 +69,8 @@ class StragglerSpec:
             raise ValueError("straggler sleep_s and intensity must be >= 0")
         if self.period_s <= 0 or self.on_s < 0 or self.start_s < 0:
             raise ValueError("straggler period_s must be > 0, on_s and start_s >= 0")
+        if self.cpu < 0:
+            raise ValueError("straggler cpu must be >= 0 (0: the pod keeps its planned CPU)")
 
     @property
     def delay_s(self) -> float:

@@ -17,6 +17,11 @@ every pod, in a session of its own so that it outlives the executor.  It
   excess is a debt, repaid with the tree SIGSTOPped (``PACER_CPU_LIMITS=0``
   turns this off).  Nothing is ever left stopped: SIGCONT precedes every
   SIGTERM/SIGKILL and every exit path;
+* injects a CPU straggler when the pod's env has ``PACER_POD_CPU_THROTTLE``
+  (``{"cpu": c, "start_s": t}``, set by the launcher from
+  ``PACER_INJECT_STRAGGLERS``): from ``t`` s after the trainer started, the
+  quota is ``min(cpu, c)`` (even with ``PACER_CPU_LIMITS=0``): a machine
+  that turns slow under a running PS or worker;
 * keeps ``<dir>/pod.json`` (the spec plus supervisor pid/create_time,
   trainer/agent pids) and ``<dir>/status.json`` (the current
   :class:`~pacer.contracts.executor.PodStatus`), each replaced atomically.
@@ -56,6 +61,7 @@ import psutil
 from pacer.codec import from_dict, to_dict
 from pacer.contracts.executor import PodPhase, PodSpec, PodStatus
 
+THROTTLE_ENV = "PACER_POD_CPU_THROTTLE"  # {"cpu": c, "start_s": t}: an injected CPU straggler
 POD_FILE = "pod.json"
 STATUS_FILE = "status.json"
 DELETE_FILE = "delete"  # holds the grace period (s) of a pending delete
@@ -228,6 +234,7 @@ class Supervisor:
     status: PodStatus | None = None
     trainer: subprocess.Popen[bytes] | None = None
     agent: subprocess.Popen[bytes] | None = None
+    _quota: CpuQuota | None = None  # the trainer's CPU quota (the final status reports its throttled time)
 
     # ------------------------------------------------------------ records
     def _set_status(self, st: PodStatus) -> None:
@@ -311,11 +318,12 @@ class Supervisor:
         self._write_pod()
         self._set_status(replace(base, phase=PodPhase.RUNNING, started_at=started_at))
         tree = Tree(self.trainer.pid)
-        quota = CpuQuota(spec.cpu) if self._limit_cpu() else None
+        quota = self._quota = CpuQuota(spec.cpu) if self._limit_cpu() else None
         try:
             rc, oom, peak = self._supervise(self.trainer, tree, quota)
         finally:
             tree.signal(signal.SIGCONT)
+        quota = self._quota  # an injected throttle may have made one
         now = time.time()
         tree.refresh()
         tree.kill()  # the trainer's leftover descendants: its container is gone
@@ -330,6 +338,19 @@ class Supervisor:
     def _limit_cpu(self) -> bool:
         return self.cpu_limits and 0 < self.spec.cpu < (os.cpu_count() or 1)
 
+    def _throttle(self) -> tuple[float, float] | None:
+        """(cpu, start_s) of an injected CPU straggler (:data:`THROTTLE_ENV`), or None."""
+        text = self.spec.env.get(THROTTLE_ENV, "")
+        if not text:
+            return None
+        try:
+            raw = json.loads(text)
+            cpu, start = float(raw["cpu"]), float(raw.get("start_s", 0.0))
+        except (ValueError, KeyError, TypeError):
+            print(f"pod: ignoring a bad {THROTTLE_ENV}: {text!r}", file=sys.stderr, flush=True)
+            return None
+        return (cpu, max(0.0, start)) if cpu > 0 else None
+
     def _supervise(self, trainer: subprocess.Popen[bytes], tree: Tree,
                    quota: CpuQuota | None) -> tuple[int, bool, int]:
         """Until the trainer ends: memory and CPU limits, deletion.  -> (returncode, oom, peak RSS)."""
@@ -339,12 +360,22 @@ class Supervisor:
         kill_at: float | None = None
         tick = min(TICK_S, self.cpu_period_s)
         period_start = time.monotonic()
+        throttle = self._throttle()
+        throttle_at = period_start + throttle[1] if throttle is not None else None
         tree.cpu_used()
         while True:
             rc = trainer.poll()
             if rc is not None:
                 return rc, oom, peak
             now = time.monotonic()
+            if throttle is not None and throttle_at is not None and now >= throttle_at and kill_at is None:
+                throttle_at = None  # once: the machine has turned slow
+                if quota is None:
+                    quota = CpuQuota(throttle[0])
+                    self._quota = quota
+                    tree.cpu_used()
+                    period_start = now
+                quota.cpu = min(quota.cpu, throttle[0])
             if self.term_requested and kill_at is None:
                 kill_at = now + self._grace_s()
                 if quota is not None:  # no throttling during the grace: let it shut down
