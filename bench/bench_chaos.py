@@ -13,7 +13,8 @@ Prints a line per kill and per job, then ONE JSON object as its last line:
 be 0), ``records_duplicated``, ``max_recover_s`` and ``max_back_s`` (per
 kind), ``auc`` and ``auc_delta`` (largest |AUC - reference AUC| over the
 chaos jobs), ``duplicate_actions`` (relaunches beyond the KILL_RESTART
-decisions that asked for them), ``single_instance`` (services run once).
+decisions that asked for them), ``repeated_kill_restarts`` (a node
+KILL_RESTARTed twice within the controller's cool-down), ``single_instance`` (services run once).
 Exit status 0 when every job completed with 0 records lost, no duplicate
 action and ``auc_delta`` within ``--auc-tolerance``.
 """
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     out["wall_s"] = round(time.monotonic() - t0, 1)
     print(json.dumps(out))
     ok = (out["jobs_completed"] == out["jobs"] and out["records_lost"] == 0 and out["duplicate_actions"] == 0
+          and out["repeated_kill_restarts"] == 0
           and (out["auc_delta"] is None or out["auc_delta"] <= args.auc_tolerance))
     return 0 if ok else 1
 
@@ -113,6 +115,7 @@ def summarize(outcomes: list[chaos.JobOutcome], reference: float | None, args: A
         "kill_restart_decisions": sum(o.kill_restart_decisions for o in outcomes),
         "requested_relaunches": sum(o.requested_relaunches for o in outcomes),
         "duplicate_actions": sum(o.duplicate_actions for o in outcomes),
+        "repeated_kill_restarts": sum(o.repeated_kill_restarts for o in outcomes),
         "node_restarts": sum(o.node_restarts for o in outcomes),
         "single_instance": outcomes[0].single if outcomes else [],
         "instances": dict(chaos.INSTANCES),

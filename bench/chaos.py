@@ -40,7 +40,9 @@ after a loss), the job's final state and AUC, the controller's decisions
 (``pacer.events.controller.<job>.decision``) and the executor's per-node
 count of requested relaunches: each KILL_RESTART the controller executed
 must have made exactly one relaunch (``duplicate_actions`` counts
-relaunches beyond the decisions that asked for them).
+relaunches beyond the decisions that asked for them), and no node may be
+KILL_RESTARTed twice within the controller's cool-down
+(``repeated_kill_restarts``: two instances both acting for one job).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ INSTANCES = {"controller": 2, "monitor": 2}
 SERVICES = ["auth", "shard", "monitor", "jobs", "executor", "controller", "policies"]
 TERMINAL = (JobState.COMPLETED, JobState.FAILED, JobState.STOPPED)
 DATASET = "train"
+COOLDOWN_S = 600.0  # the controller's default PACER_CONTROLLER_COOLDOWN_S: one KILL_RESTART per node within it
 
 
 @dataclass
@@ -122,6 +125,7 @@ class JobOutcome:
     kill_restart_decisions: int
     requested_relaunches: int
     duplicate_actions: int
+    repeated_kill_restarts: int
     jct_s: float
     kills: list[Kill] = field(default_factory=list)
     single: list[str] = field(default_factory=list)  # services run once (no second instance)
@@ -360,10 +364,15 @@ class Chaos:
         st = await _retry(lambda: ShardAdmin(bus).status(job, DATASET), 40)
         decisions = await read_events(bus, subjects.controller_decision(job), ControllerDecision)
         asked: Counter[str] = Counter()
-        for d in decisions:
+        last: dict[str, float] = {}
+        repeated = 0  # a node KILL_RESTARTed again within the controller's cool-down: two owners deciding
+        for d in sorted(decisions, key=lambda d: d.ts):
             for a in [*d.executed, *(r.action for r in d.failed)]:
                 if a.kind is ActionKind.KILL_RESTART:
                     asked[a.node] += 1
+                    if a.node in last and d.ts - last[a.node] < COOLDOWN_S:
+                        repeated += 1
+                    last[a.node] = d.ts
         es = await _retry(lambda: client.nodes(job), 40)
         relaunched = {n.node: n.requested_restarts for n in es.nodes}
         dup = sum(max(0, relaunched.get(n, 0) - asked.get(n, 0)) for n in set(relaunched) | set(asked))
@@ -375,7 +384,7 @@ class Chaos:
             records_lost=st.records_total - st.records_done, records_duplicated=st.records_duplicated,
             shards_failed=st.failed, node_restarts=rec.node_restarts,
             kill_restart_decisions=sum(asked.values()), requested_relaunches=sum(relaunched.values()),
-            duplicate_actions=dup,
+            duplicate_actions=dup, repeated_kill_restarts=repeated,
             jct_s=round((rec.finished_at or time.time()) - rec.submitted_at, 2), kills=kills,
             single=[s for s in SERVICES if self.cfg.instances.get(s, 1) < 2])
 
