@@ -17,14 +17,16 @@ counts into ``pacer_requests_total`` / ``pacer_request_duration_seconds``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import signal
 import socket
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 from nats.aio.msg import Msg
@@ -134,6 +136,9 @@ async def run_service(
         name = svc.name if svc else "?"
         await bus.respond(msg, Health(name, cfg.instance, status, uptime.elapsed(), counters))
 
+    owner = object()  # this run's identity: tasks created under it are this service's (_cancel_service_tasks)
+    _track_owners(loop)
+    token = _OWNER.set(owner)
     try:
         async with asyncio.TaskGroup() as tg:
             svc = await factory(bus, cfg)
@@ -151,8 +156,9 @@ async def run_service(
             except TimeoutError:
                 log.warning("drain deadline passed; cancelling in-flight work")
             await health_sub.unsubscribe()
-            await _cancel_service_tasks()
+            await _cancel_service_tasks(owner)
     finally:
+        _OWNER.reset(token)
         if metrics_runner is not None:
             await metrics_runner.cleanup()
         await bus.close()
@@ -161,8 +167,32 @@ async def run_service(
                 loop.remove_signal_handler(sig)
 
 
-async def _cancel_service_tasks(rounds: int = 20, wait_s: float = 0.5) -> None:
-    """Cancel the service's long-lived tasks (named ``pacer:...``) and see that they end.
+# Which run_service created a task (directly or from one of its tasks: a task's context is copied at
+# creation, so the owner follows).  Two services in one process (tests: two instances of a service)
+# then stop without cancelling each other's tasks.  Task.get_context() would do it on Python 3.12+.
+_OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar("pacer_service_owner", default=None)
+_TASK_OWNER: weakref.WeakKeyDictionary[asyncio.Task[Any], object] = weakref.WeakKeyDictionary()
+
+
+def _track_owners(loop: asyncio.AbstractEventLoop) -> None:
+    """Install (once per loop) a task factory that records each new task's owning service run."""
+    previous = loop.get_task_factory()
+    if getattr(previous, "_pacer_owners", False):
+        return
+
+    def factory(lp: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        task = previous(lp, coro, **kwargs) if previous else asyncio.Task(coro, loop=lp, **kwargs)
+        owner = _OWNER.get()
+        if owner is not None and isinstance(task, asyncio.Task):
+            _TASK_OWNER[task] = owner
+        return task
+
+    factory._pacer_owners = True  # type: ignore[attr-defined]
+    loop.set_task_factory(factory)
+
+
+async def _cancel_service_tasks(owner: object, rounds: int = 20, wait_s: float = 0.5) -> None:
+    """Cancel the service's long-lived tasks (named ``pacer:...``, created under ``owner``) and see that they end.
 
     A cancellation can be lost: on Python 3.11 ``asyncio.wait_for`` swallows
     one that arrives as its inner future completes (fixed in 3.12), and
@@ -171,7 +201,8 @@ async def _cancel_service_tasks(rounds: int = 20, wait_s: float = 0.5) -> None:
     after ``wait_s`` are cancelled again, up to ``rounds`` times.
     """
     pending = {t for t in asyncio.all_tasks()
-               if t is not asyncio.current_task() and t.get_name().startswith("pacer:")}
+               if t is not asyncio.current_task() and t.get_name().startswith("pacer:")
+               and _TASK_OWNER.get(t) is owner}
     for _ in range(rounds):
         if not pending:
             return
