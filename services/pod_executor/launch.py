@@ -17,7 +17,9 @@ attaches to the agent's IPC file only to tell it its pid; a user's
 ``ps_command`` need not (the agent finds the process listening on the PS
 port).  An injected straggler's ``cpu`` (``PACER_INJECT_STRAGGLERS``, node
 names only: ``"*"`` stands for every *worker*) lowers the node's pod CPU
-limit, the realistic way to slow a PS down.
+limit, the realistic way to slow a PS down; with ``start_s`` the limit
+stays and the local pod supervisor throttles from that long after the
+trainer started (:func:`pod_cpu`).
 
 Bus credentials of a pod: with an agent token secret (:attr:`LaunchConfig.agent_secret`,
 the executor's ``PACER_AGENT_TOKEN_SECRET``, shared with the auth callout responder) every pod of job ``j`` gets the user

@@ -11,31 +11,60 @@ agents time a real TF RPC against their PS (``pacer.agent.agent``,
 
 Both jobs run in this one test, one after the other on the same stack, so
 the JCT comparison is relative within one run of a shared machine.
+
+A fast test first: the agent of a *user's* PS (a ``ps_command`` that never
+attaches to the IPC file), as a real process over a real nats-server, beside
+a small real gRPC server answering the TF method the agent times (the
+user's PS; a real TF PS costs seconds of import).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import nats.js.errors
 import pytest
 from conftest import job_client, running_stack
 from pacer import subjects
+from pacer.bus import Bus
 from pacer.codec import decode
-from pacer.contracts.agent import ActionKind, AgentMetrics
+from pacer.contracts.agent import ActionKind, AgentMetrics, Heartbeat
 from pacer.contracts.jobs import JobRecord, JobState
 from pacer.contracts.monitor import JobStatistics, StragglerKind
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.policy import ControllerDecision
 from pacer.data.criteo import generate
+from pacer.embedded import EmbeddedNats
 from pacer.jobs.client import JobClient
 from pacer_services.cli.stack import Stack
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+USER_PS = r"""
+import sys, time
+from concurrent import futures
+import grpc
+
+def status(request, context):
+    return b""
+
+handler = grpc.method_handlers_generic_handler("tensorflow.WorkerService", {
+    "GetStatus": grpc.unary_unary_rpc_method_handler(status)})
+server = grpc.server(futures.ThreadPoolExecutor(2))
+server.add_generic_rpc_handlers((handler,))
+port = server.add_insecure_port("127.0.0.1:0")
+server.start()
+print(port, flush=True)
+time.sleep(120)
+"""
 
 ROWS = 150_000
 PS_CPU = 0.05  # ps-1's first pod gets 5 % of a core ...
@@ -109,6 +138,86 @@ def jct(rec: JobRecord) -> float:
     return rec.finished_at - rec.started_at
 
 
+@pytest.fixture
+def user_ps() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    proc = subprocess.Popen([sys.executable, "-c", USER_PS], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    yield proc, port
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGCONT)
+    proc.kill()
+    proc.wait(10)
+
+
+def start_ps_agent(job: str, url: str, port: int, tmp: Path) -> subprocess.Popen[bytes]:
+    """The agent of a PS whose process never attaches to the IPC file (a user's ``ps_command``)."""
+    with open(tmp / "agent.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pacer.agent.main", "--job", job, "--node", "ps-0", "--role", "ps",
+             "--ipc", str(tmp / "never.ipc"), "--nats", url, "--probe", f"127.0.0.1:{port}",
+             "--probe-every", "0.1", "--report-every", "0.5"],
+            stdout=subprocess.DEVNULL, stderr=log)
+
+
+@pytest.mark.timeout(90)
+async def test_the_agent_of_a_user_ps_measures_it_without_ipc_and_never_runs_for_primary(
+        nats_server: EmbeddedNats, bus: Bus, tmp_path: Path, user_ps: tuple[subprocess.Popen[str], int]) -> None:
+    server, port = user_ps
+    job = "userps"
+    got: list[AgentMetrics] = []
+    beats: list[Heartbeat] = []
+
+    async def on_metrics(msg: object) -> None:
+        got.append(decode(AgentMetrics, msg.data))  # type: ignore[attr-defined]
+
+    async def on_beat(msg: object) -> None:
+        beats.append(decode(Heartbeat, msg.data))  # type: ignore[attr-defined]
+
+    await bus.nc.subscribe(subjects.agent_metrics(job), cb=on_metrics)
+    await bus.nc.subscribe(subjects.agent_heartbeat(job), cb=on_beat)
+    agent = start_ps_agent(job, nats_server.url, port, tmp_path)
+    try:
+        async def until(check: object, within: float) -> None:
+            deadline = time.monotonic() + within
+            while not check():  # type: ignore[operator]
+                assert agent.poll() is None, (tmp_path / "agent.log").read_text()
+                assert time.monotonic() < deadline, (got[-3:], beats[-3:])
+                await asyncio.sleep(0.1)
+
+        # Measured: the server's answers, its process's RSS, found by the port (no IPC file ever appears).
+        await until(lambda: any(m.steps > 0 and m.rss_bytes > 0 for m in got), 30)
+        healthy = [m for m in got if m.steps > 0]
+        assert all(m.role == "ps" and m.node == "ps-0" and m.samples_per_s == 0 for m in healthy)
+        assert max(m.bpt_s for m in healthy) < 0.2
+        await until(lambda: any(b.trainer_alive for b in beats), 10)
+        assert {b.trainer_pid for b in beats if b.trainer_alive} == {server.pid}
+        # A server stopped off its CPU answers late: the agent sees it (a probe that times out counts as 2 s).
+        n = len(got)
+        os.kill(server.pid, signal.SIGSTOP)
+        await asyncio.sleep(1.5)
+        os.kill(server.pid, signal.SIGCONT)
+        await until(lambda: any(m.bpt_s >= 0.5 for m in got[n:]), 10)
+        # Never a candidate for primary: the job's primary key was never written (no bucket, or no key).
+        try:
+            kv = await bus.js.key_value(subjects.AGENT_BUCKET)
+            with pytest.raises(nats.js.errors.KeyNotFoundError):
+                await kv.get(subjects.agent_primary_key(job))
+        except nats.js.errors.BucketNotFoundError:
+            pass
+        assert not any(b.primary for b in beats)
+        # The user's PS ends: the agent says so and goes on heart-beating (it is not the agent that died).
+        server.kill()
+        server.wait(10)
+        k = len(beats)
+        await until(lambda: len(beats) >= k + 3 and not beats[-1].trainer_alive, 15)
+    finally:
+        agent.terminate()
+        agent.wait(15)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 async def test_a_throttled_ps_is_detected_and_migrated_and_antdt_nd_beats_none(
         stack: Stack, client: JobClient, data: Path) -> None:
     await client.submit("psslow-none", spec("psslow-none", data, "none"))
