@@ -61,8 +61,8 @@ SERVICES = [
         "PACER_POD_NATS_URL": "nats://nats:4222",
         "PACER_CHECKPOINT_ROOT": "/var/lib/pacer/checkpoints",
     }),
-    Service("monitor", "monitor", "monitor"),
-    Service("controller", "controller", "controller"),
+    Service("monitor", "monitor", "monitor", single=False),  # two instances, jobs shared by leases (docs/ha.md)
+    Service("controller", "controller", "controller", single=False),
     Service("brain", "brain", "brain", {"PACER_BRAIN_CPU_QUOTA": "64", "PACER_BRAIN_NODE_CPU": "16"}),
     Service("policies", "policy_service", "policies", single=False),
     Service("pacer-api", "api", "api", {"PACER_API_HOST": "0.0.0.0", "PACER_API_PORT": "8750"}, single=False),
