@@ -1,0 +1,80 @@
+"""What the executor launches for a PS: its agent, and a CPU-throttled PS injected as a straggler."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from pacer.contracts.executor import PodSpec
+from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
+from pacer.jobs.spec import parse_job_spec
+from pacer.trainer.cluster import ClusterDesc
+from pacer.trainer.straggler import StragglerSpec
+from pacer_services.pod_executor import launch
+from pacer_services.pod_executor.backends.pod import THROTTLE_ENV, Supervisor
+
+JOB = "j1"
+CLUSTER = ClusterDesc(("127.0.0.1:7000", "127.0.0.1:7001"), ("127.0.0.1:7100", "127.0.0.1:7101"))
+
+
+def record(extra: str = "") -> tuple[JobRecord, ResourcePlan]:
+    spec = parse_job_spec(f"name: {JOB}\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n{extra}")
+    plan = ResourcePlan(JOB, 2, 2, 1.0, 1024, 1.5, 2048, PlanSource.BRAIN)
+    return JobRecord(JOB, spec, JobState.RUNNING, time.time(), data_path="/data/train.rec", records=1000), plan
+
+
+def cfg(stragglers: dict[str, dict[str, object]] | None = None) -> launch.LaunchConfig:
+    return launch.LaunchConfig("nats://127.0.0.1:4222", "/ckpt", stragglers=tuple(
+        (n, json.dumps(f)) for n, f in (stragglers or {}).items()))
+
+
+def ps_pod(c: launch.LaunchConfig, index: int = 1, generation: int = 0, extra: str = "") -> PodSpec:
+    rec, plan = record(extra)
+    return launch.pod_spec(rec, plan, CLUSTER, "ps", index, generation, 1.5, 2048, 7001, c)
+
+
+def test_every_ps_gets_an_agent_that_probes_its_own_address_and_the_ps_tells_it_its_pid() -> None:
+    pod = ps_pod(cfg())
+    assert pod.agent[:3] == ["python", "-m", "pacer.agent.main"]
+    args = pod.agent
+    assert args[args.index("--role") + 1] == "ps" and args[args.index("--node") + 1] == "ps-1"
+    assert args[args.index("--probe") + 1] == "127.0.0.1:7001"
+    assert pod.command[-2:] == ["--ipc", launch.IPC] and args[args.index("--ipc") + 1] == launch.IPC
+    # Without agents (LaunchConfig.agents=False) neither the sidecar nor the IPC argument.
+    bare = ps_pod(launch.LaunchConfig("nats://127.0.0.1:4222", agents=False))
+    assert bare.agent == [] and "--ipc" not in bare.command
+
+
+def test_a_users_ps_command_gets_the_agent_too() -> None:
+    pod = ps_pod(cfg(), extra="trainer:\n  command: [python, train.py]\n  ps_command: [python, serve.py]\n")
+    assert pod.command == ["python", "serve.py"]
+    assert "--probe" in pod.agent
+
+
+def test_a_cpu_straggler_lowers_the_first_pods_limit_only_and_the_worker_wildcard_spares_the_ps() -> None:
+    c = cfg({"ps-1": {"cpu": 0.05}, "*": {"kind": "persistent", "sleep_s": 0.5, "cpu": 0.2}})
+    assert ps_pod(c).cpu == 0.05
+    assert ps_pod(c, generation=1).cpu == 1.5  # migrated: a healthy machine
+    assert ps_pod(c, index=0).cpu == 1.5  # "*" is every worker, never a PS
+    rec, plan = record()
+    w = launch.pod_spec(rec, plan, CLUSTER, "worker", 1, 0, 1.0, 1024, 7101, c)
+    assert w.cpu == 0.2
+    sticky = cfg({"ps-1": {"cpu": 0.05, "sticky": True}})
+    assert ps_pod(sticky, generation=3).cpu == 0.05
+
+
+def test_a_delayed_cpu_straggler_travels_to_the_pod_supervisor() -> None:
+    pod = ps_pod(cfg({"ps-1": {"cpu": 0.05, "start_s": 15}}))
+    assert pod.cpu == 1.5  # the limit stays: the supervisor throttles later
+    env = pod.env
+    assert json.loads(env[THROTTLE_ENV]) == {"cpu": 0.05, "start_s": 15.0}
+    sup = Supervisor(spec=pod, dir=Path("/nonexistent"))
+    assert sup._throttle() == (0.05, 15.0)
+    assert THROTTLE_ENV not in ps_pod(cfg({"ps-1": {"cpu": 0.05}})).env
+
+
+def test_a_bad_cpu_is_refused() -> None:
+    with pytest.raises(ValueError, match="cpu"):
+        StragglerSpec(cpu=-1.0)
