@@ -34,11 +34,12 @@ from typing import TypeVar
 
 import nats.js.errors
 import pytest
-from conftest import job_client, running_stack
+from conftest import job_client, reap_pods, running_stack
 from pacer import subjects
 from pacer.bus import Bus
 from pacer.codec import decode
 from pacer.contracts.agent import ActionKind, AgentMetrics, Heartbeat
+from pacer.contracts.executor import PodPhase, PodSpec
 from pacer.contracts.jobs import JobRecord, JobState
 from pacer.contracts.monitor import JobStatistics, StragglerKind
 from pacer.contracts.nodes import NodeEvent
@@ -47,6 +48,8 @@ from pacer.data.criteo import generate
 from pacer.embedded import EmbeddedNats
 from pacer.jobs.client import JobClient
 from pacer_services.cli.stack import Stack
+from pacer_services.pod_executor.backends.local import LocalBackend
+from pacer_services.pod_executor.backends.pod import THROTTLE_ENV
 
 USER_PS = r"""
 import sys, time
@@ -214,6 +217,44 @@ async def test_the_agent_of_a_user_ps_measures_it_without_ipc_and_never_runs_for
     finally:
         agent.terminate()
         agent.wait(15)
+
+
+BUSY_PHASES = ("import json, sys, time\n"
+               "def burn(s):\n"
+               "    t, c = time.monotonic(), time.process_time()\n"
+               "    while time.monotonic() - t < s: pass\n"
+               "    return (time.process_time() - c) / (time.monotonic() - t)\n"
+               "before = burn(1.0); time.sleep(0.5); after = burn(2.0)\n"
+               "open(sys.argv[1], 'w').write(json.dumps({'before': before, 'after': after}))")
+
+
+@pytest.mark.timeout(60)
+async def test_a_delayed_cpu_straggler_throttles_the_pod_from_start_s_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local pod supervisor applies ``PACER_POD_CPU_THROTTLE`` (even with CPU limits off), from ``start_s``."""
+    monkeypatch.setenv("PACER_CPU_LIMITS", "0")  # the injection must not depend on the limits being on
+    backend = LocalBackend(tmp_path / "pods", poll_s=0.05)
+    name = "j-ps-1-g0"
+    spec = PodSpec(name=name, job="j", node="ps-1", role="ps", index=1, generation=0, cpu=1.0, memory_mb=512,
+                   command=["python", "-c", BUSY_PHASES, "{pod_dir}/usage.json"], agent=[],
+                   env={THROTTLE_ENV: json.dumps({"cpu": 0.1, "start_s": 1.2})})
+    try:
+        await backend.create(spec)
+        deadline = time.monotonic() + 40
+        while True:
+            st = next((x for x in await backend.list("j") if x.name == name), None)
+            if st is not None and st.phase is PodPhase.EXITED:
+                break
+            assert time.monotonic() < deadline, st
+            await asyncio.sleep(0.1)
+        assert st.exit_code == 0, st
+        usage = json.loads((tmp_path / "pods" / "j" / name / "usage.json").read_text())
+        # ~0.1 of a core once throttled; before, whatever the shared machine gives a busy loop.
+        assert usage["after"] < 0.35 and usage["before"] > 2 * usage["after"], usage
+        assert st.cpu_throttled_s > 0
+    finally:
+        await backend.close()
+        reap_pods(tmp_path)
 
 
 @pytest.mark.slow
