@@ -41,9 +41,10 @@ def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig
     p.add_argument("--member-ttl", type=float, default=3.0, help="an agent not heard for this long leaves the barrier")
     p.add_argument("--prepare-lead", type=float, default=0.5, help="seconds of the fastest worker's steps before T")
     p.add_argument("--probe", default="", help="role ps: the TF server's host:port to time RPCs against")
-    p.add_argument("--probe-every", type=float, default=float(os.environ.get("PACER_AGENT_PROBE_EVERY_S", "0.25")),
+    # Environment defaults as strings: argparse converts them with `type`, so a bad one is a usage error.
+    p.add_argument("--probe-every", type=float, default=os.environ.get("PACER_AGENT_PROBE_EVERY_S", "0.25"),
                    help="role ps: seconds between probes ($PACER_AGENT_PROBE_EVERY_S)")
-    p.add_argument("--report-every", type=float, default=float(os.environ.get("PACER_AGENT_REPORT_EVERY_S", "2")),
+    p.add_argument("--report-every", type=float, default=os.environ.get("PACER_AGENT_REPORT_EVERY_S", "2"),
                    help="role ps: seconds between metrics reports ($PACER_AGENT_REPORT_EVERY_S)")
     a = p.parse_args(argv)
     try:
