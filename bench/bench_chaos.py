@@ -120,7 +120,8 @@ def summarize(outcomes: list[chaos.JobOutcome], reference: float | None, args: A
         "single_instance": outcomes[0].single if outcomes else [],
         "instances": dict(chaos.INSTANCES),
         "settings": {"runs": args.runs, "seed": args.seed, "interval_s": args.interval, "down_s": args.down,
-                     "rows": args.rows, "step_sleep_s": args.step_sleep, "batch_size": args.batch_size},
+                     "rows": args.rows, "step_sleep_s": args.step_sleep, "batch_size": args.batch_size,
+                     "relaunch_budget": chaos.ChaosConfig().relaunch_budget},
     }
 
 
