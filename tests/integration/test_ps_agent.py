@@ -69,8 +69,8 @@ print(port, flush=True)
 time.sleep(120)
 """
 
-ROWS = 150_000
-PS_CPU = 0.05  # ps-1's first pod gets 5 % of a core ...
+ROWS = 200_000
+PS_CPU = 0.02  # ps-1's first pod gets 2 % of a core ...
 PS_SLOW_AFTER_S = 15.0  # ... from 15 s after it started (its TF import and the workers' start are not slowed)
 T = TypeVar("T")
 
