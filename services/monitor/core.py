@@ -37,7 +37,8 @@ of a small TF RPC it times against the PS (``pacer.agent.agent``,
 "Servers"), so T_i of a PS is its answer time and it is compared with the
 other PS only.  Healthy answers take well under a millisecond, where noise
 alone can make one PS look 1.5x another: the reference of a PS is therefore
-at least ``ps_latency_floor_s`` (default 5 ms), so only a PS that answers in
+at least ``ps_latency_floor_s`` (default 20 ms: a loaded machine delays a healthy
+answer by a few ms now and then), so only a PS that answers in
 >= lambda x max(median of its peers, the floor) counts as slow.  (The
 workers' time per PS is not measured: one TF session run touches every PS
 at once.)
@@ -92,7 +93,7 @@ class MonitorConfig:
     persistent_min_span_s: float | None = None
     max_samples: int = 4096  # per node, whatever the window holds
     # A PS's reference answer time is at least this (s): sub-millisecond noise is no straggler.
-    ps_latency_floor_s: float = 0.005
+    ps_latency_floor_s: float = 0.020
     # Cluster busy when at least this many pods are queued in the cluster ...
     busy_pending_pods: int = 1
     # ... or less than this fraction of the cluster's capacity is free ...
