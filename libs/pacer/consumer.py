@@ -27,6 +27,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -36,6 +38,18 @@ from pacer import subjects, tracing
 from pacer.bus import Bus
 from pacer.errors import PacerError
 from pacer.telemetry import Counters
+
+# Failures of the bus itself, not of an event: the event is retried.
+_TRANSPORT: tuple[type[BaseException], ...] = (
+    TimeoutError,
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+)
 
 log = logging.getLogger("pacer.consumer")
 
@@ -150,6 +164,16 @@ class DurableConsumer:
             self.counters.inc("bad_events", code=exc.code)
             log.warning("event refused", extra={"fields": {"subject": m.subject, "error": exc.message}})
             await self._refuse(m, exc.message)
+            return
+        except _TRANSPORT as exc:
+            # The bus failed under the handler (a JetStream leader election, a reconnect), not the
+            # event: redeliver it later.  Dead-lettering it would drop, e.g., a dataset's `finished`
+            # while the KV stream elects a leader, and the job would never complete (found by chaos).
+            tracing.fail(exc)
+            self.counters.inc("events_retried")
+            log.warning("event retried", extra={"fields": {"subject": m.subject, "error": type(exc).__name__}})
+            with contextlib.suppress(Exception):
+                await m.nak(delay=self.retry_delay_s)
             return
         except Exception as exc:  # loop boundary: a bug must not stop the service
             tracing.fail(exc)
