@@ -285,8 +285,19 @@ class Trainer:
         deadline = time.monotonic() + timeout_s
         restored = False
         self.restored_from = ""
-        if self.is_chief and self.cfg.restore and self.cfg.checkpoint_dir:
-            restored = self._restore()
+        self.restored_id = ""
+        missing_at_start = [m.decode() for m in self.sess.run(self.uninit)] if self.is_chief else []
+        every = bool(missing_at_start) and len(missing_at_start) == len(self.global_init)
+        # A PS came back empty (the executor relaunched this chief to restore, or some variables are
+        # gone), or a migration's new PS set is empty.  All missing without a restore: a new job.
+        lost = bool(missing_at_start) and (self.cfg.restore or not every)
+        if self.is_chief and lost and self.cfg.checkpoint_dir:
+            restored = self._restore()  # the newest checkpoint; with every variable on its PS, no rollback
+        # What the shard service must be rewound to (rewind_target): the model now holds nothing
+        # trained after it, so those records must be trained again, never skipped.
+        self.rewind_to = rewind_target(self.is_chief, lost, bool(missing_at_start),
+                                       self.restored_id if restored else "")
+        self.fresh = self.is_chief and every and not lost
         while True:
             missing = [m.decode() for m in self.sess.run(self.uninit)]
             if not missing:
@@ -312,6 +323,7 @@ class Trainer:
         """The newest checkpoint: flash (shared memory, else its disk copy), else Saver."""
         meta_file = Path(self.cfg.checkpoint_dir, "shard_checkpoint")
         meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+        self.restored_id = str(meta.get("id", ""))  # the shard checkpoint saved with this model checkpoint
         if meta.get("format") == "flash" and self.flash is not None:
             from pacer.trainer.tfckpt import arrays_to_variables, repartition
 
@@ -508,6 +520,13 @@ def run(cfg: WorkerConfig) -> int:
 
         ipc = TrainerIPC(cfg.ipc, create=True, role="worker")
     trainer.open_session()
+    if admin_ckpt is not None:
+        if trainer.rewind_to:
+            done = _shard_rewinder(cfg)(trainer.rewind_to)
+            log.warning("a PS lost its state: dataset rewound to shard checkpoint %r (%d records done)",
+                        trainer.rewind_to, done)
+        elif trainer.fresh:
+            admin_ckpt(START_CHECKPOINT)  # before any step: where a PS loss without a checkpoint rewinds to
     first_step_at = None
     local_step, gstep, samples = 0, int(trainer.sess.run(trainer.global_step)), 0
     start_gstep = gstep
@@ -582,6 +601,7 @@ def run(cfg: WorkerConfig) -> int:
                                   "first_step_s": first_step_at, "seconds": time.monotonic() - t_start,
                                   "actions": trainer.applied, **stats}
         result["restored_from"] = trainer.restored_from
+        result["rewound_to"] = trainer.rewind_to  # the shard checkpoint the dataset went back to ("" = none)
         if trainer.is_chief and (exit_code == 0 or trainer.checkpoint_on_exit):
             if cfg.checkpoint_dir:
                 result["checkpoint"] = trainer.checkpoint(admin_ckpt)
@@ -604,6 +624,57 @@ def run(cfg: WorkerConfig) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code)  # TF's server threads would keep a clean exit waiting
+
+
+START_CHECKPOINT = "start"  # the shard state before the first step: a job's rewind point without a checkpoint
+
+
+def rewind_target(chief: bool, ps_lost: bool, missing: bool, restored_id: str) -> str:
+    """The shard checkpoint a chief rewinds the dataset to when it opens its session ("" = none).
+
+    The model and the shard state must agree (docs/architecture.md: a restore
+    may re-train records, never skip one).  When a PS lost its variables
+    (``ps_lost``: the executor relaunched the chief to restore, or some but
+    not all variables are missing) the model no longer holds what was trained
+    since the newest checkpoint: the dataset goes back to the shard checkpoint
+    saved with the model checkpoint just restored, or, with none, to the
+    state before the first step (:data:`START_CHECKPOINT`).  With every
+    variable on its PS, nothing was lost and nothing is rewound.
+    """
+    if not chief or not ps_lost or not missing:
+        return ""
+    return restored_id or START_CHECKPOINT
+
+
+def _shard_rewinder(cfg: WorkerConfig) -> Any:
+    """A blocking call that restores the dataset's shard state to a checkpoint id."""
+    import asyncio
+
+    from pacer.bus import Bus
+    from pacer.shards.client import ShardAdmin
+
+    def rewind(ckpt_id: str) -> int:
+        async def go() -> int:
+            from pacer.errors import NotFound
+
+            bus = await Bus.connect(cfg.nats_url, name=f"{cfg.node}-rewind")
+            try:
+                admin = ShardAdmin(bus)
+                try:
+                    return (await admin.restore(cfg.job, cfg.dataset, ckpt_id)).records_done
+                except NotFound:
+                    if ckpt_id == START_CHECKPOINT:
+                        raise
+                    # A model checkpoint whose shard checkpoint this job does not have (a checkpoint
+                    # directory left by an earlier job of the same name): all the way back, then.
+                    log.error("shard checkpoint %r not found; rewinding to %r", ckpt_id, START_CHECKPOINT)
+                    return (await admin.restore(cfg.job, cfg.dataset, START_CHECKPOINT)).records_done
+            finally:
+                await bus.close()
+
+        return asyncio.run(go())
+
+    return rewind
 
 
 def _shard_checkpointer(cfg: WorkerConfig) -> Any:
