@@ -138,6 +138,12 @@ __all__ = ["ExecutorConfig", "ExecutorService", "PodBuilder", "create", "make_ba
 NETWORK_MARKERS = ("TensorFlow error", "UnavailableError", "Socket closed", "Connection reset")
 
 
+# A worker that exits with a lost PS within this long after a PS of its job died unasked is
+# collateral damage: relaunched without spending its own budget (core.on_exit).  A PS relaunch
+# (pending + TF start) and the workers' reconnect attempts fit well inside it.
+PS_LOSS_WINDOW_S = 300.0
+
+
 class ExecutorService:
     name = subjects.EXECUTOR_SERVICE
 
@@ -434,9 +440,13 @@ class ExecutorService:
                              by_executor=by_us, network_error=any(k in tail for k in NETWORK_MARKERS))
         removed = n.state is NodeState.REMOVED
         due = core.NodeSpec(n.role, n.index, n.resize_cpu, n.resize_memory_mb) if n.resize_memory_mb else None
+        now = self.clock()
+        if n.role == Role.PS and not by_us and st.exit_code != 0:
+            ej.ps_lost_at = now  # saved with the record below, whatever the answer
+        ps_lost = bool(ej.ps_lost_at) and now - ej.ps_lost_at <= PS_LOSS_WINDOW_S
         ans = core.answer_exit(node_view(n), info, intent=n.intent, removed=removed,
                                active=ej.state.active or ej.state is JS.COMPLETING, resize_to=due,
-                               policy=self.cfg.policy)
+                               policy=self.cfg.policy, ps_lost=ps_lost)
         n.last_reason = ans.decision.reason.value
         self.counters.inc("exits", reason=ans.decision.reason.value)
         if ans.outcome is ExitOutcome.FINISHED:

@@ -379,3 +379,5 @@ class ExecutorJob:
     retiring: list[str] = field(default_factory=list, metadata=doc("migration: old PS pods, stopped once the workers moved"))
     migration_at: float = 0.0
     checkpoint: str = field(default="", metadata=doc("migration: the shard checkpoint id the chief took on its way out"))
+    ps_lost_at: float = field(default=0.0, metadata=doc(
+        "when a PS of the job last died unasked: workers that lose their PS right after are collateral, no budget"))

@@ -112,8 +112,15 @@ class ExitDecision:
     detail: str = ""
 
 
-def on_exit(node: Node, info: ExitInfo, policy: ExecutorPolicy = DEFAULT_POLICY) -> ExitDecision:
-    """Decide what to do about a node whose process ended."""
+def on_exit(node: Node, info: ExitInfo, policy: ExecutorPolicy = DEFAULT_POLICY, *,
+            ps_lost: bool = False) -> ExitDecision:
+    """Decide what to do about a node whose process ended.
+
+    ``ps_lost``: a PS of the job died unasked just before.  A worker that then
+    exits because it lost its PS (NETWORK) failed through no fault of its
+    own: it is relaunched without spending its budget, or one flaky PS would
+    fail a job of healthy workers (found by the chaos runs).
+    """
     reason = classify(info)
     if info.by_executor:
         return ExitDecision(reason, True, None, detail="stopped by the executor")
@@ -122,6 +129,8 @@ def on_exit(node: Node, info: ExitInfo, policy: ExecutorPolicy = DEFAULT_POLICY)
     if reason is ExitReason.RESTART_REQUESTED:
         # Asked for (KILL_RESTART): not a failure, no budget spent.
         return ExitDecision(reason, True, node.spec, detail="KILL_RESTART")
+    if reason is ExitReason.NETWORK and ps_lost and node.spec.role == Role.WORKER:
+        return ExitDecision(reason, True, node.spec, detail=f"{node.name}: lost its PS, which died (no budget spent)")
     if reason not in RETRYABLE:
         return ExitDecision(reason, False, None, fail_job=True,
                             detail=f"{node.name}: unretryable {reason.value} (exit {info.code}, signal {info.signal})")
@@ -161,16 +170,17 @@ class ExitAnswer:
 
 def answer_exit(node: Node, info: ExitInfo, *, intent: NodeIntent = NodeIntent.NONE, removed: bool = False,
                 active: bool = True, resize_to: NodeSpec | None = None,
-                policy: ExecutorPolicy = DEFAULT_POLICY) -> ExitAnswer:
+                policy: ExecutorPolicy = DEFAULT_POLICY, ps_lost: bool = False) -> ExitAnswer:
     """What the executor does after ``node``'s pod ended.
 
     ``intent`` is why the executor itself stopped it (``info.by_executor``),
     ``removed`` that it was scaled away or stopped for good, ``active`` that
     the job still runs (starting, running or completing), ``resize_to`` the
     size a rolling replacement has due for it: whatever ended the pod, the
-    next one takes that size (:func:`.resize.relaunch_resized`).
+    next one takes that size (:func:`.resize.relaunch_resized`), ``ps_lost``
+    that a PS of the job died unasked just before (:func:`on_exit`).
     """
-    d = on_exit(node, info, policy)
+    d = on_exit(node, info, policy, ps_lost=ps_lost)
     if d.reason is ExitReason.COMPLETED:
         return ExitAnswer(ExitOutcome.FINISHED, d, d.reason.value, d.detail)
     if intent == NodeIntent.MIGRATE:
@@ -191,7 +201,9 @@ def answer_exit(node: Node, info: ExitInfo, *, intent: NodeIntent = NodeIntent.N
     if relaunch is not None:
         chief = node.spec.role == Role.WORKER and node.spec.index == 0
         return ExitAnswer(ExitOutcome.RELAUNCH, d, reason, detail, relaunch,
-                          requested=restart or d.reason is ExitReason.RESTART_REQUESTED, oom=oom,
+                          requested=restart or d.reason is ExitReason.RESTART_REQUESTED
+                          or (ps_lost and d.reason is ExitReason.NETWORK and node.spec.role == Role.WORKER),
+                          oom=oom,
                           restore=chief and d.reason is ExitReason.NETWORK)
     if d.fail_job and active and not removed and not info.by_executor:
         return ExitAnswer(ExitOutcome.FAIL_JOB, d, reason, detail)
