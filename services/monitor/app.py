@@ -116,6 +116,7 @@ class MonitorServiceConfig:
             window_short_s=float(env.get("PACER_MONITOR_WINDOW_SHORT_S", base.window_short_s)),
             window_long_s=float(env.get("PACER_MONITOR_WINDOW_LONG_S", base.window_long_s)),
             slowness_ratio=float(env.get("PACER_MONITOR_SLOWNESS_RATIO", base.slowness_ratio)),
+            ps_latency_floor_s=float(env.get("PACER_MONITOR_PS_LATENCY_FLOOR_S", base.ps_latency_floor_s)),
         )
         return cls(interval_s=float(env.get("PACER_MONITOR_INTERVAL_S", cls.interval_s)), core=core,
                    lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)))

@@ -64,9 +64,11 @@ class AgentMetrics:
     ts: float = field(metadata=doc("unix time (s) of the newest step in the window"))
     local_step: int = field(metadata=doc("the trainer's own step counter at the end of the window"))
     iteration: int = field(metadata=doc("the iteration that actions are synchronised on (global step)"))
-    bpt_s: float = field(metadata=doc("batch processing time: mean over the window's steps (s)"))
+    bpt_s: float = field(metadata=doc(
+        "batch processing time: mean over the window's steps (s); role ps: the mean answer time of the "
+        "TF GetStatus call the PS agent times against its PS (s)"))
     batch_size: int = field(metadata=doc("batch size of the newest step"))
-    samples_per_s: float = field(metadata=doc("samples trained per second over the window"))
+    samples_per_s: float = field(metadata=doc("samples trained per second over the window; 0 for a PS"))
     samples_total: int = field(metadata=doc("samples trained by this trainer since it started"))
     cpu_percent: float = field(metadata=doc("CPU of the trainer process (100 = one core)"))
     rss_bytes: int = field(metadata=doc("resident memory of the trainer process"))
@@ -74,7 +76,7 @@ class AgentMetrics:
     last_action_iteration: int = field(metadata=doc("iteration at which it was applied (-1: none)"))
     primary: bool = field(metadata=doc("this node's agent is the job's primary agent"))
     last_action_id: str = field(default="", metadata=doc("wire id of that action (GlobalAction.action_id / NodeCommand.command_id)"))
-    steps: int = field(default=0, metadata=doc("step records in the window (k)"))
+    steps: int = field(default=0, metadata=doc("step records in the window (k); role ps: probes answered"))
     steps_total: int = field(default=0, metadata=doc("step records written by this trainer incarnation"))
     incarnation: int = field(default=0, metadata=doc("how many times a trainer attached to this node's IPC file"))
     exiting: bool = field(default=False, metadata=doc("the trainer said it is exiting"))
