@@ -148,8 +148,8 @@ def _table() -> dict[str, Permissions]:
         S.SHARD_SERVICE: _service(
             S.SHARD_SERVICE,
             publish=[S.SHARD_LOG_SUBJECTS, _events("shard"), kv(S.SNAPSHOT_BUCKET),
-                     object_store(S.SNAPSHOT_BUCKET)],
-            subscribe=[_SHARD_RPC, S.EVENTS_SUBJECTS]),
+                     object_store(S.SNAPSHOT_BUCKET), _LEASES, S.ownership_forward(S.SHARD_SERVICE)],
+            subscribe=[_SHARD_RPC, S.EVENTS_SUBJECTS, S.ownership_forward(S.SHARD_SERVICE)]),
         S.MONITOR_SERVICE: _service(
             S.MONITOR_SERVICE,
             publish=[_events(S.MONITOR_SERVICE), _LEASES, S.ownership_forward(S.MONITOR_SERVICE)],
