@@ -54,6 +54,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class _SslEofNoise(logging.Filter):
+    """Drops asyncio's "returning true from eof_received() has no effect when using ssl" warning.
+
+    Python 3.11's SSL transport logs it each time a TLS peer (nats-server, with TLS on by
+    default) closes a connection that nats-py's protocol keeps half-open; it says nothing
+    an operator can act on and would otherwise fill every service log and the CLI's output.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received()" not in record.getMessage()
+
+
+def quiet_asyncio_ssl() -> None:
+    """Install :class:`_SslEofNoise` on asyncio's logger (idempotent); the CLI calls it too."""
+    logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _SslEofNoise) for f in logger.filters):
+        logger.addFilter(_SslEofNoise())
+
+
 def setup(service: str, exporter: str | None = None) -> None:
     """Configure logging and OpenTelemetry for this process (idempotent)."""
     global _configured
@@ -66,6 +85,7 @@ def setup(service: str, exporter: str | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(os.environ.get("PACER_LOG_LEVEL", "INFO").upper())
     logging.getLogger("nats").setLevel(logging.WARNING)
+    quiet_asyncio_ssl()
     setup_otel(service, exporter)
 
 

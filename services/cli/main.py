@@ -140,6 +140,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pacer.telemetry import quiet_asyncio_ssl
+
+    quiet_asyncio_ssl()
     p = argparse.ArgumentParser(prog="pacer", description="Pacer control plane")
     p.add_argument("--version", action="version", version=f"pacer {__version__} ({DISTRIBUTION})")
     sub = p.add_subparsers(dest="cmd", required=True)
