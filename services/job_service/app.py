@@ -41,6 +41,34 @@ Concurrency: one ``asyncio.Lock`` serialises every change of a record
 (requests and events), so a job's messages are applied in order and its
 in-memory record, revision and lifecycle change together.  A submission
 prepares its data and plan before taking the lock, with its name reserved.
+
+Two (or more) instances (issue 13, docs/ha.md).  The bucket is the truth;
+what an instance holds in memory is only the base of its next
+compare-and-set, never an answer:
+
+* ``get`` and ``list`` read the bucket (``get`` from the stream's leader, so
+  a record another instance stored a moment ago is seen); any instance
+  answers.
+* Events come from one shared durable consumer, so each event is delivered to
+  one instance at a time (again to the other only if it was not acked, e.g.
+  its instance was killed).  Applying it is the compare-and-set above: a
+  stale in-memory base loses the write and the change is judged again on the
+  re-read record, so the lifecycle takes each edge once, whichever instance
+  applies which event and in which order; a job unknown in memory (submitted
+  through the other instance) is read from the bucket first.  No per-job
+  owner is needed for this.
+* A submission is the one thing that needs exclusivity, because it has
+  effects before its record is created (the dataset converted under
+  ``data_dir``, registered with the shard service): the creation alone
+  being atomic would still let two instances prepare the same name at once.
+  The name is therefore claimed first as the lease ``job-service.<job>``
+  (:class:`pacer.ownership.Ownership`, bucket ``pacer-leases``), held only
+  while the submission is prepared and stored, then released.  A name held
+  by the other instance is a ``conflict`` (it is being submitted there); a
+  held name whose record exists is a ``conflict`` naming the job's state.
+  If the lease is lost while preparing (this instance stalled past its TTL)
+  the submission gives up with a temporary error; the atomic creation stays
+  the last guard.
 """
 
 from __future__ import annotations
@@ -80,9 +108,11 @@ from pacer.contracts.jobs import (
 )
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetSpec, ProgressEvent, ShardEvent
-from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, ValidationError
+from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, Unavailable, ValidationError
 from pacer.jobs.lifecycle import JobLifecycle, JobTrigger
 from pacer.jobs.spec import default_plan, parse_job_spec
+from pacer.lease import Lease
+from pacer.ownership import DEFAULT_TTL_S, Ownership
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.shards.client import ShardAdmin
 from pacer.subjects import BrainOp, JobEventKind, JobOp, NodeEventKind, ShardEventKind
@@ -104,13 +134,17 @@ class JobServiceConfig:
     lease_s: float = 30.0
     max_spec_bytes: int = 256 * 1024
     brain_timeout_s: float = 5.0
+    ack_wait_s: float = 30.0  # an event a dead instance fetched but did not ack goes to the other after this
+    instance: str | None = None  # None: PACER_INSTANCE, else job-service-<random>
+    name_lease_ttl_s: float = DEFAULT_TTL_S  # a submitting instance that died holds its name this long
 
     @classmethod
     def from_env(cls) -> JobServiceConfig:
         env = os.environ
         return cls(data_dir=Path(env.get("PACER_DATA_DIR", ".pacer")),
                    batches_per_shard=int(env.get("PACER_BATCHES_PER_SHARD", "100")),
-                   lease_s=float(env.get("PACER_SHARD_LEASE_S", "30")))
+                   lease_s=float(env.get("PACER_SHARD_LEASE_S", "30")),
+                   name_lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)))
 
 
 class JobService:
@@ -126,6 +160,9 @@ class JobService:
         self._submitting: set[str] = set()  # names whose submission is being prepared
         self.lifecycles: dict[str, JobLifecycle] = {}
         self.lock = asyncio.Lock()
+        # Submissions claim their job's name here (see the module docstring); nothing else is owned.
+        self.names = Ownership(bus, self.name, self._name_claimed, self._name_lost, instance=self.cfg.instance,
+                               ttl_s=self.cfg.name_lease_ttl_s)
         self.admin = ShardAdmin(bus, timeout=10.0, retry=RetryPolicy(attempts=10))
         self.rpc = {JobOp.SUBMIT: self._submit, JobOp.GET: self._get, JobOp.LIST: self._list, JobOp.STOP: self._stop}
         self.consumer = DurableConsumer(
@@ -135,7 +172,7 @@ class JobService:
             + [subjects.events_of(subjects.EXECUTOR_SERVICE),
                subjects.events_of("node", kind=NodeEventKind.DIED),
                subjects.events_of("node", kind=NodeEventKind.FINISHED)],
-            self._on_event, self.counters)
+            self._on_event, self.counters, ack_wait_s=self.cfg.ack_wait_s)
         self._kv: KeyValue | None = None
         self._rpc_sub: Subscription | None = None
 
@@ -143,6 +180,7 @@ class JobService:
     async def start(self, tg: asyncio.TaskGroup) -> None:
         await self.bus.ensure_streams()
         self._kv = await self.bus.kv(subjects.JOB_BUCKET, "Pacer jobs: one JobRecord per job")
+        await self.names.start(tg)
         await self._load()
         self._rpc_sub = await self.bus.nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name,
                                                     cb=self._on_rpc)
@@ -157,6 +195,13 @@ class JobService:
         await self.consumer.stop()
         async with self.lock:
             pass
+        await self.names.close()
+
+    async def _name_claimed(self, job: str, lease: Lease) -> None:
+        self.counters.inc("names_claimed")
+
+    async def _name_lost(self, job: str) -> None:
+        pass  # the submission checks self.names.owns(job) before it stores the record
 
     async def _load(self) -> None:
         for key in await self.bus.kv_items(subjects.JOB_BUCKET):
@@ -166,22 +211,41 @@ class JobService:
 
     async def _reread(self, job: str) -> JobRecord:
         """The job's record as stored now, adopted with its revision and a lifecycle in its state."""
-        assert self._kv is not None
+        rec, revision = await self._read(job)
+        old = self.lifecycles.get(job)
+        lc = core.lifecycle_of(rec, old.done if old is not None else frozenset())
+        self.records[job], self.revisions[job], self.lifecycles[job] = rec, revision, lc
+        return rec
+
+    async def _read(self, job: str) -> tuple[JobRecord, int]:
+        """The job's record as stored now and its revision, read from the stream's leader (not a replica
+        that may lag behind a write of the other instance); NotFound if there is none (or it is unreadable)."""
+        stream, subject = f"KV_{subjects.JOB_BUCKET}", f"$KV.{subjects.JOB_BUCKET}.{job}"
         try:
-            entry = await self._kv.get(job)
-        except nats.js.errors.KeyNotFoundError:
+            msg = await self.bus.js.get_last_msg(stream, subject, direct=False)
+        except nats.js.errors.NotFoundError:
             raise NotFound(f"job {job}: its record is gone from {subjects.JOB_BUCKET}") from None
+        if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+            raise NotFound(f"job {job}: its record is gone from {subjects.JOB_BUCKET}")
         try:
-            rec = decode(JobRecord, entry.value or b"")
+            rec = decode(JobRecord, msg.data or b"")
         except PacerError:
             self.counters.inc("bad_records")
             log.error("unreadable job record %s; ignored", job)
             raise NotFound(f"job {job}: its record is unreadable") from None
-        assert entry.revision is not None
-        old = self.lifecycles.get(job)
-        lc = core.lifecycle_of(rec, old.done if old is not None else frozenset())
-        self.records[job], self.revisions[job], self.lifecycles[job] = rec, entry.revision, lc
-        return rec
+        assert msg.seq is not None
+        return rec, msg.seq
+
+    async def _known(self, job: str) -> bool:
+        """Whether ``job`` has a record; one this instance has not seen (the other instance created it)
+        is read from the bucket and adopted.  Call with the lock held."""
+        if job in self.records:
+            return True
+        try:
+            await self._reread(job)
+        except NotFound:
+            return False
+        return True
 
     async def _resume(self) -> None:
         """After a restart: a job still planning may have lost its plan event; publish it again (idempotent)."""
@@ -240,10 +304,12 @@ class JobService:
     async def _on_rpc(self, msg: Msg) -> None:
         await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
 
-    def _record(self, job: str) -> JobRecord:
-        rec = self.records.get(job)
-        if rec is None:
-            raise NotFound(f"no job named {job!r}")
+    async def _record(self, job: str) -> JobRecord:
+        """The job's record as stored now (whichever instance wrote it last)."""
+        try:
+            rec, _ = await self._read(job)
+        except NotFound:
+            raise NotFound(f"no job named {job!r}") from None
         return rec
 
     async def _submit(self, job: str, msg: Msg) -> None:
@@ -255,15 +321,14 @@ class JobService:
             raise ValidationError(f"name: the spec names {spec.name!r} but it was submitted as {job!r}")
         if spec.name.startswith("_"):
             raise ValidationError(f"name: names starting with '_' are reserved, got {spec.name!r}")
-        if job in self.records:
-            raise Conflict(f"name: a job named {job!r} exists ({self.records[job].state.value}); "
-                           "choose another name")
         if job in self._submitting:
             raise Conflict(f"name: a job named {job!r} is being submitted; choose another name")
         # The slow part (converting data, asking the brain, registering the dataset) runs outside the lock,
-        # so that events of running jobs are not held up by a submission; the name is reserved meanwhile.
+        # so that events of running jobs are not held up by a submission; the name is reserved meanwhile,
+        # here and, by its lease, across the instances.
         self._submitting.add(job)
         try:
+            await self._claim_name(job)
             data_path, eval_path, records = await asyncio.to_thread(self._prepare_data, spec)
             plan = await self._first_plan(spec, records)
             per_worker = max(1, spec.batch_size // plan.workers)
@@ -271,6 +336,9 @@ class JobService:
                 job=job, dataset=spec.dataset.name, records=records, batch_size=per_worker,
                 batches_per_shard=self.cfg.batches_per_shard, epochs=spec.epochs, lease_s=self.cfg.lease_s))
             async with self.lock:
+                if not self.names.owns(job):
+                    self.counters.inc("name_lease_lost")
+                    raise Unavailable(f"name: the claim on {job!r} lapsed while the job was prepared; retry")
                 now = self.clock()
                 lc, first = JobLifecycle.submitted(job, [spec.dataset.name], now)
                 self.lifecycles[job] = lc
@@ -287,8 +355,30 @@ class JobService:
                 await self.bus.publish_durable(subjects.job_event(job, JobEventKind.PLAN), plan)
         finally:
             self._submitting.discard(job)
+            await self.names.drop(job)
         self.counters.inc("submitted")
         await self.bus.respond(msg, rec)
+
+    async def _claim_name(self, job: str) -> None:
+        """Hold the lease on ``job``'s name, and check that no record of that name exists; else a conflict
+        (or, when the lease's holder cannot be told, a temporary error)."""
+        if not await self.names.claim(job, within=max(1.0, self.cfg.name_lease_ttl_s / 2)):
+            holder: str | None = None
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                holder = await self.names.owner_of(job)
+            if holder is not None and holder != self.names.instance:
+                self.counters.inc("name_held_elsewhere")
+                raise Conflict(f"name: a job named {job!r} is being submitted; choose another name")
+            raise Unavailable(f"name: {job!r} cannot be reserved now; retry")
+        async with self.lock:
+            try:
+                rec = await self._reread(job)
+            except NotFound:  # free: forget what this instance may remember of a deleted record
+                self.records.pop(job, None)
+                self.revisions.pop(job, None)
+                self.lifecycles.pop(job, None)
+                return
+        raise Conflict(f"name: a job named {job!r} exists ({rec.state.value}); choose another name")
 
     async def _first_plan(self, spec: JobSpec, records: int) -> ResourcePlan:
         """The brain's plan when the job's optimizer is ``brain`` (and it answers), else the default plan."""
@@ -342,13 +432,20 @@ class JobService:
         q = decode(JobQuery, msg.data)
         if q.job != job:
             raise ValidationError(f"job: body names {q.job!r} but the subject is for {job!r}")
-        await self.bus.respond(msg, self._record(job))
+        await self.bus.respond(msg, await self._record(job))
 
     async def _list(self, job: str, msg: Msg) -> None:
         req = decode(ListRequest, msg.data)
         if not 1 <= req.limit <= 1000:
             raise ValidationError(f"limit: must be 1..1000, got {req.limit}")
-        recs = sorted(self.records.values(), key=lambda r: r.submitted_at, reverse=True)
+        recs: list[JobRecord] = []
+        for key, value in (await self.bus.kv_items(subjects.JOB_BUCKET)).items():
+            try:
+                recs.append(decode(JobRecord, value))
+            except PacerError:
+                self.counters.inc("bad_records")
+                log.error("unreadable job record %s; left out of the list", key)
+        recs.sort(key=lambda r: r.submitted_at, reverse=True)
         if req.state is not None:
             recs = [r for r in recs if r.state is req.state]
         await self.bus.respond(msg, JobList(recs[: req.limit]))
@@ -358,7 +455,8 @@ class JobService:
         if req.job != job:
             raise ValidationError(f"job: body names {req.job!r} but the subject is for {job!r}")
         async with self.lock:
-            self._record(job)
+            if not await self._known(job):
+                raise NotFound(f"no job named {job!r}")
             rec = await self._commit(job, core.transition(JobTrigger.STOP, self.clock(),
                                                           req.reason or "stopped by the user"))
         await self.bus.respond(msg, rec)
@@ -370,7 +468,7 @@ class JobService:
             raise ValidationError(f"not an event subject: {m.subject!r}")
         domain, job, kind = parts[2], parts[3], parts[4]
         async with self.lock:
-            if job not in self.records:
+            if not await self._known(job):
                 self.counters.inc("events_unknown_job")
                 return  # a job this service does not run (e.g. `pacer train local`)
             if domain == "shard":
