@@ -157,7 +157,7 @@ def _table() -> dict[str, Permissions]:
         S.JOB_SERVICE: _service(
             S.JOB_SERVICE,
             publish=[_events("job"), kv(S.JOB_BUCKET), _EXECUTOR_ALL, _rpc(S.BRAIN_SERVICE), _SHARD_RPC,
-                     _rpc(S.MONITOR_SERVICE)],
+                     _rpc(S.MONITOR_SERVICE), _LEASES],  # a submission holds its name's lease (no forwarding)
             subscribe=[_rpc(S.JOB_SERVICE), S.EVENTS_SUBJECTS]),
         S.EXECUTOR_SERVICE: _service(
             S.EXECUTOR_SERVICE,
