@@ -53,7 +53,8 @@ class Service:
 
 SERVICES = [
     Service("shard-service", "shard_service", "shard"),
-    Service("job-service", "job_service", "jobs", {"PACER_DATA_DIR": "/data/pacer"}),
+    Service("job-service", "job_service", "jobs", {"PACER_DATA_DIR": "/data/pacer"},
+            single=False),  # two instances: records by compare-and-set, names by leases (docs/ha.md)
     Service("pod-executor", "pod_executor", "executor", {
         "PACER_EXECUTOR_BACKEND": "kubernetes",
         "PACER_TRAINER_SERVICE_ACCOUNT": "pacer-trainer",
