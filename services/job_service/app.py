@@ -61,7 +61,7 @@ compare-and-set, never an answer:
   effects before its record is created (the dataset converted under
   ``data_dir``, registered with the shard service): the creation alone
   being atomic would still let two instances prepare the same name at once.
-  The name is therefore claimed first as the lease ``job-service.<job>``
+  The name is therefore claimed first as the lease ``jobs.<job>``
   (:class:`pacer.ownership.Ownership`, bucket ``pacer-leases``), held only
   while the submission is prepared and stored, then released.  A name held
   by the other instance is a ``conflict`` (it is being submitted there); a
