@@ -15,6 +15,21 @@ Concurrency contract
   every queued reply gets a temporary error and the job is rebuilt from the
   log before it serves again (clients retry; nothing is lost or invented).
 * Different jobs commit in parallel.
+
+Two instances (issue 13, :mod:`pacer.ownership`)
+-----------------------------------------------
+Every instance competes for the lease ``shard.<job>`` of each job it hears
+of (every job with a log, at start; a request or a node death naming it).
+Only the job's owner holds its :class:`JobRuntime`: ``on_acquired`` loads it
+from the snapshot and the log exactly as a restart does, ``on_lost`` drops
+it at once (queued requests get a temporary ``unavailable`` error: clients
+retry and reach the new owner).  A request reaching a non-owner is forwarded
+to the owner (reply subject unchanged); node deaths come through one durable
+consumer shared by the instances, and a non-owner hands the message back
+(nak) for the owner.  Safety does not rest on the lease's timing: appends
+carry the log's expected last sequence, so a stale owner's append is
+refused (``Fenced``); it then gives the job up instead of rebuilding it,
+unless the lease still names it.
 """
 
 from __future__ import annotations
@@ -22,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,11 +53,13 @@ from pacer.codec import decode
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import ProgressEvent, ShardEvent
 from pacer.errors import DecodeError, NotFound, PacerError, Unavailable, ValidationError
+from pacer.lease import Lease
+from pacer.ownership import DEFAULT_TTL_S, FORWARDED_BY, Ownership
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.telemetry import Counters
 from pacer_services.shard_service import handlers
 from pacer_services.shard_service.core import JobShards, Outcome
-from pacer_services.shard_service.effects import ShardLogStore, retry_forever
+from pacer_services.shard_service.effects import Fenced, ShardLogStore, retry_forever
 
 log = logging.getLogger("pacer.shard")
 
@@ -54,7 +72,10 @@ class ShardServiceConfig:
     reap_interval_s: float = 0.25  # how often expired leases are looked for
     progress_interval_s: float = 2.0  # how often ProgressEvents are published
     commit_timeout_s: float = 5.0
-    node_events_durable: str = "shard-service-node-died"
+    node_events_durable: str = "shard-service-node-died"  # shared by the instances
+    instance: str | None = None  # None: PACER_INSTANCE, else shard-<random>
+    lease_ttl_s: float = DEFAULT_TTL_S
+    claim_at_start_s: float = 2.0  # how long start waits for the jobs of the log (a dead owner's: one TTL later)
 
 
 class JobRuntime:
@@ -71,6 +92,7 @@ class JobRuntime:
         self.since_snapshot = 0
         self.dirty = True  # something changed since the last ProgressEvent
         self.snapshotting = False  # a snapshot upload is in flight
+        self.closed = False  # no longer ours (lease lost or append fenced): serves nothing more
         self.task: asyncio.Task[None] | None = None
 
 
@@ -96,19 +118,23 @@ class ShardService:
         self._sub: Subscription | None = None
         self._draining = False
         self.rpc = handlers.build(self)
+        self.own = Ownership(bus, self.name, self._acquired, self._lost, instance=self.cfg.instance,
+                             ttl_s=self.cfg.lease_ttl_s)
 
     # ================================================================ lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
         self._tg = tg
         await self.bus.ensure_streams()
         await self.store.open()
+        await self.own.start(tg, on_forwarded=self._on_forwarded)
         t0 = time.perf_counter()
-        for job in await self.store.jobs():
-            core, seq, applied = await self.store.load(job)
-            core.renew_all(self.clock())
-            self._add_job(job, core, seq)
-            self.counters.inc("records_replayed", applied)
-        log.info("shard state rebuilt", extra={"fields": {"jobs": len(self.jobs), "s": round(time.perf_counter() - t0, 3)}})
+        # Compete for every job of the log; the ones we win are loaded by _acquired.  A job whose
+        # owner was killed is free one TTL later: it is not waited for here.
+        known = await self.store.jobs()
+        await asyncio.gather(*(self.own.claim(job, within=self.cfg.claim_at_start_s) for job in known))
+        log.info("shard state rebuilt", extra={"fields": {"jobs": len(self.jobs), "known": len(known),
+                                                          "instance": self.own.instance,
+                                                          "s": round(time.perf_counter() - t0, 3)}})
         self._sub = await self.bus.nc.subscribe(
             subjects.rpc_wildcard(self.name), queue="shard-service", cb=self._on_rpc, pending_msgs_limit=-1,
             pending_bytes_limit=-1,
@@ -124,20 +150,67 @@ class ShardService:
                 await self._sub.unsubscribe()
         while any(rt.records or rt.waiters for rt in self.jobs.values()):
             await asyncio.sleep(0.01)
+        await self.own.close()  # the other instance takes the jobs over at once
+
+    # ================================================================ ownership
+    async def _acquired(self, job: str, lease: Lease) -> None:
+        """We own ``job``: rebuild it from its snapshot and log, as a restart does (nothing if it has no log)."""
+        old = self.jobs.pop(job, None)
+        if old is not None:
+            await self._close(old, "the job changes hands")
+        for _ in range(5):
+            core, seq, applied = await self.store.load(job)
+            if seq == 0 and not core.datasets:
+                self.counters.inc("jobs_acquired")
+                return  # no log yet: the first register creates it
+            try:
+                # A term marker (an empty batch) moves the log's last sequence on: any append of the
+                # previous owner, prepared against the log as it was, is refused from now on.
+                seq = await self.store.append(job, [], seq, self.cfg.commit_timeout_s)
+                break
+            except Fenced:  # the previous owner appended after our load: load again
+                continue
+        else:
+            raise Unavailable(f"shard log of job {job!r} keeps moving under its new owner")
+        self.counters.inc("jobs_acquired")
+        core.renew_all(self.clock())
+        self._add_job(job, core, seq)
+        self.counters.inc("records_replayed", applied)
+
+    async def _lost(self, job: str) -> None:
+        """Stop serving ``job`` at once: queued requests are told to retry (they reach the new owner)."""
+        self.counters.inc("jobs_lost")
+        rt = self.jobs.pop(job, None)
+        if rt is not None:
+            await self._close(rt, "this instance no longer owns it")
+
+    async def _close(self, rt: JobRuntime, why: str) -> None:
+        rt.closed, rt.ready = True, False
+        waiters = rt.waiters
+        rt.records, rt.waiters = [], []
+        rt.wake.set()  # the committer exits (after the append in flight, if any)
+        err = Unavailable(f"shard job {rt.job!r}: {why}; retry")
+        for w in waiters:
+            with contextlib.suppress(Exception):
+                await w(err)
 
     def _add_job(self, job: str, core: JobShards, seq: int) -> JobRuntime:
         rt = JobRuntime(job, core, seq)
         self.jobs[job] = rt
         assert self._tg is not None
-        rt.task = self._tg.create_task(guard(f"commit:{job}", lambda: self._commit_loop(rt)), name=f"pacer:shard:commit:{job}")
+        rt.task = self._tg.create_task(self._committer(rt), name=f"pacer:shard:commit:{job}")
         return rt
 
     def job(self, job: str, create: bool = False) -> JobRuntime:
         rt = self.jobs.get(job)
         if rt is None:
+            if self.own.wanted(job) and not self.own.owns(job):
+                raise Unavailable(f"shard job {job!r} is changing owner; retry")
             if not create:
                 raise NotFound(f"unknown job {job!r}: register a dataset first")
             subjects.shard_log(job)  # validates the id
+            if not self.own.owns(job):
+                raise Unavailable(f"shard job {job!r} has no owner yet; retry")
             rt = self._add_job(job, JobShards(job), 0)
         if not rt.ready:
             raise Unavailable(f"job {job!r} is being rebuilt from its log; retry")
@@ -145,7 +218,53 @@ class ShardService:
 
     # ================================================================ requests
     async def _on_rpc(self, msg: Msg) -> None:
+        """A request for job J: handled here at once if we own J, else routed (in a task of its own:
+        finding the owner takes IO, and the requests of our own jobs must not wait behind it)."""
+        try:
+            job, _ = subjects.parse_rpc(msg.subject)
+            subjects.shard_log(job)  # a valid job id, or nobody can own it
+        except PacerError:
+            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)  # the error reply, from here
+            return
+        if self.own.owns(job):
+            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
+            return
+        assert self._tg is not None
+        self._tg.create_task(self._route(msg, job), name=f"pacer:shard:route:{job}")
+
+    async def _route(self, msg: Msg, job: str) -> None:
+        try:
+            _, op = subjects.parse_rpc(msg.subject)
+            forwarded = bool(msg.headers and msg.headers.get(FORWARDED_BY))
+            if not forwarded and op != subjects.ShardOp.REGISTER and not self.own.wanted(job) and job not in self.jobs:
+                # A job nobody holds and that has no log is unknown: say so from here, claim nothing.
+                with contextlib.suppress(Exception):
+                    if await self.own.owner_of(job) is None and await self.store.last_seq(job) == 0:
+                        await dispatch_rpc(self.bus, self.counters, self.rpc, msg)  # not_found
+                        return
+            how = await self.own.route(msg, job, self._dispatch)
+            if how != "handled":
+                self.counters.inc(f"requests_{how}")  # requests_forwarded | requests_unavailable
+            if how == "handled" and job not in self.jobs and self.own.owns(job):
+                await self.own.drop(job)  # a refused first registration: hold no lease for a job that is not
+        except Exception:  # the loop boundary: the client gets an answer, the service goes on
+            self.counters.inc("internal_errors", op="route")
+            log.exception("request routing failed")
+            with contextlib.suppress(Exception):
+                await self.bus.respond_error(msg, Unavailable(f"shard job {job!r}: owner unknown; retry"))
+
+    async def _dispatch(self, msg: Msg) -> None:
         await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
+
+    async def _on_forwarded(self, msg: Msg) -> None:
+        """Another instance passed us a request of a job it believes we own."""
+        try:
+            job, _ = subjects.parse_rpc(msg.subject)
+        except PacerError:
+            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
+            return
+        self.counters.inc("requests_forwarded_in")
+        await self.own.route(msg, job, self._dispatch)  # ours: handled; else unavailable (never re-forwarded)
 
     def submit(self, rt: JobRuntime, out: Outcome, done: Done | None) -> None:
         """Queue an outcome's records for the next group commit; ``done`` runs after it."""
@@ -192,11 +311,22 @@ class ShardService:
         return send
 
     # ================================================================ group commit
+    async def _committer(self, rt: JobRuntime) -> None:
+        """The job's commit loop, restarted if it crashes, until the job is closed (no longer ours)."""
+        while not rt.closed:
+            try:
+                await self._commit_loop(rt)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("commit loop of %s crashed; restarting in 1s", rt.job)
+                await asyncio.sleep(1.0)
+
     async def _commit_loop(self, rt: JobRuntime) -> None:
-        while True:
+        while not rt.closed:
             await rt.wake.wait()
             rt.wake.clear()
-            while rt.records or rt.waiters:
+            while (rt.records or rt.waiters) and not rt.closed:
                 records, waiters = rt.records, rt.waiters
                 rt.records, rt.waiters = [], []
                 snap = None
@@ -215,9 +345,12 @@ class ShardService:
                     except PacerError as exc:
                         err = exc
                 if err is not None:
+                    if not await self._still_owner(rt, err):
+                        await self._give_up(rt, waiters, err)
+                        return
                     await self._fail_and_rebuild(rt, waiters, err)
                     continue
-                if snap is not None:
+                if snap is not None and not rt.closed:
                     rt.since_snapshot = 0
                     assert self._tg is not None
                     rt.snapshotting = True
@@ -228,6 +361,39 @@ class ShardService:
                     except Exception:  # one failed reply or ack must not drop the others
                         self.counters.inc("internal_errors", op="commit")
                         log.exception("post-commit step failed")
+
+    async def _still_owner(self, rt: JobRuntime, err: PacerError) -> bool:
+        """After a failed append: may we rebuild the job and go on (else it is given up)?"""
+        if rt.closed or not self.own.owns(rt.job):
+            return False
+        if isinstance(err, Fenced):  # someone else appended: rebuild only if the lease still names us
+            try:
+                return await self.own.owner_of(rt.job) == self.own.instance
+            except Exception:
+                return False
+        return True  # the log was unreachable: our lease still counts
+
+    async def _give_up(self, rt: JobRuntime, waiters: list[Done], err: PacerError) -> None:
+        """A stale owner's append was refused: stop serving the job at once, without rebuilding it
+        (a later term of ours loads it afresh)."""
+        self.counters.inc("jobs_given_up")
+        log.warning("append refused and the job is no longer ours; dropping it",
+                    extra={"fields": {"job": rt.job, "error": err.message, "instance": self.own.instance}})
+        if not rt.closed:
+            rt.closed, rt.ready = True, False  # answers 'unavailable' until the lease is given up
+        tmp = Unavailable(f"shard job {rt.job!r} changed owner ({err.message}); retry")
+        waiters = waiters + rt.waiters
+        rt.records, rt.waiters = [], []
+        for w in waiters:
+            with contextlib.suppress(Exception):
+                await w(tmp)
+        # Our lease is stale even if its clock has not told it yet: give it up (on_lost drops the runtime),
+        # then compete again as a standby; requests meanwhile go to the owner the lease names.
+        await self.own.drop(rt.job)
+        if self.jobs.get(rt.job) is rt:
+            del self.jobs[rt.job]
+        if not self._draining:
+            self.own.want(rt.job)
 
     async def _fail_and_rebuild(self, rt: JobRuntime, waiters: list[Done], err: PacerError) -> None:
         self.counters.inc("commit_failures")
@@ -246,6 +412,8 @@ class ShardService:
 
     async def _snapshot(self, rt: JobRuntime, snap: dict[str, Any], seq: int) -> None:
         try:
+            if rt.closed or not self.own.owns(rt.job):
+                return  # a stale owner's snapshot could overwrite a newer one
             await self.store.put_snapshot(rt.job, snap, seq)
             self.counters.inc("snapshots")
         except Exception:
@@ -326,11 +494,15 @@ class ShardService:
             await m.term()
             return
         rt = self.jobs.get(ev.job)
-        if rt is None or not rt.ready:
-            if rt is None:
-                await m.ack()  # no shards of that job here: nothing to return
+        if rt is None or not rt.ready or rt.closed:
+            if rt is not None:
+                await m.nak(delay=0.5)  # being rebuilt, or no longer ours: later, or the owner
+            elif self.own.owns(ev.job) or not await self._has_owner_or_log(ev.job):
+                await m.ack()  # no shards of that job anywhere: nothing to return
             else:
-                await m.nak(delay=0.5)
+                self.own.want(ev.job)  # nobody may own it yet; the owner (maybe we) gets it again
+                self.counters.inc("node_events_passed")
+                await m.nak(delay=0.2)
             return
         out = rt.core.node_died(ev.node)
         self.counters.inc("node_deaths")
@@ -344,6 +516,13 @@ class ShardService:
         self.submit(rt, out, ack)
 
 
+    async def _has_owner_or_log(self, job: str) -> bool:
+        try:
+            return await self.own.owner_of(job) is not None or await self.store.last_seq(job) > 0
+        except Exception:
+            return True  # cannot tell: keep the event
+
 async def create(bus: Bus, cfg: RuntimeConfig) -> ShardService:
     """App factory: the only place that builds a ShardService from configuration."""
-    return ShardService(bus, ShardLogStore(bus.js, cfg.replicas))
+    scfg = ShardServiceConfig(lease_ttl_s=float(os.environ.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)))
+    return ShardService(bus, ShardLogStore(bus.js, cfg.replicas), scfg)
