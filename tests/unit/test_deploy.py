@@ -52,7 +52,7 @@ class Service:
 
 
 SERVICES = [
-    Service("shard-service", "shard_service", "shard"),
+    Service("shard-service", "shard_service", "shard", single=False),  # two instances, jobs shared by leases (docs/ha.md)
     Service("job-service", "job_service", "jobs", {"PACER_DATA_DIR": "/data/pacer"},
             single=False),  # two instances: records by compare-and-set, names by leases (docs/ha.md)
     Service("pod-executor", "pod_executor", "executor", {
