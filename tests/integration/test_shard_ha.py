@@ -34,7 +34,7 @@ from conftest import (
     eventually,
     wait_ready,
 )
-from pacer import subjects
+from pacer import security, subjects
 from pacer.bus import Bus
 from pacer.codec import encode
 from pacer.contracts.common import decode_reply
@@ -72,8 +72,8 @@ def spec(job: str, records: int, **kw: object) -> DatasetSpec:
 
 
 async def owner(bus: Bus, job: str) -> str | None:
-    kv = await bus.kv(LEASE_BUCKET)
     try:
+        kv = await bus.js.key_value(LEASE_BUCKET)
         entry = await kv.get(lease_key(subjects.SHARD_SERVICE, job))
     except Exception:
         return None
@@ -108,7 +108,28 @@ def done_per_epoch(records: list[list[object]]) -> Counter[tuple[int, object]]:
 
 # ---------------------------------------------------------------- 1. one owner per job; forwarding
 async def test_one_owner_per_job_and_the_other_instance_forwards(nats_server: EmbeddedNats, bus: Bus) -> None:
-    a, b = InProcessService(nats_server.url, cfg("shard-a")), InProcessService(nats_server.url, cfg("shard-b"))
+    await one_owner_and_forwarding(nats_server.url, nats_server.url, bus)
+
+
+async def test_forwarding_works_with_the_shard_users_permissions(tmp_path: Path) -> None:
+    """The same on a server with pacer.security's users: the services connect as ``shard``, the client
+    as ``jobs`` (which may call the shard service): leases, forwarding and the owner's answer are allowed."""
+    roles = list(security.ROLES)
+    users = {r: (f"pw-{i}", r) for i, r in enumerate(roles)}
+    srv = EmbeddedNats(store_dir=tmp_path / "nats", authorization=security.render_authorization(users)).start()
+    try:
+        shard_url = security.with_credentials(srv.url, "shard", users["shard"][0])
+        client = await Bus.connect(security.with_credentials(srv.url, "jobs", users["jobs"][0]))
+        try:
+            await one_owner_and_forwarding(shard_url, shard_url, client)
+        finally:
+            await client.close()
+    finally:
+        srv.stop()
+
+
+async def one_owner_and_forwarding(url_a: str, url_b: str, bus: Bus) -> None:
+    a, b = InProcessService(url_a, cfg("shard-a")), InProcessService(url_b, cfg("shard-b"))
     await a.start()
     await b.start()
     svcs = {"shard-a": a, "shard-b": b}
