@@ -406,6 +406,8 @@ class ShardService:
             with contextlib.suppress(Exception):
                 await w(tmp)
         core, seq, _ = await retry_forever(f"rebuild {rt.job}", self.store.load, rt.job)
+        if rt.closed:
+            return  # lost meanwhile: the next owner loads it
         core.renew_all(self.clock())
         rt.core, rt.last_seq, rt.ready, rt.since_snapshot = core, seq, True, 0
         self.counters.inc("rebuilds")

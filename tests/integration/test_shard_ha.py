@@ -53,6 +53,7 @@ from test_shard_failures import (
     SHARD,
     Worker,
     assert_covered,
+    assert_exact_cover,
     cancel_all,
     gather_workers,
     launch,
@@ -290,3 +291,45 @@ async def test_a_stale_owner_cannot_append_and_drops_the_job(nats_server: Embedd
         await b.stop()
         await a.stop()
         await asyncio.sleep(0)
+
+
+# ---------------------------------------------------------------- 4. a graceful stop (a rolling update)
+async def test_a_graceful_stop_of_the_owner_hands_the_job_over_without_re_serving(
+        nats_server: EmbeddedNats, bus: Bus) -> None:
+    records, epochs = 2000, 2
+    svcs = {"shard-a": InProcessService(nats_server.url, cfg("shard-a")),
+            "shard-b": InProcessService(nats_server.url, cfg("shard-b"))}
+    for s in svcs.values():
+        await s.start()
+    workers: list[Worker] = []
+    stopped: list[str] = []
+    try:
+        admin = ShardAdmin(bus, retry=PATIENT)
+        await admin.register(DatasetSpec(job=JOB, dataset=DS, records=records, batch_size=10, batches_per_shard=10,
+                                         epochs=epochs))
+        first = await owner(bus, JOB)
+        assert first in svcs
+        workers = [Worker(bus, f"w{i}", delay=0.03) for i in range(3)]
+        launch(workers)
+        await eventually(lambda: sum(len(w.got) for w in workers) >= 10, 20, "10 shards handed out")
+        await svcs[first].stop()  # drains its commits, then releases the job's lease
+        stopped.append(first)
+        handed_at_stop = sum(len(w.got) for w in workers)
+        await gather_workers(workers, 60)
+        second = await owner(bus, JOB)
+        assert second in svcs and second != first
+        st = await admin.status(JOB, DS)
+        log = await log_records(bus, JOB)
+    finally:
+        await cancel_all(workers)
+        for name, s in svcs.items():
+            if name not in stopped:
+                await s.stop()
+    total = records * epochs // SHARD
+    assert handed_at_stop < total, "the stop came after the run ended"
+    got = [s for w in workers for s in w.got]
+    # Nothing was lost in the hand-over, so nothing was handed out twice.
+    assert_exact_cover(got, records, epochs)
+    assert st.finished and st.done == total and st.records_done == records * epochs and st.records_duplicated == 0
+    done = done_per_epoch(log)
+    assert len(done) == total and set(done.values()) == {1}
