@@ -16,12 +16,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import msgpack
@@ -38,6 +40,7 @@ from pacer import security, subjects
 from pacer.bus import Bus
 from pacer.codec import encode
 from pacer.contracts.common import decode_reply
+from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetSpec, DatasetStatus, LeaseReply, LeaseRequest
 from pacer.embedded import EmbeddedCluster, EmbeddedNats
 from pacer.errors import PacerError, Unavailable
@@ -333,3 +336,43 @@ async def test_a_graceful_stop_of_the_owner_hands_the_job_over_without_re_servin
     assert st.finished and st.done == total and st.records_done == records * epochs and st.records_duplicated == 0
     done = done_per_epoch(log)
     assert len(done) == total and set(done.values()) == {1}
+
+
+# ---------------------------------------------------------------- 5. node deaths reach the owner
+async def test_a_node_death_is_applied_by_the_owner_whichever_instance_receives_it(
+        nats_server: EmbeddedNats, bus: Bus) -> None:
+    svcs = {"shard-a": InProcessService(nats_server.url, cfg("shard-a")),
+            "shard-b": InProcessService(nats_server.url, cfg("shard-b"))}
+    for s in svcs.values():
+        await s.start()
+    try:
+        admin = ShardAdmin(bus, retry=PATIENT)
+        jobs = [f"nd{i}" for i in range(4)]  # likely owned by both instances between them
+        for j in jobs:
+            await admin.register(spec(j, 1000, lease_s=600.0))
+            r = await bus.request(subjects.rpc(subjects.SHARD_SERVICE, j, ShardOp.LEASE),
+                                  LeaseRequest(job=j, dataset=DS, node="victim", want=3), LeaseReply, 5.0)
+            assert len(r.shards) == 3
+        for j in jobs:  # one event per job, each to whichever instance the shared consumer picks
+            await bus.publish_durable(subjects.event("node", j, subjects.NodeEventKind.DIED),
+                                      NodeEvent(j, "victim", subjects.NodeEventKind.DIED, time.time(), "killed"))
+        for j in jobs:
+            st = await poll(functools.partial(admin.status, j, DS), lambda s: s.doing == 0, 20, f"{j}'s shards back")
+            assert st.todo == 10 and st.done == 0
+        applied = {n: s.svc.counters.values["node_deaths"] for n, s in svcs.items() if s.svc is not None}
+        owned = {n: sum(1 for j in jobs if s.svc is not None and j in s.svc.jobs) for n, s in svcs.items()}
+        assert applied == owned, (applied, owned)  # each death applied once, by the job's owner
+    finally:
+        for s in svcs.values():
+            await s.stop()
+
+
+async def poll(get: Callable[[], Awaitable[DatasetStatus]], ok: Callable[[DatasetStatus], bool],
+               within: float, what: str) -> DatasetStatus:
+    deadline = time.monotonic() + within
+    while True:
+        st = await get()
+        if ok(st) or time.monotonic() > deadline:
+            assert ok(st), f"timed out waiting for {what}: {st}"
+            return st
+        await asyncio.sleep(0.05)
