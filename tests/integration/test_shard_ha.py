@@ -10,7 +10,11 @@
 * a stale owner (its clock stands still, so it never renews and never
   doubts its lease): after the other instance took the job over, its append
   is refused by the log (fenced), it answers 'unavailable' and drops the job
-  instead of rebuilding it.
+  instead of rebuilding it;
+* a graceful stop of the owner (a rolling update) hands the job over with
+  nothing handed out twice; node deaths, from the consumer both instances
+  share, are applied once each by the job's owner; forwarding works under
+  pacer.security's users (the ``shard`` user's lease and forward rights).
 """
 
 from __future__ import annotations
