@@ -30,8 +30,9 @@ Times, per kill (seconds from the SIGKILL):
                  ``running`` in a newer generation than the killed pod's;
 ``recover_s``    the job progresses again: the first time at or after
                  ``back_s`` that the shard service's ``records_done`` of the
-                 job's dataset is larger than it was when the target came
-                 back (or the job ended).
+                 job's dataset grows (over its previous value, polled every
+                 0.25 s: a dataset rewound after a PS lost its state counts
+                 once it grows again), or the job ended.
 
 At the end of a job the harness collects what the durable record says: the
 shard service's dataset status (``records_lost = records_total -
@@ -213,7 +214,7 @@ class Chaos:
         self.stack, self.cfg, self.rng = stack, cfg, rng
         self.log = log or (lambda s: print(s, file=sys.stderr, flush=True))
         self.records_done = 0
-        self.samples: list[tuple[float, int]] = []  # (monotonic, records_done) whenever it grew
+        self.samples: list[tuple[float, int]] = []  # (monotonic, records_done) whenever it changed
         self.nodes: dict[str, tuple[int, str]] = {}  # node -> (generation, phase) as the executor says
         self.executor_state = ""
         self.torn_down_at: float | None = None  # when the executor first said torn_down/failed
@@ -261,7 +262,7 @@ class Chaos:
         while True:
             with contextlib.suppress(Exception):
                 st = await admin.status(job, DATASET)
-                if st.records_done > self.records_done:
+                if st.records_done != self.records_done:  # grows; drops when a PS's loss rewinds the dataset
                     self.records_done = st.records_done
                     self.samples.append((time.monotonic(), st.records_done))
             with contextlib.suppress(Exception):
@@ -304,11 +305,16 @@ class Chaos:
             await asyncio.sleep(0.5)
 
     def _progress_after(self, kill_at: float, back_at: float) -> float | None:
-        """Seconds from the kill to the first growth of records_done seen at or after ``back_at``."""
-        base = max((n for t, n in self.samples if t <= back_at), default=0)
+        """Seconds from the kill to the first growth of records_done seen at or after ``back_at``.
+
+        Growth is over the previous observation, so a dataset rewound after a PS lost its state
+        (records_done drops to the shard checkpoint's) progresses as soon as it grows again.
+        """
+        prev = 0
         for t, n in self.samples:
-            if t >= back_at and (n > base or self.ended):
+            if t >= back_at and (n > prev or self.ended):
                 return round(t - kill_at, 2)
+            prev = n
         return None
 
     # ------------------------------------------------------------------ kills
