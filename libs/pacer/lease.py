@@ -216,6 +216,11 @@ class Lease:
             self._hold_from(self._unconfirmed_since, self.view.seen_revision)
             return True
         action = decide(self.view, self.timing, self.clock())
+        if action is LeaseAction.WAIT and value == self.holder.encode():
+            # Our own name, left by an earlier incarnation of this instance (a process restarted under
+            # the same PACER_INSTANCE: a container restart in the same pod): it is gone, take it now
+            # instead of waiting out its TTL.  Instance names must be unique among live instances.
+            action = LeaseAction.TAKE_OVER
         if action is LeaseAction.WAIT:
             return False
         expected = self.view.seen_revision
