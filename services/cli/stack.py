@@ -280,7 +280,9 @@ class Stack:
     def start_service(self, name: str) -> subprocess.Popen[bytes]:
         """Start the process ``name``: a service (run once) or one instance of it (``<service>-<i>``)."""
         key, name = name, self.service_of(name)
-        instance = {"PACER_INSTANCE": key} if key != name else {}
+        # A stable name per process: restarted by the supervisor under the same name, an instance takes
+        # its own leases back at once (pacer.lease) instead of waiting out its dead incarnation's TTL.
+        instance = {"PACER_INSTANCE": key}
         cores = str(os.cpu_count() or 2)
         # The brain plans within this machine (C_total = C_max = its cores) unless told otherwise.
         # Local pods start in seconds, not the minutes of a cluster's scheduling and image pulls: the
