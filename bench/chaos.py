@@ -38,8 +38,9 @@ At the end of a job the harness collects what the durable record says: the
 shard service's dataset status (``records_lost = records_total -
 records_done``, failed shards, ``records_duplicated``: records re-served
 after a loss), the job's final state and AUC, the controller's decisions
-(``pacer.events.controller.<job>.decision``) and the executor's per-node
-count of requested relaunches: each KILL_RESTART the controller executed
+(``pacer.events.controller.<job>.decision``) and the executor's node
+events (a ``died`` with reason ``restart_requested`` is one relaunch the
+executor carried out on request): each KILL_RESTART the controller executed
 must have made exactly one relaunch (``duplicate_actions`` counts
 relaunches beyond the decisions that asked for them), and no node may be
 KILL_RESTARTed twice within the controller's cool-down
@@ -68,6 +69,7 @@ from pacer.bus import Bus
 from pacer.codec import decode
 from pacer.contracts.agent import ActionKind
 from pacer.contracts.jobs import JobRecord, JobState
+from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.policy import ControllerDecision
 from pacer.embedded import EmbeddedCluster
 from pacer.jobs.client import JobClient
@@ -384,8 +386,11 @@ class Chaos:
                     if a.node in last and d.ts - last[a.node] < COOLDOWN_S:
                         repeated += 1
                     last[a.node] = d.ts
-        es = await _retry(lambda: client.nodes(job), 40)
-        relaunched = {n.node: n.requested_restarts for n in es.nodes}
+        # Relaunches the executor carried out on request: a node stopped by it for a restart (a KILL_RESTART's
+        # command) or that exited 75 (an agent's KILL_RESTART) dies with reason restart_requested.  Not the
+        # executor's requested_restarts: since 3265777 it also counts workers relaunched after their PS died.
+        died = await read_events(bus, subjects.node_event(job, "died"), NodeEvent)
+        relaunched = Counter(e.node for e in died if e.reason == "restart_requested")
         dup = sum(max(0, relaunched.get(n, 0) - asked.get(n, 0)) for n in set(relaunched) | set(asked))
         auc = rec.result.get("auc")
         return JobOutcome(
