@@ -92,6 +92,13 @@ def plan_change(before: Plan, after: Plan, nodes: Mapping[str, Node],
     migrate = ps_change and not migrating
     ps_count = after.ps if first else before.ps
     diff = reconcile(Plan(after.workers, ps_count, after.worker, after.ps_spec), nodes)
+    if migrating:
+        # The migration owns the PS set until it ends (its new PS are starting beside the old ones):
+        # a plan arriving meanwhile must neither stop them nor start others (found in the brain's e2e
+        # test: an OOM plan during an optimize migration stopped the new PS; the workers then moved
+        # onto a cluster with dead PS and the job stalled).
+        diff = Reconcile(tuple(s for s in diff.start if s.role != Role.PS),
+                         tuple(n for n in diff.stop if not n.startswith(f"{Role.PS.value}-")))
     stopped = set(diff.stop)
     staying = [n for n in nodes.values() if n.spec.role == Role.WORKER and n.live and n.name not in stopped]
     resize = resize_targets(after.worker, staying)
