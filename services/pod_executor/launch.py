@@ -186,6 +186,8 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
         if cfg.agents:
             agent = ["python", "-m", "pacer.agent.main", "--job", rec.job, "--node", node, "--role", role,
                      "--ipc", IPC, "--nats", url, "--probe", cluster.ps[index]]
+            if user is not None and user.ps_command:
+                agent.append("--no-rpc")  # the user's PS speaks its own protocol: measured from outside only
     else:
         wc = worker_config(rec, plan, cluster, index, cfg, restore, generation)
         command = ["python", "-m", "pacer.trainer.worker", "--config", wc.to_json()]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
+import nats.js.errors
 from conftest import connect_cluster
 from pacer.embedded import EmbeddedCluster
 from pacer_services.shard_service.effects import Fenced, ShardLogStore
@@ -49,11 +51,18 @@ async def test_bus_kv_waits_for_a_quorum_to_come_back(nats_cluster: EmbeddedClus
 
         async def back_later() -> None:
             await asyncio.sleep(7.0)
-            await asyncio.to_thread(nats_cluster.restart, other)
+            await asyncio.to_thread(nats_cluster.restart, other, 120.0)
 
         comeback = asyncio.create_task(back_later())
-        again = await bus.kv("wait-bucket", wait_s=60.0)  # a single lookup would time out first
+        again = await bus.kv("wait-bucket", wait_s=120.0)  # a single lookup would time out first
         await comeback
-        assert (await again.get("k")).value == b"v1"
+        for _ in range(240):  # the restarted server may still be catching up: the value, once it serves
+            try:
+                entry = await again.get("k")
+                break
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError,
+                    nats.js.errors.NoStreamResponseError):
+                await asyncio.sleep(0.25)
+        assert entry.value == b"v1"
     finally:
         await bus.close()

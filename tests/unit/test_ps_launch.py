@@ -50,7 +50,9 @@ def test_every_ps_gets_an_agent_that_probes_its_own_address_and_the_ps_tells_it_
 def test_a_users_ps_command_gets_the_agent_too() -> None:
     pod = ps_pod(cfg(), extra="trainer:\n  command: [python, train.py]\n  ps_command: [python, serve.py]\n")
     assert pod.command == ["python", "serve.py"]
-    assert "--probe" in pod.agent
+    assert "--probe" in pod.agent  # its address finds its process ...
+    assert "--no-rpc" in pod.agent  # ... but it is sent no TF RPC: it speaks its own protocol
+    assert "--no-rpc" not in ps_pod(cfg()).agent  # the built-in TF PS is probed
 
 
 def test_a_cpu_straggler_lowers_the_first_pods_limit_only_and_the_worker_wildcard_spares_the_ps() -> None:

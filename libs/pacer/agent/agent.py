@@ -264,6 +264,9 @@ class AgentConfig:
     prepare_hold_s: float = 5.0  # a yes-voted prepare with no decision is released after this
     # Servers (role ps, see the module docstring): the PS address probed, how often, when to report.
     probe: str = ""  # host:port of the TF server; "": no latency probe
+    # A user's own PS (trainer.ps_command) speaks its own protocol, not TF's gRPC: its address only
+    # finds its process (CPU, RSS); no RPC is sent to it (a TF probe crashed the example's PS).
+    probe_rpc: bool = True
     probe_every_s: float = 0.25
     probe_timeout_s: float = 2.0
     report_every_s: float = 2.0
@@ -481,7 +484,7 @@ class AgentService:
 
     # ------------------------------------------------------------ servers (role ps)
     def _start_probe(self) -> None:
-        if not self.cfg.probe:
+        if not self.cfg.probe or not self.cfg.probe_rpc:
             return
         try:
             self._probe = ServerProbe(self.cfg.probe, self.cfg.probe_timeout_s)

@@ -41,6 +41,9 @@ def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig
     p.add_argument("--member-ttl", type=float, default=3.0, help="an agent not heard for this long leaves the barrier")
     p.add_argument("--prepare-lead", type=float, default=0.5, help="seconds of the fastest worker's steps before T")
     p.add_argument("--probe", default="", help="role ps: the TF server's host:port to time RPCs against")
+    p.add_argument("--no-rpc", action="store_true",
+                   help="role ps: the server at --probe is not TF's (a user's ps_command): find its process by "
+                        "the port, send it nothing")
     # Environment defaults as strings: argparse converts them with `type`, so a bad one is a usage error.
     p.add_argument("--probe-every", type=float, default=os.environ.get("PACER_AGENT_PROBE_EVERY_S", "0.25"),
                    help="role ps: seconds between probes ($PACER_AGENT_PROBE_EVERY_S)")
@@ -59,6 +62,7 @@ def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig
             member_ttl_s=a.member_ttl,
             prepare_lead_s=a.prepare_lead,
             probe=a.probe,
+            probe_rpc=not a.no_rpc,
             probe_every_s=a.probe_every,
             report_every_s=a.report_every,
         )
