@@ -40,7 +40,7 @@ from pacer.errors import PacerError
 from pacer.telemetry import Counters
 
 # Failures of the bus itself, not of an event: the event is retried.
-_TRANSPORT: tuple[type[BaseException], ...] = (
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
@@ -165,7 +165,7 @@ class DurableConsumer:
             log.warning("event refused", extra={"fields": {"subject": m.subject, "error": exc.message}})
             await self._refuse(m, exc.message)
             return
-        except _TRANSPORT as exc:
+        except TRANSPORT_ERRORS as exc:
             # The bus failed under the handler (a JetStream leader election, a reconnect), not the
             # event: redeliver it later.  Dead-lettering it would drop, e.g., a dataset's `finished`
             # while the KV stream elects a leader, and the job would never complete (found by chaos).

@@ -34,8 +34,9 @@ from opentelemetry.trace import SpanKind
 
 from pacer import metrics, subjects, telemetry, tracing
 from pacer.bus import Bus
+from pacer.consumer import TRANSPORT_ERRORS
 from pacer.contracts.common import Health
-from pacer.errors import NotFound, PacerError
+from pacer.errors import NotFound, PacerError, Unavailable
 
 log = logging.getLogger("pacer.runtime")
 
@@ -103,6 +104,14 @@ async def dispatch_rpc(bus: Bus, counters: telemetry.Counters, handlers: Mapping
             counters.inc("errors", code=exc.code, op=op)
             log.debug("request refused: %s", exc.message)
             await bus.respond_error(msg, exc)
+        except TRANSPORT_ERRORS as exc:
+            # The bus failed under the handler (a JetStream leader election on a cluster): temporary,
+            # the client retries, instead of an "internal error" it would not retry.
+            outcome = "unavailable"
+            tracing.fail(exc)
+            counters.inc("errors", code="unavailable", op=op)
+            log.warning("request hit a bus failure: %s", type(exc).__name__)
+            await bus.respond_error(msg, Unavailable(f"the bus is failing over ({type(exc).__name__}); retry"))
         except Exception as exc:
             outcome = "internal"
             tracing.fail(exc)

@@ -346,7 +346,11 @@ async def test_a_stale_controller_owner_cannot_restart_anything(
     a = await ctl_a.start()
     started_b = False
     try:
-        await cbus.publish(subjects.monitor_statistics("hj2"), six("hj2"))
+        for _ in range(100):  # statistics are plain messages: resend until ctl-a (its lease bucket ready) acts
+            await cbus.publish(subjects.monitor_statistics("hj2"), six("hj2"))
+            if commands:
+                break
+            await asyncio.sleep(0.3)
         await eventually(lambda: commands, 30, "ctl-a restarted nothing")
         assert all("-ctl-a-" in c.command_id for c in commands)
         b = await ctl_b.start()
