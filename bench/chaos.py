@@ -76,6 +76,7 @@ from pacer.embedded import EmbeddedCluster
 from pacer.jobs.client import JobClient
 from pacer.shards.client import ShardAdmin
 from pacer_services.cli.stack import Stack
+from pacer_services.pod_executor.backends.local import reap_pods
 
 KINDS = ("nats", "service", "worker", "ps")
 # Services that run as two instances (per-job ownership, pacer.ownership); the rest run once.
@@ -457,22 +458,6 @@ def run_job(data_dir: Path, job: str, data: Path, test: Path, cfg: ChaosConfig, 
     finally:
         stack.stop()
         reap_pods(data_dir)
-
-
-def reap_pods(data_dir: Path) -> int:
-    """Kill every local pod (supervisor and trainer) left under ``data_dir``."""
-    root, reaped = str(data_dir), 0
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info.get("cmdline") or []
-        if "pacer_services.pod_executor.backends.pod" not in cmd or not any(root in a for a in cmd):
-            continue
-        with contextlib.suppress(psutil.Error):
-            for child in p.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    child.kill()
-            p.kill()
-            reaped += 1
-    return reaped
 
 
 def outcome_dict(o: JobOutcome) -> dict[str, Any]:

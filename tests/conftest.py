@@ -231,24 +231,7 @@ def running_stack(data_dir: Path, services: list[str], env: dict[str, str]) -> I
 
 
 def reap_pods(data_dir: Path) -> int:
-    """Kill every local pod (supervisor and trainer) left under ``data_dir``; returns how many.
+    """Kill every local pod left under ``data_dir`` (a test that fails before its job is torn down)."""
+    from pacer_services.pod_executor.backends.local import reap_pods as reap
 
-    A local pod lives in a session of its own so that it outlives the
-    executor (crash safety); a test that fails before its job is torn down
-    would otherwise leave TensorFlow processes running into the next tests.
-    """
-    import psutil
-
-    root = str(data_dir)
-    reaped = 0
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info.get("cmdline") or []
-        if "pacer_services.pod_executor.backends.pod" not in cmd or not any(root in a for a in cmd):
-            continue
-        with contextlib.suppress(psutil.Error):
-            for child in p.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    child.kill()
-            p.kill()
-            reaped += 1
-    return reaped
+    return reap(data_dir)

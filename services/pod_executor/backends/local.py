@@ -351,3 +351,26 @@ def _tail(path: Path, lines: int) -> str:
     text = data.decode("utf-8", errors="replace")
     parts = text.splitlines(keepends=True)
     return "".join(parts[-lines:])
+
+
+def reap_pods(root: str | os.PathLike[str]) -> int:
+    """Kill every local pod (supervisor and trainer) whose command names a path under ``root``; how many.
+
+    A local pod lives in a session of its own so that it outlives the
+    executor (crash safety); a test or a chaos run that ends before its job
+    is torn down would otherwise leave TensorFlow processes running.
+    """
+    import psutil
+
+    where, reaped = os.fspath(root), 0
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if "pacer_services.pod_executor.backends.pod" not in cmd or not any(where in a for a in cmd):
+            continue
+        with contextlib.suppress(psutil.Error):
+            for child in p.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
+            p.kill()
+            reaped += 1
+    return reaped
