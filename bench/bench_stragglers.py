@@ -667,24 +667,16 @@ async def decisions(bus: Any, job: str) -> list[str]:
     from pacer.contracts.policy import ControllerDecision
     from pacer.subjects import controller_decision
 
-    sub = await bus.js.subscribe(controller_decision(job), ordered_consumer=True)
     runs: list[list[Any]] = []  # [line, repeats]
-    try:
-        while True:
-            try:
-                m = await sub.next_msg(timeout=1.0)
-            except TimeoutError:
-                break
-            d = decode(ControllerDecision, m.data)
-            acts = [f"{a.kind.value}{' ' + a.node if a.node else ''}" for a in d.executed]
-            refused = [f"refused {x.kind} {x.node}: {x.reason}" for x in d.refused]
-            line = "; ".join([*acts, *refused]) or d.reason
-            if runs and runs[-1][0] == line:
-                runs[-1][1] += 1
-            else:
-                runs.append([line, 1])
-    finally:
-        await sub.unsubscribe()
+    for m in await bus.replay(controller_decision(job)):
+        d = decode(ControllerDecision, m.data)
+        acts = [f"{a.kind.value}{' ' + a.node if a.node else ''}" for a in d.executed]
+        refused = [f"refused {x.kind} {x.node}: {x.reason}" for x in d.refused]
+        line = "; ".join([*acts, *refused]) or d.reason
+        if runs and runs[-1][0] == line:
+            runs[-1][1] += 1
+        else:
+            runs.append([line, 1])
     return [line if n == 1 else f"{line} (x{n})" for line, n in runs]
 
 

@@ -407,20 +407,9 @@ class Chaos:
             single=[s for s in SERVICES if self.cfg.instances.get(s, 1) < 2])
 
 
-async def read_events(bus: Bus, subject: str, cls: type[Any], idle_s: float = 1.5) -> list[Any]:
-    """Every event kept on ``subject`` (a JetStream ordered consumer), until ``idle_s`` of quiet."""
-    sub = await bus.js.subscribe(subject, ordered_consumer=True)
-    out: list[Any] = []
-    try:
-        while True:
-            try:
-                m = await sub.next_msg(timeout=idle_s)
-            except TimeoutError:
-                return out
-            out.append(decode(cls, m.data))
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+async def read_events(bus: Bus, subject: str, cls: type[Any]) -> list[Any]:
+    """Every event kept on ``subject`` (:meth:`pacer.bus.Bus.replay`)."""
+    return [decode(cls, m.data) for m in await bus.replay(subject)]
 
 
 async def _retry(call: Any, attempts: int) -> Any:

@@ -197,21 +197,14 @@ async def job_client(url: str, name: str) -> AsyncIterator[Any]:
         await bus.close()
 
 
-async def read_events(url: str, subject: str, cls: type[Any], idle_s: float = 1.0) -> list[Any]:
-    """Every event kept on ``subject`` (a JetStream ordered consumer), decoded as ``cls``, until ``idle_s`` of quiet."""
+async def read_events(url: str, subject: str, cls: type[Any]) -> list[Any]:
+    """Every event kept on ``subject`` (:meth:`pacer.bus.Bus.replay`), decoded as ``cls``."""
     from pacer.bus import Bus
     from pacer.codec import decode
 
     bus = await Bus.connect(url, name="test-events")
     try:
-        sub = await bus.js.subscribe(subject, ordered_consumer=True)
-        out: list[Any] = []
-        while True:
-            try:
-                m = await sub.next_msg(timeout=idle_s)
-            except TimeoutError:
-                return out
-            out.append(decode(cls, m.data))
+        return [decode(cls, m.data) for m in await bus.replay(subject)]
     finally:
         await bus.close()
 

@@ -258,6 +258,37 @@ class Bus:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
+    async def replay(self, subject: str, batch: int = 512, within_s: float = 60.0) -> list[Msg]:
+        """Every message a stream keeps on ``subject`` (wildcards allowed), oldest first.
+
+        A pull consumer reads until the server says nothing is pending, never
+        "until a second of quiet": on a loaded machine a quiet second comes
+        in the middle of a history and would cut it short.  Raises
+        ``TimeoutError`` when the server does not deliver what it counted
+        within ``within_s``.
+        """
+        sub = await self.js.pull_subscribe(
+            subject, config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL,
+                                           inactive_threshold=30.0, mem_storage=True))
+        out: list[Msg] = []
+        try:
+            if (await sub.consumer_info()).num_pending == 0:
+                return out
+            deadline = asyncio.get_running_loop().time() + within_s
+            while True:
+                try:
+                    msgs = await sub.fetch(batch, timeout=2.0)
+                except TimeoutError:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise
+                    continue
+                out.extend(msgs)
+                if msgs[-1].metadata.num_pending == 0:
+                    return out
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
     # ------------------------------------------------------------ request/reply
     async def request(
         self,

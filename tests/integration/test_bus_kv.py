@@ -17,3 +17,22 @@ async def test_kv_items_reads_every_live_key(bus: Bus) -> None:
     assert "job-8" not in items and "job-9" not in items
     assert items["job-7"] == b"newer" and items["job-599"] == b"v599"
     assert len(items) == 598
+
+
+async def test_replay_reads_every_kept_message_of_a_subject_in_order(bus: Bus) -> None:
+    """``Bus.replay``: a whole history (more than one fetch batch), only the subject asked, nothing when empty."""
+    from pacer import subjects
+    from pacer.codec import decode
+    from pacer.contracts.jobs import JobEvent, JobState
+
+    await bus.ensure_streams()
+    assert await bus.replay(subjects.job_event("replay-none", "running")) == []
+    for i in range(700):
+        event = JobEvent(job="replay-a", state=JobState.RUNNING, ts=float(i), reason=str(i))
+        await bus.publish_durable(subjects.job_event("replay-a", "running"), event)
+        if i % 100 == 0:
+            other = JobEvent(job="replay-b", state=JobState.RUNNING, ts=float(i))
+            await bus.publish_durable(subjects.job_event("replay-b", "running"), other)
+    got = [decode(JobEvent, m.data) for m in await bus.replay(subjects.job_event("replay-a", "running"))]
+    assert [e.reason for e in got] == [str(i) for i in range(700)]
+    assert len(await bus.replay(subjects.job_event("replay-b", ">"))) == 7

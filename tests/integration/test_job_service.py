@@ -110,9 +110,9 @@ async def test_a_transition_the_re_read_record_no_longer_allows_is_refused(
         await client.stop("cas-2")
 
     assert await stored(bus, "cas-2") == failed  # not overwritten
-    planning = await read_events(nats_server.url, subjects.job_event("cas-2", "planning"), JobEvent, idle_s=0.5)
+    planning = await read_events(nats_server.url, subjects.job_event("cas-2", "planning"), JobEvent)
     assert [e.state for e in planning] == [JobState.PLANNING]
-    assert await read_events(nats_server.url, subjects.job_event("cas-2", "stopped"), JobEvent, idle_s=0.5) == []
+    assert await read_events(nats_server.url, subjects.job_event("cas-2", "stopped"), JobEvent) == []
 
 
 async def test_a_job_another_writer_created_first_is_a_conflict(

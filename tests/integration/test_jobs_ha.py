@@ -86,14 +86,43 @@ async def two(cbus: Bus, nats_cluster: EmbeddedCluster, tmp_path: Path) -> Async
 
 
 async def ask(cbus: Bus, svc: JobService, job: str, op: str, body: Any, cls: type[T]) -> T:
-    """Hand one request to this very instance; its reply (or error) comes back over the bus."""
-    inbox = cbus.nc.new_inbox()
-    sub = await cbus.nc.subscribe(inbox, max_msgs=1)
-    await cbus.nc.flush()
+    """Hand one request to this very instance; its reply (or error) comes back over the bus.
+
+    A temporary error is retried, as ``Bus.request`` retries it for every
+    client: on a loaded machine a name's 3 s lease can lapse while the job is
+    prepared, which the service answers "retry", not with a verdict.
+    """
     data = body if isinstance(body, bytes) else encode(body)
-    await svc._on_rpc(Msg(svc.bus.nc, subject=subjects.job_rpc(job, op), reply=inbox, data=data))
-    reply = await sub.next_msg(timeout=20)
-    return decode_reply(cls, reply.data)
+    for attempt in range(5):
+        inbox = cbus.nc.new_inbox()
+        sub = await cbus.nc.subscribe(inbox)
+        try:
+            await until_routed(sub, svc.bus, inbox)
+            await svc._on_rpc(Msg(svc.bus.nc, subject=subjects.job_rpc(job, op), reply=inbox, data=data))
+            while (reply := await sub.next_msg(timeout=20)).data == PROBE:
+                pass
+        finally:
+            await sub.unsubscribe()
+        try:
+            return decode_reply(cls, reply.data)
+        except PacerError as exc:
+            if not exc.temporary or attempt == 4:
+                raise
+        await asyncio.sleep(0.2 * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+PROBE = b"probe"
+
+
+async def until_routed(sub: Any, sender: Bus, inbox: str) -> None:
+    """Wait until ``sender``'s server knows of the fresh ``sub`` (on a cluster, interest crosses the routes
+    a moment after the subscriber's own server has it; a reply sent before that is dropped)."""
+    while True:
+        await sender.nc.publish(inbox, PROBE)
+        with contextlib.suppress(TimeoutError):
+            if (await sub.next_msg(timeout=0.2)).data == PROBE:
+                return
 
 
 async def stored(cbus: Bus, job: str) -> tuple[JobRecord, int]:
@@ -103,7 +132,7 @@ async def stored(cbus: Bus, job: str) -> tuple[JobRecord, int]:
 
 
 async def events(nats_cluster: EmbeddedCluster, job: str, state: str) -> list[JobEvent]:
-    got: list[JobEvent] = await read_events(nats_cluster.url, subjects.job_event(job, state), JobEvent, idle_s=0.5)
+    got: list[JobEvent] = await read_events(nats_cluster.url, subjects.job_event(job, state), JobEvent)
     return got
 
 
@@ -122,7 +151,9 @@ async def test_a_name_is_accepted_once_and_either_instance_answers_with_the_late
     assert len(accepted) == 1 and len(refused) == 1, outcomes
     assert isinstance(refused[0], Conflict) and "a job named 'ha-1'" in refused[0].message
     rec, _ = await stored(cbus, "ha-1")
-    assert rec == accepted[0] and rec.state is JobState.PLANNING
+    # The stored record is the accepted one, give or take the shard progress it has taken in since.
+    assert replace(rec, progress=accepted[0].progress, updated_at=accepted[0].updated_at) == accepted[0]
+    assert rec.state is JobState.PLANNING
     assert len(await events(nats_cluster, "ha-1", "submitted")) == 1
     assert len(await events(nats_cluster, "ha-1", "planning")) == 1
     # The name's lease is given back once the submission is stored.

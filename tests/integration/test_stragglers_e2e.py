@@ -82,15 +82,7 @@ async def run_to_end(client: JobClient, job: str, timeout: float = 300.0) -> Job
 
 
 async def decisions(client: JobClient, job: str) -> list[ControllerDecision]:
-    sub = await client.bus.js.subscribe(subjects.controller_decision(job), ordered_consumer=True)
-    out: list[ControllerDecision] = []
-    while True:
-        try:
-            m = await sub.next_msg(timeout=1.0)
-        except TimeoutError:
-            await sub.unsubscribe()
-            return out
-        out.append(decode(ControllerDecision, m.data))
+    return [decode(ControllerDecision, m.data) for m in await client.bus.replay(subjects.controller_decision(job))]
 
 
 def jct(rec: JobRecord) -> float:
