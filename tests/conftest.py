@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
@@ -175,10 +176,13 @@ def service_process(nats_server: EmbeddedNats, tmp_path: Path) -> Iterator[Servi
 
 
 async def eventually(check: Callable[[], Any], within: float, what: Callable[[], str] | str = "") -> Any:
-    """Poll ``check`` until it returns something truthy (returned); fail after ``within`` seconds."""
+    """Poll ``check`` (a function or a coroutine function) until it returns something truthy (returned);
+    fail after ``within`` seconds."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         got = check()
+        if inspect.isawaitable(got):
+            got = await got
         if got:
             return got
         await asyncio.sleep(0.05)

@@ -335,10 +335,23 @@ class Bus:
         with tracing.child_span(f"publish {_op(subject)}", SpanKind.PRODUCER, subject):
             await self.nc.publish(subject, encode(msg), headers=trace_headers())
 
-    async def publish_durable(self, subject: str, msg: Any, timeout: float = 5.0) -> int:
-        """Publish to JetStream and wait until it is stored; returns the stream sequence."""
+    async def publish_durable(self, subject: str, msg: Any, timeout: float = 5.0, msg_id: str = "") -> int:
+        """Publish to JetStream and wait until it is stored; returns the stream sequence.
+
+        ``msg_id`` (``Nats-Msg-Id``): the stream stores a message of that id
+        once within its duplicate window (2 min), answering a repeat with
+        the first copy's sequence, so a publish retried after a crash is not
+        a second event.
+        """
+        return await self.publish_encoded(subject, encode(msg), timeout, msg_id)
+
+    async def publish_encoded(self, subject: str, data: bytes, timeout: float = 5.0, msg_id: str = "") -> int:
+        """:meth:`publish_durable` of an already encoded message."""
         with tracing.child_span(f"publish {_op(subject)}", SpanKind.PRODUCER, subject):
-            ack = await self.js.publish(subject, encode(msg), timeout=timeout, headers=trace_headers())
+            headers = trace_headers()
+            if msg_id:
+                headers = {**(headers or {}), "Nats-Msg-Id": msg_id}
+            ack = await self.js.publish(subject, data, timeout=timeout, headers=headers)
             return int(ack.seq)
 
 

@@ -78,7 +78,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -102,6 +103,7 @@ from pacer.contracts.jobs import (
     JobSpec,
     JobState,
     ListRequest,
+    OutboxEntry,
     ResourcePlan,
     StopRequest,
     SubmitRequest,
@@ -137,6 +139,7 @@ class JobServiceConfig:
     ack_wait_s: float = 30.0  # an event a dead instance fetched but did not ack goes to the other after this
     instance: str | None = None  # None: PACER_INSTANCE, else job-service-<random>
     name_lease_ttl_s: float = DEFAULT_TTL_S  # a submitting instance that died holds its name this long
+    outbox_sweep_s: float = 15.0  # how often the bucket is searched for events a dead writer left unpublished
 
     @classmethod
     def from_env(cls) -> JobServiceConfig:
@@ -144,7 +147,8 @@ class JobServiceConfig:
         return cls(data_dir=Path(env.get("PACER_DATA_DIR", ".pacer")),
                    batches_per_shard=int(env.get("PACER_BATCHES_PER_SHARD", "100")),
                    lease_s=float(env.get("PACER_SHARD_LEASE_S", "30")),
-                   name_lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)))
+                   name_lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)),
+                   outbox_sweep_s=float(env.get("PACER_JOBS_OUTBOX_SWEEP_S", "15")))
 
 
 class JobService:
@@ -187,6 +191,7 @@ class JobService:
         await self.bus.nc.flush()
         tg.create_task(guard("events", self.consumer.run), name="pacer:jobs:events")
         tg.create_task(self._resume(), name="pacer:jobs:resume")
+        tg.create_task(guard("outbox", self._sweep_loop), name="pacer:jobs:outbox")
 
     async def drain(self) -> None:
         if self._rpc_sub is not None:
@@ -248,21 +253,33 @@ class JobService:
         return True
 
     async def _resume(self) -> None:
-        """After a restart: a job still planning may have lost its plan event; publish it again (idempotent)."""
+        """After a restart: publish what a writer that died left in the outboxes; a job still planning may
+        have lost its plan event (stored before the outbox existed): publish it again (idempotent)."""
+        with contextlib.suppress(PacerError, nats.errors.Error, TimeoutError):
+            await self.sweep_outboxes(min_age_s=2.0)
         for rec in list(self.records.values()):
             if rec.state is JobState.PLANNING and rec.plan is not None:
                 with contextlib.suppress(PacerError, nats.errors.Error):
                     await self.bus.publish_durable(subjects.job_event(rec.job, JobEventKind.PLAN), rec.plan)
 
-    async def _commit(self, job: str, change: core.Change) -> JobRecord:
+    async def _commit(self, job: str, change: core.Change, also: Sequence[tuple[str, bytes]] = ()) -> JobRecord:
         """Apply ``change`` to the job's record, store it with a revision check, then publish its events.
 
         The record is created if this service has no revision for it (a
         lost creation is a ``conflict``: the job exists), else updated at the
         revision it read (a lost update re-reads the record and runs
         ``change`` again on it).  A change that alters nothing writes
-        nothing.  Events are published (at least once) only after the record
-        that reflects them is stored.
+        nothing.
+
+        Events go out through the record's outbox: the change's lifecycle
+        events (and ``also``: more (subject, encoded event) pairs, e.g. the
+        first plan) are stored in the same write as the change they report,
+        then published, then cleared (:meth:`_flush`).  An instance killed
+        between the write and the publish leaves them in the record, where
+        the next write of the job or the sweep of any instance finds and
+        publishes them; each carries a ``Nats-Msg-Id``, so publishing one
+        twice within the events stream's duplicate window stores it once.
+        So an event is published at least once and only after its record.
         """
         assert self._kv is not None
         for _ in range(CAS_ATTEMPTS):
@@ -273,7 +290,11 @@ class JobService:
             if new == rec and not events:
                 self.lifecycles[job] = lc
                 return rec
-            new = replace(new, updated_at=self.clock())
+            fresh = [OutboxEntry(subjects.job_event(ev.job, ev.state.value), encode(ev), _msg_id(job))
+                     for ev in events]
+            fresh += [OutboxEntry(subject, data, _msg_id(job)) for subject, data in also]
+            # rec.outbox: what a writer that died before publishing left; it goes out with ours, first
+            new = replace(new, updated_at=self.clock(), outbox=[*rec.outbox, *fresh])
             try:
                 rev = await self.bus.kv_update(self._kv, job, encode(new), self.revisions.get(job))
             except StaleRevision as exc:
@@ -288,14 +309,75 @@ class JobService:
                 continue
             self.records[job], self.revisions[job], self.lifecycles[job] = new, rev, lc
             for ev in events:
-                await self.bus.publish_durable(subjects.job_event(ev.job, ev.state.value), ev)
                 self.counters.inc("transitions", state=ev.state.value)
                 log.info("job %s", ev.state.value, extra={"fields": {"job": ev.job, "reason": ev.reason}})
-            return new
+            await self._flush(job)
+            return self.records[job]
         self.counters.inc("cas_gave_up")
         log.error("job record kept changing under every write; change not applied", extra={"fields": {"job": job}})
         raise StaleRevision(f"job {job}: its record changed under {CAS_ATTEMPTS} writes in a row; retry",
                             temporary=True)
+
+    async def _flush(self, job: str) -> None:
+        """Publish the events in the job's outbox, oldest first, then store the record without them.
+
+        Call with the lock held.  A publish that fails leaves the rest for
+        later (the next write or the sweep); a clearing write that loses to
+        another writer leaves them in the record it stored, to be published
+        again (the stream drops the repeat by its message id).
+        """
+        assert self._kv is not None
+        rec = self.records[job]
+        sent: list[OutboxEntry] = []
+        for entry in rec.outbox:
+            try:
+                await self.bus.publish_encoded(entry.subject, entry.data, msg_id=entry.msg_id)
+            except (nats.errors.Error, TimeoutError) as exc:
+                self.counters.inc("outbox_deferred")
+                log.warning("job event not published yet; it stays in the record's outbox",
+                            extra={"fields": {"job": job, "subject": entry.subject, "error": repr(exc)}})
+                break
+            sent.append(entry)
+        if not sent:
+            return
+        self.counters.inc("outbox_published", n=len(sent))
+        cleared = replace(rec, outbox=rec.outbox[len(sent):])
+        try:
+            rev = await self.bus.kv_update(self._kv, job, encode(cleared), self.revisions[job])
+        except StaleRevision:
+            self.counters.inc("cas_conflicts")
+            await self._reread(job)
+            return
+        except (nats.errors.Error, TimeoutError):
+            return  # still in the stored record: published again later, dropped as a repeat
+        self.records[job], self.revisions[job] = cleared, rev
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.outbox_sweep_s)
+            with contextlib.suppress(nats.errors.Error, TimeoutError, PacerError):
+                await self.sweep_outboxes()
+
+    async def sweep_outboxes(self, min_age_s: float | None = None) -> int:
+        """Publish what any writer left in a record's outbox at least ``min_age_s`` ago (default: one sweep
+        period, so a live writer about to publish is not raced); returns how many records had some."""
+        age = self.cfg.outbox_sweep_s if min_age_s is None else min_age_s
+        found = 0
+        for key, value in (await self.bus.kv_items(subjects.JOB_BUCKET)).items():
+            try:
+                rec = decode(JobRecord, value)
+            except PacerError:
+                continue
+            if not rec.outbox or self.clock() - rec.updated_at < age:
+                continue
+            found += 1
+            self.counters.inc("outbox_swept")
+            async with self.lock:
+                with contextlib.suppress(NotFound):
+                    await self._reread(key)
+                    if self.records[key].outbox:
+                        await self._flush(key)
+        return found
 
     async def _update(self, job: str, fn: Callable[[JobRecord], JobRecord]) -> JobRecord:
         return await self._commit(job, core.data_only(fn))
@@ -346,18 +428,18 @@ class JobService:
                                               eval_path=eval_path, records=records)
                 accepted = f"plan: {plan.source.value} ({plan.reason})" if plan.reason else f"plan: {plan.source.value}"
                 try:  # a creation: refused if another writer stored the job meanwhile
-                    rec = await self._commit(job, core.submitted(first, now, accepted))
+                    rec = await self._commit(job, core.submitted(first, now, accepted),
+                                             also=[(subjects.job_event(job, JobEventKind.PLAN), encode(plan))])
                 except PacerError:
                     if job not in self.revisions:  # nothing stored, nothing adopted: forget the job again
                         self.records.pop(job, None)
                         self.lifecycles.pop(job, None)
                     raise
-                await self.bus.publish_durable(subjects.job_event(job, JobEventKind.PLAN), plan)
         finally:
             self._submitting.discard(job)
             await self.names.drop(job)
         self.counters.inc("submitted")
-        await self.bus.respond(msg, rec)
+        await self.bus.respond(msg, replace(rec, outbox=[]))
 
     async def _claim_name(self, job: str) -> None:
         """Hold the lease on ``job``'s name, and check that no record of that name exists; else a conflict
@@ -432,7 +514,7 @@ class JobService:
         q = decode(JobQuery, msg.data)
         if q.job != job:
             raise ValidationError(f"job: body names {q.job!r} but the subject is for {job!r}")
-        await self.bus.respond(msg, await self._record(job))
+        await self.bus.respond(msg, replace(await self._record(job), outbox=[]))
 
     async def _list(self, job: str, msg: Msg) -> None:
         req = decode(ListRequest, msg.data)
@@ -441,7 +523,7 @@ class JobService:
         recs: list[JobRecord] = []
         for key, value in (await self.bus.kv_items(subjects.JOB_BUCKET)).items():
             try:
-                recs.append(decode(JobRecord, value))
+                recs.append(replace(decode(JobRecord, value), outbox=[]))
             except PacerError:
                 self.counters.inc("bad_records")
                 log.error("unreadable job record %s; left out of the list", key)
@@ -459,7 +541,7 @@ class JobService:
                 raise NotFound(f"no job named {job!r}")
             rec = await self._commit(job, core.transition(JobTrigger.STOP, self.clock(),
                                                           req.reason or "stopped by the user"))
-        await self.bus.respond(msg, rec)
+        await self.bus.respond(msg, replace(rec, outbox=[]))
 
     # ================================================================ events in
     async def _on_event(self, m: Msg) -> None:
@@ -519,3 +601,8 @@ class JobService:
 async def create(bus: Bus, rc: RuntimeConfig) -> JobService:
     """App factory: the only place that builds a JobService from configuration."""
     return JobService(bus, JobServiceConfig.from_env())
+
+
+def _msg_id(job: str) -> str:
+    """A fresh ``Nats-Msg-Id`` for one outbox entry (unique: a job of the same name later gets new ids)."""
+    return f"job-{job}-{uuid.uuid4().hex}"

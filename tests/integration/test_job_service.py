@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import InProcess, InProcessService, read_events
+from conftest import InProcess, InProcessService, eventually, read_events
 from pacer import subjects
 from pacer.bus import Bus
 from pacer.codec import decode, encode
@@ -156,3 +156,41 @@ async def test_a_second_submission_of_a_name_is_a_conflict_naming_its_state(
     await client.submit("cas-5", spec("cas-5", data))
     with pytest.raises(Conflict, match=r"a job named 'cas-5' exists \(planning\)"):
         await client.submit("cas-5", spec("cas-5", data))
+
+
+async def test_events_a_dead_writer_left_in_a_record_are_published_by_a_restarted_service(
+        bus: Bus, jobs: InProcess[JobService], data: Path, nats_server: EmbeddedNats, tmp_path: Path) -> None:
+    """A writer that stored a change and died before publishing its event left it in the record's outbox:
+    the service publishes it when it starts (and its sweep would, later), then clears the outbox."""
+    from pacer.contracts.jobs import OutboxEntry
+
+    client = JobClient(bus, timeout=10.0)
+    await client.submit("ob-1", spec("ob-1", data))
+    await jobs.stop()
+    kv = await bus.kv(subjects.JOB_BUCKET)
+    entry = await kv.get("ob-1")
+    assert entry.value is not None
+    rec = decode(JobRecord, entry.value)
+    assert rec.outbox == []  # published and cleared by the live service
+    stopped = JobEvent("ob-1", JobState.STOPPED, rec.updated_at, reason="by a writer that died", previous=rec.state)
+    left = replace(rec, state=JobState.STOPPED, reason=stopped.reason,
+                   outbox=[OutboxEntry(subjects.job_event("ob-1", "stopped"), encode(stopped), "job-ob-1-test")])
+    await Bus.kv_update(kv, "ob-1", encode(left), entry.revision)
+
+    again = InProcess(nats_server.url, lambda b: JobService(b, JobServiceConfig(data_dir=tmp_path / "jobs")))
+    svc = await again.start()
+    try:
+        async def cleared() -> bool:
+            e = await kv.get("ob-1")
+            return e.value is not None and not decode(JobRecord, e.value).outbox
+
+        await eventually(cleared, 20, "the outbox was never published")
+        got = await read_events(nats_server.url, subjects.job_event("ob-1", "stopped"), JobEvent)
+        assert [(e.state, e.reason) for e in got] == [(JobState.STOPPED, "by a writer that died")]
+        # by its start-up sweep, or by its first write of the job (shard progress), whichever came first
+        assert svc.counters.values["outbox_published"] >= 1
+        # Swept again (nothing left): nothing is published twice.
+        assert await svc.sweep_outboxes(min_age_s=0) == 0
+        assert len(await read_events(nats_server.url, subjects.job_event("ob-1", "stopped"), JobEvent)) == 1
+    finally:
+        await again.stop()

@@ -51,6 +51,7 @@ pytestmark = pytest.mark.timeout(150)
 T = TypeVar("T")
 TTL = 3.0
 ACK_WAIT = 2.0
+SWEEP = 1.0
 
 
 def spec(name: str, data: Path) -> str:
@@ -73,7 +74,8 @@ async def two(cbus: Bus, nats_cluster: EmbeddedCluster, tmp_path: Path) -> Async
     shards = InProcessService(nats_cluster.url, ShardServiceConfig(reap_interval_s=0.05, progress_interval_s=0.2))
     await shards.start()
     procs = {name: InProcess(nats_cluster.url, lambda b, n=name: JobService(b, JobServiceConfig(
-        data_dir=tmp_path / "jobs", instance=n, name_lease_ttl_s=TTL, ack_wait_s=ACK_WAIT)))
+        data_dir=tmp_path / "jobs", instance=n, name_lease_ttl_s=TTL, ack_wait_s=ACK_WAIT,
+        outbox_sweep_s=SWEEP)))
         for name in ("jobs-a", "jobs-b")}
     svcs = {name: await p.start() for name, p in procs.items()}
     yield svcs
@@ -252,3 +254,50 @@ async def test_a_jobs_events_apply_once_across_the_two_even_when_one_dies_mid_ev
     assert (await stored(cbus, "ha-9"))[0].state is JobState.COMPLETED
     got = await survivor.bus.request(subjects.job_rpc("ha-9", JobOp.GET), JobQuery("ha-9"), JobRecord)
     assert got.state is JobState.COMPLETED
+
+
+@pytest.mark.parametrize("dies", ["before_publishing", "after_publishing"])
+async def test_an_event_stored_by_an_instance_that_dies_before_publishing_it_is_published_once(
+        cbus: Bus, two: dict[str, JobService], nats_cluster: EmbeddedCluster, tmp_path: Path, dies: str) -> None:
+    """The outbox: the record change and its event are one write; the other instance publishes what a dead
+    writer left, and an event published just before the writer died is not published twice."""
+    a, b = two["jobs-a"], two["jobs-b"]
+    data = tmp_path / "train.rec"
+    generate(data, 2_000, seed=3)
+    job = f"ob-{dies.split('_')[0]}"
+    await ask(cbus, a, job, JobOp.SUBMIT, SubmitRequest(spec(job, data)), JobRecord)
+    assert len(await events(nats_cluster, job, "planning")) == 1
+
+    # Whichever instance applies the executor's "applied" stores "running" and dies at its publish.
+    killed: list[str] = []
+    for name, svc in two.items():
+        original = svc.bus.publish_encoded
+
+        async def dying(subject: str, data: bytes, timeout: float = 5.0, msg_id: str = "",
+                        svc: JobService = svc, name: str = name, original: Any = original) -> int:
+            if subject == subjects.job_event(job, "running") and not killed:
+                killed.append(name)
+                if dies == "after_publishing":
+                    await original(subject, data, timeout, msg_id)
+                await svc.bus.nc.close()
+                await asyncio.Event().wait()  # never returns: a process killed there
+            return int(await original(subject, data, timeout, msg_id))
+
+        svc.bus.publish_encoded = dying  # type: ignore[method-assign]
+    applied = ExecutorEvent(job, ExecutorEventKind.APPLIED, time.time(), overhead_s=1.0)
+    await cbus.publish_durable(subjects.executor_event(job, ExecutorEventKind.APPLIED.value), applied)
+    await eventually(lambda: bool(killed), 20, "no instance applied the executor's event")
+    rec, _ = await stored(cbus, job)
+    assert rec.state is JobState.RUNNING  # the change is stored, with its event in the outbox
+    assert [e.subject for e in rec.outbox] == [subjects.job_event(job, "running")]
+
+    # The survivor publishes it and clears the outbox (its sweep, or its next write of the job: shard progress).
+    async def delivered() -> bool:
+        return not (await stored(cbus, job))[0].outbox
+
+    await eventually(delivered, 30, "the outbox was never emptied")
+    survivor = b if killed == ["jobs-a"] else a
+    running = await events(nats_cluster, job, "running")
+    assert [(e.job, e.state) for e in running] == [(job, JobState.RUNNING)]  # once, not twice
+    assert not [r for r in (await ask(cbus, survivor, subjects.ALL_JOBS, JobOp.LIST, ListRequest(10), JobList)).jobs
+                if r.outbox]  # clients never see the outbox

@@ -267,6 +267,17 @@ class JobProgress:
     epoch: int = 0
 
 
+@message("job.OutboxEntry")
+@dataclass(frozen=True, slots=True)
+class OutboxEntry:
+    """An event stored with the record change it reports, published after the write (the job service's outbox)."""
+
+    subject: str
+    data: bytes = field(metadata=doc("the encoded event"))
+    msg_id: str = field(default="", metadata=doc("JetStream Nats-Msg-Id: a second publish within the "
+                                                  "stream's duplicate window is stored once"))
+
+
 @message("job.JobRecord")
 @dataclass(frozen=True, slots=True)
 class JobRecord:
@@ -289,6 +300,9 @@ class JobRecord:
     eval_path: str = field(default="", metadata=doc("the record file of held-out data (\"\": none)"))
     records: int = field(default=0, metadata=doc("records in the training dataset"))
     torn_down: bool = field(default=False, metadata=doc("every pod of the job is gone"))
+    outbox: list[OutboxEntry] = field(default_factory=list, metadata=doc(
+        "events of a stored change not yet known to be published (a writer that died before publishing "
+        "leaves them here; any instance publishes them)"))
 
 
 @message("job.JobList")
