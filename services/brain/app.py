@@ -61,20 +61,27 @@ import json
 import logging
 import os
 import time
+from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
 from pacer import subjects, tracing
 from pacer.bus import Bus
 from pacer.consumer import DurableConsumer
 from pacer.contracts.brain import BrainDecision, RunningJob
 from pacer.contracts.executor import ClusterStatus, MachineInfo
-from pacer.contracts.jobs import JobSpec, JobState, PlanSource, ResourcePlan
+from pacer.contracts.jobs import JobRecord, JobSpec, JobState, PlanSource, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.errors import PacerError
+from pacer.lease import Lease, LeaseLost
+from pacer.ownership import DEFAULT_TTL_S, Ownership
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.subjects import NodeEventKind
 from pacer.telemetry import Counters
@@ -84,6 +91,7 @@ from pacer_services.brain.core.autoscaler import (
     Decision,
     JobAutoscaler,
     Stage,
+    load_autoscaler_state,
     same_resources,
 )
 from pacer_services.brain.core.capacity import cluster_capacity
@@ -100,6 +108,8 @@ from pacer_services.brain.core.oom import DEFAULT_OOM, MemoryWatch, OomConfig, p
 from pacer_services.brain.core.placement import after_placement, machines_for, place_plan
 from pacer_services.brain.core.round import ReadyJob, cluster_round
 from pacer_services.brain.effects import BrainStore
+from pacer_services.brain.state import JobState as OwnedState
+from pacer_services.brain.state import Outgoing, decode_state, encode_state, seed_of
 
 log = logging.getLogger("pacer.brain")
 
@@ -121,6 +131,9 @@ class BrainConfig:
     cluster_memory_mb: float | None = None
     cluster_status_ttl_s: float = 60.0  # an older ClusterStatus (the executor is gone?) is not used
     round_delay_s: float = 0.5  # a cluster round waits this long for the rest of the monitor's burst
+    lease_ttl_s: float = DEFAULT_TTL_S  # a dead instance's jobs (and rounds) move about this long after
+    instance: str | None = None  # None: PACER_INSTANCE, else brain-<random>
+    inactive_s: float = 300.0  # the server deletes a gone instance's durable consumer after this long
 
     @classmethod
     def from_env(cls) -> BrainConfig:
@@ -132,6 +145,7 @@ class BrainConfig:
                    settle_s=float(env.get("PACER_BRAIN_SETTLE_S", "30")),
                    cluster_cpu=_amount(env.get("PACER_BRAIN_CLUSTER_CPU")),
                    cluster_memory_mb=_amount(env.get("PACER_BRAIN_CLUSTER_MEMORY_MB")),
+                   lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)),
                    # Eq. 8's pauses until the executor has reported real ones: a pod's start where Pacer runs
                    autoscale_config=AutoscaleConfig(overhead=OverheadModel(
                        worker_pause_s=float(env.get("PACER_BRAIN_WORKER_PAUSE_S", "30")),
@@ -153,6 +167,9 @@ def _amount(text: str | None) -> float | None:
     return float(text) if text not in (None, "") else None
 
 
+CLUSTER = "_cluster"  # the lease brain._cluster: its holder runs the cluster rounds
+BACKLOG = 64  # effects of events kept per job owned elsewhere, for when this instance takes it over
+
 # The durable consumer's events, in stream order.  Named "brain-events": the consumer "brain" of earlier
 # versions followed job ends only, and an existing durable keeps the filters it was created with.
 EVENT_FILTERS = [
@@ -165,44 +182,68 @@ EVENT_FILTERS = [
 ]
 
 
+class _InstanceConsumer(DurableConsumer):
+    """The brain's durable consumer, one per instance, deleted by the server ``inactive_s`` after its instance is gone."""
+
+    def __init__(self, *args: Any, inactive_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inactive_s = inactive_s
+
+    async def bind(self) -> JetStreamContext.PullSubscription:
+        return await self.bus.js.pull_subscribe(
+            "", durable=self.durable, stream=subjects.EVENTS_STREAM,
+            config=ConsumerConfig(durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT,
+                                  deliver_policy=self.deliver, ack_wait=self.ack_wait_s, max_deliver=-1,
+                                  filter_subjects=list(self.filters), inactive_threshold=self.inactive_s))
+
+
+Effect = Callable[[], Awaitable[None]]
+
+
 class BrainService:
     name = subjects.BRAIN_SERVICE
 
-    def __init__(self, bus: Bus, durable: str = "brain-events", oom: OomConfig = DEFAULT_OOM,
+    def __init__(self, bus: Bus, durable: str | None = None, oom: OomConfig = DEFAULT_OOM,
                  oom_cooldown_s: float = 300.0, config: BrainConfig | None = None) -> None:
         self.bus = bus
         self.counters = Counters(self.name)
         self.store = BrainStore(bus)
         self.config = config or BrainConfig()
         self.oom, self.oom_cooldown_s = oom, oom_cooldown_s
-        self.history: dict[str, JobHistory] = {}  # the config DB
-        self.running: dict[str, RunningJob] = {}  # what the executor runs, from its events
+        self.own = Ownership(bus, self.name, self._acquired, self._lost, instance=self.config.instance,
+                             ttl_s=self.config.lease_ttl_s)
+        self.history: dict[str, JobHistory] = {}  # the config DB (a cache of its KV, read again when used)
+        self.running: dict[str, RunningJob] = {}  # what the executor runs, from its events (every job)
+        self.memory: dict[str, MemoryWatch] = {}  # OOM prevention of the jobs not autoscaled (every job: standby)
+        # Only for the jobs this instance owns (dropped when it loses one):
         self.autoscalers: dict[str, JobAutoscaler] = {}  # running zero-config jobs
         self.not_autoscaled: set[str] = set()  # jobs looked up and found not to be ours to re-plan
-        self.memory: dict[str, MemoryWatch] = {}  # OOM prevention of the jobs not autoscaled
         self.oom_plans: dict[str, ResourcePlan] = {}  # an OOM-prevention plan published, not yet applied
         self.oom_at: dict[str, float] = {}  # when the job's last OOM-prevention plan went out
+        self.seq: dict[str, int] = {}  # the last event whose effect was applied (the saved state's ``seq``)
+        self.published: dict[str, int] = {}  # plans/decisions published so far (their message ids)
+        self.backlog: dict[str, deque[tuple[int, Effect]]] = {}  # effects of events of jobs owned elsewhere
         self.cluster: ClusterStatus | None = None  # the executor's latest (valid) ClusterStatus
         self.machines: list[MachineInfo] = []  # its machines, minus what plans placed since
         self.latest: dict[str, JobStatistics] = {}  # cluster mode: each job's newest window not yet fed
         self.lock = asyncio.Lock()  # the autoscalers' (module docstring); never held across a network call
         self.round_due = asyncio.Event()
         self.rpc = handlers.rpc(self)
-        self.consumer = DurableConsumer(bus, self.name, durable, EVENT_FILTERS, handlers.events(self),
-                                        self.counters)
+        self.consumer = _InstanceConsumer(
+            bus, self.name, durable or f"brain-events-{self.own.instance}", EVENT_FILTERS, handlers.events(self),
+            self.counters, inactive_s=self.config.inactive_s)
         self._subs: list[Subscription] = []
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
         await self.bus.ensure_streams()
         await self.store.open()
-        for key, value in (await self.store.history()).items():
-            try:
-                self.history[key] = JobHistory.from_dict(json.loads(value))
-            except (ValueError, KeyError, TypeError):
-                self.counters.inc("bad_records")
-                log.error("unreadable config DB record %s; ignored", key)
+        await self.load_history()
         self.running = await self.store.running()
+        await self.own.start(tg, on_forwarded=self._on_forwarded)
+        # The cluster rounds' lease: whoever holds it runs them (and owns the autoscaled jobs while the
+        # capacity is known).  Waited for briefly, so that a lone instance holds it before its first window.
+        await self.own.claim(CLUSTER, within=2.0)
         nc = self.bus.nc
 
         async def on_statistics(msg: Msg) -> None:
@@ -211,26 +252,164 @@ class BrainService:
         async def on_cluster_status(msg: Msg) -> None:
             await handlers.on_cluster_status(self, msg)
 
+        # Statistics and ClusterStatus without a queue group: every instance hears every job (the owner acts,
+        # the others keep their memory watches warm); requests in a queue group, routed to the job's owner.
         self._subs = [
             await nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name, cb=self._on_rpc),
-            await nc.subscribe(subjects.events_of(subjects.MONITOR_SERVICE, kind="statistics"), queue=self.name,
+            await nc.subscribe(subjects.events_of(subjects.MONITOR_SERVICE, kind="statistics"),
                                cb=tracing.traced("consume brain.statistics", on_statistics)),
-            await nc.subscribe(subjects.cluster_status(), queue=self.name,
+            await nc.subscribe(subjects.cluster_status(),
                                cb=tracing.traced("consume brain.cluster_status", on_cluster_status)),
         ]
         await nc.flush()
         tg.create_task(self.consumer.run(), name="pacer:brain:events")
         tg.create_task(guard("cluster-rounds", self._round_loop), name="pacer:brain:rounds")
-        log.info("brain ready", extra={"fields": {"history": len(self.history), "running": len(self.running)}})
+        log.info("brain ready", extra={"fields": {"history": len(self.history), "running": len(self.running),
+                                                  "instance": self.own.instance}})
 
     async def drain(self) -> None:
         for sub in self._subs:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
         await self.consumer.stop()
+        await self.own.close()  # hand the jobs over at once (their state is saved after every change)
+
+    async def load_history(self) -> None:
+        """The config DB from its KV (the other instances record jobs too)."""
+        for key, value in (await self.store.history()).items():
+            try:
+                self.history[key] = JobHistory.from_dict(json.loads(value))
+            except (ValueError, KeyError, TypeError):
+                self.counters.inc("bad_records")
+                log.error("unreadable config DB record %s; ignored", key)
 
     async def _on_rpc(self, msg: Msg) -> None:
+        """A request about one job goes to the job's owner (forwarded there, or claimed); ``_all`` is answered here."""
+        try:
+            job, _ = subjects.parse_rpc(msg.subject)
+        except PacerError:
+            job = subjects.ALL_JOBS
+        if job == subjects.ALL_JOBS or job == CLUSTER:
+            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
+            return
+        how = await self.own.route(msg, job, self._dispatch)
+        if how != "handled":
+            self.counters.inc(f"requests_{how}")
+
+    async def _on_forwarded(self, msg: Msg) -> None:
+        self.counters.inc("requests_forwarded_in")
+        await self._on_rpc(msg)  # ours: handled; else unavailable (a forwarded request is never forwarded again)
+
+    async def _dispatch(self, msg: Msg) -> None:
         await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
+
+    # ---------------------------------------------------------------- ownership (issue 13)
+    async def _acquired(self, job: str, lease: Lease) -> None:
+        """We own ``job`` now: its state from beside the lease, its outbox published, the effects of the
+        events we saw while another instance owned it applied."""
+        if job == CLUSTER:
+            log.info("cluster rounds are ours", extra={"fields": {"instance": self.own.instance}})
+            return
+        rec = await self.store.running_of(job)
+        if rec is not None:
+            self.running[job] = rec
+        data = await self.own.get_state(job)
+        st = OwnedState()
+        if data:
+            try:
+                st = decode_state(data)
+            except ValueError:
+                self.counters.inc("bad_state")
+                log.warning("unreadable brain state; the job starts afresh", extra={"fields": {"job": job}})
+        self.seq[job], self.published[job] = st.seq, st.published
+        if st.oom_plan is not None:
+            self.oom_plans[job] = st.oom_plan
+        if st.oom_at is not None:
+            self.oom_at[job] = st.oom_at
+        if st.auto is not None:
+            seed = st.auto
+            auto = self.config.autoscaler(seed.spec, seed.first, warm=seed.warm, prior=seed.prior)
+            try:
+                await asyncio.to_thread(load_autoscaler_state, auto, seed.state)
+                self.adopt(job, auto)
+                self.counters.inc("autoscalers_handed_over")
+            except (ValueError, KeyError, TypeError, PacerError):
+                self.counters.inc("bad_state")
+                log.warning("unreadable autoscaler state; resumed from the record", extra={"fields": {"job": job}})
+        for out in st.outbox:  # the last owner's: published again under the same ids (stored once)
+            await self._publish(out)
+        # Effects of events the last owner may not have applied (we saw them as a standby).
+        backlog = self.backlog.pop(job, deque())
+        while backlog:
+            seq, effect = backlog.popleft()
+            if seq > self.seq[job]:
+                await effect()
+                self.seq[job] = seq
+            backlog.extend(self.backlog.pop(job, ()))  # arrived meanwhile
+        if not await self.save(job):
+            raise LeaseLost(f"{job}: the lease moved on while the job was loaded")
+        self.counters.inc("jobs_acquired")
+
+    async def _lost(self, job: str) -> None:
+        """Another instance owns ``job`` now (or we stop): its decisions are no longer ours to make."""
+        if job == CLUSTER:
+            return
+        self.autoscalers.pop(job, None)
+        self.not_autoscaled.discard(job)
+        self.oom_plans.pop(job, None)
+        self.oom_at.pop(job, None)
+        self.seq.pop(job, None)
+        self.published.pop(job, None)
+        self.latest.pop(job, None)
+        self.counters.inc("jobs_lost")
+
+    def state_of(self, job: str, outbox: list[Outgoing] | None = None) -> OwnedState:
+        auto = self.autoscalers.get(job)
+        return OwnedState(seq=self.seq.get(job, 0), oom_plan=self.oom_plans.get(job), oom_at=self.oom_at.get(job),
+                        published=self.published.get(job, 0), outbox=list(outbox or ()),
+                        auto=seed_of(auto) if auto is not None else None)
+
+    async def save(self, job: str, outbox: list[Outgoing] | None = None) -> bool:
+        """Write the job's state through our lease; False (counted) if refused or not stored."""
+        try:
+            await self.own.put_state(job, encode_state(self.state_of(job, outbox)))
+            return True
+        except LeaseLost:
+            self.counters.inc("fenced")
+            log.warning("state write refused: the job has another owner", extra={"fields": {"job": job}})
+        except (nats.errors.Error, TimeoutError) as exc:
+            self.counters.inc("errors", op="state")
+            log.warning("state not stored: %s", exc, extra={"fields": {"job": job}})
+        return False
+
+    async def effect(self, job: str, seq: int, fn: Effect) -> None:
+        """Apply the effect of the event at ``seq`` on ``job`` if we own it and no owner applied it yet;
+        as a standby, keep it for when we acquire the job."""
+        if self.own.owns(job):
+            if seq <= self.seq.get(job, 0):
+                return
+            await fn()
+            self.seq[job] = seq
+            await self.save(job)
+            return
+        self.backlog.setdefault(job, deque(maxlen=BACKLOG)).append((seq, fn))
+
+    async def take(self, job: str, autoscaled: bool) -> bool:
+        """Whether we act for ``job`` (a running job's window came): we own it, or claimed it now.  While the
+        capacity is shared (cluster rounds), an autoscaled job is the cluster-round holder's."""
+        rounds = autoscaled and self.capacity() is not None
+        if self.own.owns(job):
+            if rounds and not self.own.owns(CLUSTER):
+                await self.own.drop(job)  # to the rounds' holder (its state is saved): it claims it next window
+                self.counters.inc("jobs_handed_to_rounds")
+                return False
+            return True
+        st = self.own.jobs.get(job)
+        if st is not None and st.attempted.is_set():
+            return False  # another instance holds it; our lease loop takes it over if that one dies
+        if rounds and not self.own.owns(CLUSTER):
+            return False
+        return await self.own.claim(job, within=2.0)
 
     # ---------------------------------------------------------------- the jobs it follows
     def adopt(self, job: str, auto: JobAutoscaler) -> None:
@@ -241,8 +420,9 @@ class BrainService:
     def forget(self, job: str) -> None:
         """``job`` ended: nothing of it stays in memory but its config DB record."""
         self.running.pop(job, None)
-        self.autoscalers.pop(job, None)
         self.memory.pop(job, None)
+        self.backlog.pop(job, None)
+        self.autoscalers.pop(job, None)
         self.oom_plans.pop(job, None)
         self.oom_at.pop(job, None)
         self.latest.pop(job, None)
@@ -253,14 +433,24 @@ class BrainService:
         rec = self.running.get(job)
         return rec.plan if rec is not None else None
 
-    async def autoscaler_of(self, job: str) -> JobAutoscaler | None:
-        """The job's autoscaler; after a brain restart, rebuilt for a running zero-config job."""
-        auto = self.autoscalers.get(job)
-        if auto is not None or not self.config.autoscale or job in self.not_autoscaled:
-            return auto
+    async def is_autoscaled(self, job: str) -> tuple[bool, JobRecord | None]:
+        """Whether ``job`` runs and is the brain's to re-plan (a zero-config job); and its record."""
+        if job in self.autoscalers:
+            return True, None
+        if not self.config.autoscale or job in self.not_autoscaled:
+            return False, None
         rec = await self.store.job(job)
         ours = (rec is not None and rec.state is JobState.RUNNING and rec.spec.resources is None
                 and rec.spec.policies.optimizer == subjects.BRAIN_SERVICE)
+        return ours, rec
+
+    async def autoscaler_of(self, job: str) -> JobAutoscaler | None:
+        """The job's autoscaler (we own the job); without a saved one, rebuilt for a running zero-config
+        job from its record and the plan in force, in the adjust stage."""
+        auto = self.autoscalers.get(job)
+        if auto is not None or not self.config.autoscale or job in self.not_autoscaled:
+            return auto
+        ours, rec = await self.is_autoscaled(job)
         if not ours:
             self.not_autoscaled.add(job)
         plan = self.in_force(job)
@@ -291,6 +481,7 @@ class BrainService:
             before = auto.plan
             d = await asyncio.to_thread(auto.step, stats.ts, stats)  # NSGA-II: not on the event loop
         if d is None or before is None or same_resources(d.plan, before):
+            await self.save(stats.job)  # what the window taught it
             return None
         await self.publish_decision(auto, stats.job, stats.ts, before, d)
         return d
@@ -315,33 +506,71 @@ class BrainService:
         if d is not None and not same_resources(d.plan, before):
             await self.publish_decision(auto, ev.job, ev.ts, before, d)
 
+    def standby(self, stats: JobStatistics) -> None:
+        """A window of a job another instance owns: only the memory trend is kept (hot standby)."""
+        self.memory.setdefault(stats.job, MemoryWatch(self.oom)).feed(stats)
+
     async def prevent_oom(self, stats: JobStatistics) -> ResourcePlan | None:
         """Feed one window; publish (and return) a plan with more memory if an OOM is coming."""
-        watch = self.memory.setdefault(stats.job, MemoryWatch(self.oom))
-        plan = self.oom_plans.get(stats.job) or self.in_force(stats.job)
-        raised = prevention_plan(watch, stats, plan, last_at=self.oom_at.get(stats.job),
+        job = stats.job
+        watch = self.memory.setdefault(job, MemoryWatch(self.oom))
+        plan = self.oom_plans.get(job) or self.in_force(job)
+        raised = prevention_plan(watch, stats, plan, last_at=self.oom_at.get(job),
                                  cooldown_s=self.oom_cooldown_s)
         if raised is None:
             return None
         new_plan = await self.placed(replace(raised, source=PlanSource.BRAIN))
-        self.oom_plans[stats.job], self.oom_at[stats.job] = new_plan, stats.ts
-        await self.store.publish_plan(new_plan)
+        old_plan, old_at = self.oom_plans.get(job), self.oom_at.get(job)
+        self.oom_plans[job], self.oom_at[job] = new_plan, stats.ts
+        if not await self.send(job, plan=new_plan):  # nothing published: as if not decided
+            self.oom_plans.pop(job, None)
+            self.oom_at.pop(job, None)
+            if old_plan is not None:
+                self.oom_plans[job] = old_plan
+            if old_at is not None:
+                self.oom_at[job] = old_at
+            return None
         self.counters.inc("oom_plans")
-        log.info("OOM prevention plan", extra={"fields": {"job": stats.job, "reason": new_plan.reason}})
+        log.info("OOM prevention plan", extra={"fields": {"job": job, "reason": new_plan.reason}})
         return new_plan
 
     async def publish_decision(self, auto: JobAutoscaler, job: str, ts: float, before: ResourcePlan,
-                               d: Decision) -> ResourcePlan:
-        """The re-plan as a plan event (placed, if machines are known) and a BrainDecision saying why."""
+                               d: Decision) -> ResourcePlan | None:
+        """The re-plan as a plan event (placed, if machines are known) and a BrainDecision saying why;
+        None if our lease was lost first (nothing published: the new owner decides)."""
         measured = auto.measured.get((before.workers, before.ps, before.worker_cpu, before.ps_cpu))
         plan = await self.placed(replace(d.plan, job=job, source=PlanSource.BRAIN))
-        await self.store.publish_plan(plan)
-        await self.store.publish_decision(BrainDecision(
-            job, ts, d.stage, d.rule, plan, before,
-            measured.throughput if measured is not None else 0.0, d.predicted_throughput))
+        decision = BrainDecision(job, ts, d.stage, d.rule, plan, before,
+                                 measured.throughput if measured is not None else 0.0, d.predicted_throughput)
+        if not await self.send(job, plan=plan, decision=decision):
+            async with self.lock:
+                auto.withdraw(d)  # not carried out: decided again later (or by the job's new owner)
+            return None
         self.counters.inc("replans", rule=d.rule.value)
         log.info("re-plan", extra={"fields": {"job": job, "rule": d.rule.value, "reason": plan.reason}})
         return plan
+
+    async def send(self, job: str, plan: ResourcePlan, decision: BrainDecision | None = None) -> bool:
+        """Save the state with the plan (and decision) as its outbox, fenced; publish them under message ids
+        that a later owner would use too; clear the outbox.  False: refused (a stale owner), nothing published."""
+        n = self.published.get(job, 0) + 1
+        base = f"brain-{job}-{n}"
+        outbox = [Outgoing(f"{base}-plan", plan=plan)]
+        if decision is not None:
+            outbox.append(Outgoing(f"{base}-decision", decision=decision))
+        if not await self.save(job, outbox):
+            return False
+        self.published[job] = n
+        for out in outbox:
+            await self._publish(out)
+        await self.save(job)
+        return True
+
+    async def _publish(self, out: Outgoing) -> None:
+        if out.plan is not None:
+            await self.store.publish_plan(out.plan, out.msg_id)
+        if out.decision is not None:
+            await self.store.publish_decision(out.decision, out.msg_id)
 
     # ---------------------------------------------------------------- the cluster: rounds and placement
     def _fresh_cluster(self) -> ClusterStatus | None:
@@ -395,7 +624,7 @@ class BrainService:
         round gets no waiting jobs."""
         batch, self.latest = self.latest, {}
         ready = {job: (self.autoscalers[job], stats) for job, stats in sorted(batch.items())
-                 if job in self.autoscalers and self.autoscalers[job].plan is not None}
+                 if job in self.autoscalers and self.autoscalers[job].plan is not None and self.own.owns(job)}
         if not ready:
             return {}
         capacity = self.capacity()
@@ -414,7 +643,12 @@ class BrainService:
         for job, d in outcome.decisions.items():
             if job in before and not same_resources(d.plan, before[job]):
                 auto, stats = ready[job]
-                out[job] = await self.publish_decision(auto, job, stats.ts, before[job], d)
+                plan = await self.publish_decision(auto, job, stats.ts, before[job], d)
+                if plan is not None:
+                    out[job] = plan
+        for job in ready:
+            if job not in out and job in self.autoscalers:
+                await self.save(job)  # what the window taught its autoscaler
         self.counters.inc("cluster_rounds")
         self.counters.inc("cluster_round_jobs", len(ready))
         return out

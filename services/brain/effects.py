@@ -5,12 +5,14 @@
   :class:`~pacer.contracts.brain.RunningJob` per running job) are the
   brain's own; every write is a compare-and-set (:meth:`Bus.kv_update`):
   the current revision is read, the change applied to what was read, and a
-  write that lost (another brain instance of the queue group wrote the key
-  meanwhile) is re-read and re-applied.  Nothing is written with a blind put.
+  write that lost (another brain instance wrote the key meanwhile: every
+  instance folds every event) is re-read and re-applied.  Nothing is written with a blind put.
 * The job service's ``pacer-jobs`` KV is read for a job's spec and state
   (never for its plan: the plan in force comes from the executor's events).
   The executor's KV is never read.
-* Plans and decisions are durable publishes (JetStream acks them).
+* Plans and decisions are durable publishes (JetStream acks them), with a
+  message id the job's next owner would use for the same decision
+  (:mod:`.state`), so a decision is stored once across a hand-over.
 
 No method holds a lock of the service: the service calls them outside its
 autoscaler lock, so a slow server never stalls every job's decisions.
@@ -64,11 +66,28 @@ class BrainStore:
         value = json.dumps(h.to_dict()).encode()
         await _compare_and_set(self._history, h.job, lambda _old: value)
 
+    async def recorded_at(self, job: str) -> float | None:
+        """When the config DB's record of ``job`` says it finished (None: no readable record)."""
+        assert self._history is not None
+        try:
+            entry = await self._history.get(job)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        try:
+            return JobHistory.from_dict(json.loads(entry.value or b"")).finished_at
+        except (ValueError, KeyError, TypeError):
+            return None
+
     # ------------------------------------------------------------ running jobs
     async def running(self) -> dict[str, RunningJob]:
         """Every running job's record, by job."""
         return {job: decode(RunningJob, value) for job, value in
                 (await self.bus.kv_items(subjects.BRAIN_JOBS_BUCKET)).items()}
+
+    async def running_of(self, job: str) -> RunningJob | None:
+        """One job's record (what another instance folded meanwhile, too)."""
+        assert self._running is not None
+        return await Bus.kv_get(self._running, job, RunningJob)
 
     async def update_running(self, job: str, fold: Callable[[RunningJob | None], RunningJob | None]
                              ) -> tuple[RunningJob | None, bool]:
@@ -113,11 +132,12 @@ class BrainStore:
         return await Bus.kv_get(self._jobs, job, JobRecord)
 
     # ------------------------------------------------------------ events
-    async def publish_plan(self, plan: ResourcePlan) -> None:
-        await self.bus.publish_durable(subjects.job_event(plan.job, subjects.JobEventKind.PLAN), plan)
+    async def publish_plan(self, plan: ResourcePlan, msg_id: str = "") -> None:
+        """``msg_id``: the same plan published again (by the job's next owner) is stored once."""
+        await self.bus.publish_durable(subjects.job_event(plan.job, subjects.JobEventKind.PLAN), plan, msg_id=msg_id)
 
-    async def publish_decision(self, decision: BrainDecision) -> None:
-        await self.bus.publish_durable(subjects.brain_decision(decision.job), decision)
+    async def publish_decision(self, decision: BrainDecision, msg_id: str = "") -> None:
+        await self.bus.publish_durable(subjects.brain_decision(decision.job), decision, msg_id=msg_id)
 
 
 async def _compare_and_set(kv: KeyValue, key: str, change: Callable[[bytes | None], bytes | None]) -> None:

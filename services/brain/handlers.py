@@ -29,7 +29,7 @@ from pacer.contracts.executor import ClusterStatus, ExecutorEvent
 from pacer.contracts.jobs import JobEvent, JobState
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
-from pacer.errors import PacerError, ValidationError
+from pacer.errors import PacerError, Unavailable, ValidationError
 from pacer_services.brain.core.autoscaler import same_resources
 from pacer_services.brain.core.capacity import status_problem
 from pacer_services.brain.core.history import JobFeatures, JobHistory
@@ -50,17 +50,20 @@ def rpc(svc: BrainService) -> dict[str, Handler]:
         req = decode(PlanRequest, msg.data)
         if req.job != job or req.spec.name != job:
             raise ValidationError(f"job: the request names {req.job!r} / spec {req.spec.name!r}, the subject {job!r}")
+        await svc.load_history()  # what every instance recorded
         ws = warm_start(req.spec, svc.history.values(), records=req.records or None)
         svc.counters.inc("plans", start="cold" if ws.cold else "warm")
         first = replace(ws.plan, job=job)
         if svc.config.autoscale and req.spec.resources is None:
             svc.adopt(job, svc.config.autoscaler(req.spec, first, warm=not ws.cold, prior=ws.coefficients))
+            await svc.save(job)  # a new owner goes on from here (refused: the new owner resumes from the record)
         await svc.bus.respond(msg, await svc.placed(first))
 
     async def history(job: str, msg: Msg) -> None:
         q = decode(HistoryQuery, msg.data)
         if not 1 <= q.limit <= 1000:
             raise ValidationError(f"limit: must be 1..1000, got {q.limit}")
+        await svc.load_history()
         out = []
         for h in sorted(svc.history.values(), key=lambda h: h.finished_at, reverse=True):
             p = h.final_plan
@@ -78,6 +81,16 @@ async def on_statistics(svc: BrainService, msg: Msg) -> None:
     """A monitor window: to the next cluster round, the job's autoscaler, or OOM prevention."""
     try:
         stats = decode(JobStatistics, msg.data)
+        if not svc.own.owns(stats.job):
+            autoscaled, rec = await svc.is_autoscaled(stats.job)
+            running = autoscaled or (rec is not None and rec.state is JobState.RUNNING) or stats.job in svc.running
+            if not running or not await svc.take(stats.job, autoscaled):
+                svc.standby(stats)
+                svc.counters.inc("statistics", path="standby")
+                return
+        elif not await svc.take(stats.job, stats.job in svc.autoscalers):
+            svc.standby(stats)
+            return
         auto = await svc.autoscaler_of(stats.job)
         if auto is not None and svc.capacity() is not None:
             svc.latest[stats.job] = stats  # planned with the others in the next cluster round
@@ -133,37 +146,50 @@ def events(svc: BrainService) -> Callable[[Msg], Awaitable[None]]:
 
 
 async def on_applied_event(svc: BrainService, ev: ExecutorEvent, seq: int) -> None:
-    """The executor applied a plan: the plan in force (stored), and the autoscaler's Eq. 8 pause."""
-    rec, new = await svc.store.update_running(ev.job, lambda r: on_applied(r, ev, seq) if is_new(r, seq) else None)
+    """The executor applied a plan: the plan in force (stored, by whichever instance folds it first), and
+    (the owner, once per event) the autoscaler's plan and Eq. 8 pause."""
+    rec, _ = await svc.store.update_running(ev.job, lambda r: on_applied(r, ev, seq) if is_new(r, seq) else None)
     if rec is not None:
         svc.running[ev.job] = rec
-    if new and ev.plan is not None:
-        await svc.applied(ev.job, ev.plan, ev.ts, ev.overhead_s)
+    plan = ev.plan
+    if plan is not None:
+        async def learn() -> None:
+            await svc.applied(ev.job, plan, ev.ts, ev.overhead_s)
+
+        await svc.effect(ev.job, seq, learn)
 
 
 async def on_node_event(svc: BrainService, ev: NodeEvent, seq: int) -> None:
-    """A node event: its pod's size (the plan as run); an OOM while sampling gets the sample stage's answer."""
-    sampling_oom = ev.kind == subjects.NodeEventKind.DIED and ev.reason == "oom" and ev.job in svc.autoscalers
-
-    def fold(r: RunningJob | None) -> RunningJob | None:
-        if not is_new(r, seq):
-            return None  # delivered again: folded (and answered) already
-        out = on_node(r, ev, seq)
-        # an OOM to answer is remembered even for a job without a record yet, so that it is answered once
-        return out if out is not None or not sampling_oom else RunningJob(ev.job, seq=seq)
-
-    rec, new = await svc.store.update_running(ev.job, fold)
+    """A node event: its pod's size (the plan as run); an OOM while sampling gets the sample stage's answer
+    (from the owner, once per event)."""
+    rec, _ = await svc.store.update_running(ev.job, lambda r: on_node(r, ev, seq) if is_new(r, seq) else None)
     if rec is not None:
         svc.running[ev.job] = rec
-    if new and sampling_oom:
-        await svc.sample_oom(ev)
+    if ev.kind == subjects.NodeEventKind.DIED and ev.reason == "oom":
+        async def answer() -> None:
+            await svc.sample_oom(ev)
+
+        await svc.effect(ev.job, seq, answer)
 
 
 async def on_job_end(svc: BrainService, ev: JobEvent) -> None:
-    """A job ended: its record in the config DB (DLRover-RM Alg. 1's D), and its running state dropped."""
+    """A job ended: its record in the config DB (DLRover-RM Alg. 1's D), by the job's owner (its autoscaler
+    knows the coefficients) or, if nobody owns it, by whoever claims it; its running state dropped everywhere."""
+    if await svc.store.recorded_at(ev.job) == ev.ts:  # recorded already (another instance, or a redelivery)
+        await _dropped(svc, ev.job)
+        return
+    if not svc.own.owns(ev.job):
+        holder = await svc.own.owner_of(ev.job)
+        if holder is not None and holder != svc.own.instance:
+            svc.forget(ev.job)  # the owner records it
+            await svc.own.drop(ev.job)
+            return
+        if not await svc.own.claim(ev.job, within=2.0):
+            raise Unavailable(f"{ev.job}: changing owner; the job end is retried")
     rec = await svc.store.job(ev.job)
     if rec is None:
         svc.counters.inc("unknown_jobs")
+        await _dropped(svc, ev.job)
         return
     running: RunningJob | None = svc.running.get(ev.job)
     if rec.plan is not None:
@@ -179,5 +205,12 @@ async def on_job_end(svc: BrainService, ev: JobEvent) -> None:
         await svc.store.record(h)
         svc.history[rec.job] = h
         svc.counters.inc("recorded", state=ev.state.value)
-    await svc.store.drop_running(ev.job)
-    svc.forget(ev.job)
+    await _dropped(svc, ev.job)
+
+
+async def _dropped(svc: BrainService, job: str) -> None:
+    """The job's running record, its owner's state and lease, and what this instance kept of it: gone."""
+    await svc.store.drop_running(job)
+    await svc.own.delete_state(job)
+    await svc.own.drop(job)
+    svc.forget(job)

@@ -76,7 +76,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from pacer.codec import from_dict, to_dict
 from pacer.contracts.brain import BrainRule as Rule
 from pacer.contracts.brain import BrainStage as Stage
 from pacer.contracts.jobs import JobSpec, ResourceLimits, ResourcePlan
@@ -90,6 +92,7 @@ from .cluster import (
     JobRequest,
     OverheadModel,
     Resources,
+    ScalingKind,
     ScalingRecord,
     best_for_job,
     effective_overhead,
@@ -132,6 +135,8 @@ __all__ = [
     "Proposal",
     "Rule",
     "Stage",
+    "autoscaler_state",
+    "load_autoscaler_state",
     "same_resources",
 ]
 
@@ -744,3 +749,113 @@ class JobAutoscaler:
 def _keep(have: int, need: int) -> int:
     """Memory of a node: what it has while that is enough and at most twice the need, else the need."""
     return have if need <= have <= 2 * need else need
+
+
+# ------------------------------------------------------------------ hand-over (issue 13)
+# What a JobAutoscaler needs to go on where it was, as JSON-able builtins: another brain instance
+# rebuilds it from the same spec, first plan and prior (BrainConfig.autoscaler), then load_state.
+# The model, its calibration and the candidates are not kept: they are a pure function of the
+# measurements and are fitted again at the next adjust round.
+_KEPT_DECISIONS = 8  # the newest decisions travel with the state (the service looks at the last one)
+
+
+def _plan_out(plan: ResourcePlan | None) -> dict[str, Any] | None:
+    return to_dict(plan) if plan is not None else None
+
+
+def _plan_in(obj: Any) -> ResourcePlan | None:
+    return from_dict(ResourcePlan, obj) if obj is not None else None
+
+
+def _measured_out(m: _Measured) -> dict[str, Any]:
+    return {"n": m.n, "throughput": m.throughput, "m2": m.m2, "log_mean": m.log_mean, "plan": _plan_out(m.plan),
+            "worker_used": m.worker_used, "ps_used": list(m.ps_used), "ps_rss_mb": list(m.ps_rss_mb),
+            "worker_rss_mb": m.worker_rss_mb}
+
+
+def _measured_in(d: dict[str, Any]) -> _Measured:
+    return _Measured(n=int(d["n"]), throughput=float(d["throughput"]), m2=float(d["m2"]),
+                     log_mean=float(d["log_mean"]), plan=_plan_in(d["plan"]), worker_used=float(d["worker_used"]),
+                     ps_used=[float(x) for x in d["ps_used"]], ps_rss_mb=[float(x) for x in d["ps_rss_mb"]],
+                     worker_rss_mb=float(d["worker_rss_mb"]))
+
+
+def _profile_out(p: SampleProfile | None) -> dict[str, Any] | None:
+    if p is None:
+        return None
+    return {"workers": p.workers, "ps": p.ps, "worker_cpu": p.worker_cpu, "ps_cpu_total": p.ps_cpu_total,
+            "throughput": p.throughput, "worker_rss_mb": p.worker_rss_mb, "ps_rss_mb": list(p.ps_rss_mb),
+            "ps_cpu": list(p.ps_cpu), "ps_nodes": list(p.ps_nodes)}
+
+
+def _profile_in(d: dict[str, Any] | None) -> SampleProfile | None:
+    if d is None:
+        return None
+    return SampleProfile(workers=int(d["workers"]), ps=int(d["ps"]), worker_cpu=float(d["worker_cpu"]),
+                         ps_cpu_total=float(d["ps_cpu_total"]), throughput=float(d["throughput"]),
+                         worker_rss_mb=float(d["worker_rss_mb"]), ps_rss_mb=tuple(d["ps_rss_mb"]),
+                         ps_cpu=tuple(d["ps_cpu"]), ps_nodes=tuple(d["ps_nodes"]))
+
+
+def _decision_out(d: Decision) -> dict[str, Any]:
+    return {"plan": to_dict(d.plan), "stage": d.stage.value, "rule": d.rule.value,
+            "predicted_throughput": d.predicted_throughput}
+
+
+def _decision_in(d: dict[str, Any]) -> Decision:
+    plan = _plan_in(d["plan"])
+    assert plan is not None
+    return Decision(plan, Stage(d["stage"]), Rule(d["rule"]), float(d["predicted_throughput"]))
+
+
+def _key_out(k: _Key) -> list[float]:
+    return [k[0], k[1], k[2], k[3]]
+
+
+def _key_in(v: list[Any]) -> _Key:
+    return (int(v[0]), int(v[1]), float(v[2]), float(v[3]))
+
+
+def autoscaler_state(auto: JobAutoscaler) -> dict[str, Any]:
+    """Everything ``auto`` has learnt and decided so far, as JSON-able builtins (:func:`load_autoscaler_state`)."""
+    a = auto
+    return {
+        "stage": a.stage.value, "plan": _plan_out(a.plan), "pending": _plan_out(a._pending),
+        "measured": [[_key_out(k), _measured_out(m)] for k, m in a.measured.items()],
+        "sample_profile": _profile_out(a.sample_profile),
+        "pauses": [[r.kind.value, r.pause_s] for r in a.pauses],
+        "memory": a.memory.to_state() if a.memory is not None else None,
+        "predicted": [[_key_out(k), v] for k, v in a._predicted.items()],
+        "prediction_errors": list(a.prediction_errors),
+        "running_since": a._running_since,
+        "last_decision": a._last_decision if math.isfinite(a._last_decision) else None,
+        "model_mem": [[s.at, s.rss_mb] for s in a._model_mem], "records_total": a._records_total,
+        "decisions": [_decision_out(d) for d in a.decisions[-_KEPT_DECISIONS:]],
+        "converged": a.converged, "fruitless": a._fruitless, "best_at_last_move": a._best_at_last_move,
+    }
+
+
+def load_autoscaler_state(auto: JobAutoscaler, d: dict[str, Any]) -> None:
+    """Put ``auto`` (just built from the job's spec, first plan and prior) where :func:`autoscaler_state` was taken.
+
+    Raises ``ValueError`` / ``KeyError`` / ``TypeError`` on a malformed state (``auto`` is then half-loaded:
+    build a new one)."""
+    a = auto
+    a.stage = Stage(d["stage"])
+    a.plan, a._pending = _plan_in(d["plan"]), _plan_in(d["pending"])
+    a.measured = {_key_in(k): _measured_in(m) for k, m in d["measured"]}
+    a.sample_profile = _profile_in(d["sample_profile"])
+    a.pauses = [ScalingRecord(ScalingKind(k), float(p)) for k, p in d["pauses"]]
+    if a.memory is not None and d["memory"] is not None:
+        a.memory.load_state(d["memory"])
+    a._predicted = {_key_in(k): float(v) for k, v in d["predicted"]}
+    a.prediction_errors = [float(x) for x in d["prediction_errors"]]
+    a._running_since = float(d["running_since"]) if d["running_since"] is not None else None
+    a._last_decision = float(d["last_decision"]) if d["last_decision"] is not None else -math.inf
+    a._model_mem = deque((MemorySample(float(at), float(mb)) for at, mb in d["model_mem"]), maxlen=60)
+    a._records_total = int(d["records_total"])
+    a.decisions = [_decision_in(x) for x in d["decisions"]]
+    a.converged, a._fruitless = bool(d["converged"]), int(d["fruitless"])
+    a._best_at_last_move = float(d["best_at_last_move"])
+    a.model, a.calibration, a._model_keys, a._candidates, a._candidates_for = None, None, frozenset(), [], None
+    a._fit()  # the model of the measurements (learnt() right after a hand-over); cheap next to NSGA-II

@@ -50,6 +50,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pacer.contracts.jobs import ResourcePlan
 from pacer.contracts.monitor import JobStatistics, NodeState
@@ -265,6 +266,20 @@ class MemoryWatch:
     def forget(self, node: str) -> None:
         """A node was relaunched or resized: its old samples no longer describe it."""
         self.nodes.pop(node, None)
+
+    def to_state(self) -> dict[str, Any]:
+        """The samples and what was last seen of each node, as JSON-able builtins (a brain hand-over)."""
+        return {"nodes": {n: [[s.at, s.rss_mb] for s in q] for n, q in self.nodes.items()},
+                "roles": dict(self.roles), "seen": {n: list(v) for n, v in self._seen.items()},
+                "stale": dict(self._stale)}
+
+    def load_state(self, d: dict[str, Any]) -> None:
+        """Back to where :meth:`to_state` was taken (``KeyError`` / ``TypeError`` / ``ValueError`` if malformed)."""
+        self.nodes = {n: deque((MemorySample(float(at), float(mb)) for at, mb in q), maxlen=self.config.window)
+                      for n, q in d["nodes"].items()}
+        self.roles = {str(n): str(r) for n, r in d["roles"].items()}
+        self._seen = {n: (int(v[0]), int(v[1])) for n, v in d["seen"].items()}
+        self._stale = {n: int(v) for n, v in d["stale"].items()}
 
     def plan_for(self, plan: ResourcePlan, end_at: float, roles: Iterable[str] = ("ps",)) -> ResourcePlan | None:
         wanted = set(roles)

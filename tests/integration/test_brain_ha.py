@@ -1,0 +1,323 @@
+"""Two brain instances on a real nats-server (issue 13): one owner per job, hand-over, fencing.
+
+Both instances run in-process (``InProcess``); the job service's record, the
+executor's ``applied`` event and the monitor's statistics windows are
+published by the test as those services would.  The job is a zero-config
+one on a cold start, so its first plan is the sample stage's: the sample is
+measured on two valid windows (the first window after the plan runs starts
+the settle time, each later one 30 s on is a valid measurement), then the
+optimize plan (DLRover 2023 Eq. 10-11) is published as a plan event and a
+``BrainDecision``.  An owner is "killed" by closing its NATS connection
+(its lease stays behind, unrenewed, as after a SIGKILL; not
+``InProcess.stop``, which would cancel the other instance's tasks too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pytest
+from conftest import InProcess, eventually
+from nats.aio.msg import Msg
+from pacer import subjects
+from pacer.bus import NO_RETRY, Bus
+from pacer.codec import decode, encode
+from pacer.contracts.brain import BrainDecision, PlanRequest
+from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind
+from pacer.contracts.jobs import JobRecord, JobSpec, JobState, PlanSource, ResourcePlan
+from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
+from pacer.embedded import EmbeddedNats
+from pacer.jobs.spec import parse_job_spec
+from pacer.lease import Lease
+from pacer.ownership import LEASE_BUCKET, lease_key, state_key
+from pacer_services.brain.app import BrainConfig, BrainService
+from pacer_services.brain.core.autoscaler import Stage, autoscaler_state, load_autoscaler_state
+from pacer_services.brain.state import JobState as OwnedState
+from pacer_services.brain.state import Outgoing, decode_state, encode_state
+
+pytestmark = pytest.mark.timeout(60)
+
+T = TypeVar("T")
+TTL = 2.0
+CFG = dict(cpu_quota=16.0, node_cpu=4.0, adjust_interval_s=60.0, settle_s=20.0, lease_ttl_s=TTL)
+
+
+def spec(name: str) -> JobSpec:
+    return parse_job_spec(f"name: {name}\nmodel: wide_deep\ndataset: {{path: /data/day0.rec}}\n")
+
+
+def window(job: str, plan: ResourcePlan, t: float, done: int) -> JobStatistics:
+    """A window of ``plan`` running: each worker using 0.9 cores, the PS 0.15 each, 2,000 samples/s."""
+    def node(name: str, role: str, cpu: float) -> NodeStats:
+        return NodeStats(node=name, role=role, bpt_short_s=0.1, bpt_long_s=0.1, speed_samples_per_s=1000.0,
+                         samples_total=done, cpu_percent=cpu * 100, rss_bytes=600 << 20, last_seen=t,
+                         state=NodeState.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0, slowdown_long=1.0)
+
+    nodes = [node(f"worker-{i}", "worker", 0.9) for i in range(plan.workers)]
+    nodes += [node(f"ps-{j}", "ps", 0.15) for j in range(plan.ps)]
+    return JobStatistics(job=job, ts=t, window_short_s=300.0, window_long_s=600.0, throughput_samples_per_s=2000.0,
+                         nodes=nodes, shards=ShardSummary(todo=5, doing=2, done=3, failed=0, records_done=done,
+                                                          records_total=10_000_000))
+
+
+async def collect(bus: Bus, subject: str, cls: type[T]) -> list[T]:
+    got: list[T] = []
+
+    async def on_msg(msg: Msg) -> None:
+        got.append(decode(cls, msg.data))
+
+    await bus.nc.subscribe(subject, cb=on_msg)
+    await bus.nc.flush()
+    return got
+
+
+def brain(url: str, name: str, clock: Any = None) -> InProcess[BrainService]:
+    def build(b: Bus) -> BrainService:
+        svc = BrainService(b, config=BrainConfig(instance=name, **CFG))  # type: ignore[arg-type]
+        if clock is not None:
+            svc.own.clock = clock  # a frozen process: it neither renews its leases nor doubts them
+        return svc
+
+    return InProcess(url, build)
+
+
+async def owner_of(bus: Bus, job: str) -> str | None:
+    kv = await bus.kv(LEASE_BUCKET)
+    try:
+        entry = await kv.get(lease_key(subjects.BRAIN_SERVICE, job))
+    except Exception:
+        return None
+    return entry.value.decode() if entry.value else None
+
+
+async def saved(bus: Bus, job: str) -> OwnedState | None:
+    kv = await bus.kv(LEASE_BUCKET)
+    try:
+        entry = await kv.get(state_key(subjects.BRAIN_SERVICE, job))
+    except Exception:
+        return None
+    return decode_state(entry.value) if entry.value else None
+
+
+def sample_windows(st: OwnedState | None) -> int:
+    """Valid windows of the sample plan in a saved state."""
+    if st is None or st.auto is None:
+        return 0
+    return sum(int(m["n"]) for _, m in st.auto.state["measured"])
+
+
+@dataclass
+class Job:
+    name: str
+    first: ResourcePlan
+    plans: list[ResourcePlan]
+    decisions: list[BrainDecision]
+    t0: float
+
+
+async def start_job(bus: Bus, name: str) -> Job:
+    """The job service's record, the brain's first plan (asked as the job service does), the executor's
+    ``applied`` event; and lists of every plan event and BrainDecision of the job from now on."""
+    plans = await collect(bus, subjects.job_event(name, subjects.JobEventKind.PLAN), ResourcePlan)
+    decisions = await collect(bus, subjects.brain_decision(name), BrainDecision)
+    first = await bus.request(subjects.brain_rpc(name, subjects.BrainOp.PLAN), PlanRequest(name, spec(name), 10**6),
+                              ResourcePlan, retry=NO_RETRY)
+    await (await bus.kv(subjects.JOB_BUCKET)).put(name, encode(JobRecord(name, spec(name), JobState.RUNNING,
+                                                                           time.time(), plan=first)))
+    await bus.publish_durable(subjects.executor_event(name, "applied"),
+                              ExecutorEvent(name, ExecutorEventKind.APPLIED, time.time(), plan=first, overhead_s=10.0))
+    return Job(name, first, plans, decisions, time.time())
+
+
+async def feed(bus: Bus, job: Job, i: int) -> None:
+    await bus.publish(subjects.monitor_statistics(job.name), window(job.name, job.first, job.t0 + 30 * i, 1000 * i))
+
+
+@pytest.fixture
+async def url(nats_server: EmbeddedNats) -> AsyncIterator[str]:
+    yield nats_server.url
+
+
+async def stop_all(*brains: InProcess[BrainService]) -> None:
+    for b in brains:
+        with contextlib.suppress(Exception):
+            await b.stop()
+
+
+async def test_two_brains_one_owner_publishes_each_decision_once(url: str, bus: Bus) -> None:
+    """Two instances hear every window and fold every event; the job's owner alone steps its autoscaler and
+    publishes: one optimize plan and one decision, and its first plan was asked through either instance."""
+    a, b = brain(url, "brain-a"), brain(url, "brain-b")
+    sa, sb = await a.start(), await b.start()
+    try:
+        job = await start_job(bus, "ha-one")
+        first_owner = await owner_of(bus, "ha-one")
+        assert first_owner in ("brain-a", "brain-b")
+        own, other = (sa, sb) if first_owner == "brain-a" else (sb, sa)
+        assert "ha-one" in own.autoscalers and "ha-one" not in other.autoscalers
+        await eventually(lambda: own.autoscalers["ha-one"].plan == job.first, 10, "the owner did not learn the plan")
+        await eventually(lambda: other.in_force("ha-one") == job.first, 10, "the standby did not fold the event")
+        for i in range(4):
+            await feed(bus, job, i)
+        await eventually(lambda: job.decisions and job.plans, 15, "no decision")
+        await asyncio.sleep(0.5)  # a second copy would have come by now
+        assert len(job.decisions) == 1 and len(job.plans) == 1, (job.decisions, job.plans)
+        assert job.decisions[0].rule == "optimize" and job.decisions[0].previous == job.first
+        assert own.counters.values.get("replans", 0) == 1 and other.counters.values.get("replans", 0) == 0
+        assert "ha-one" not in other.autoscalers and other.own.wanted("ha-one")  # standing by
+        # The stream holds it once too (not only what this subscription saw).
+        history = await bus.replay(subjects.brain_decision("ha-one"))
+        assert len(history) == 1
+        # A second plan request reaches the owner whichever instance receives it.
+        again = await bus.request(subjects.brain_rpc("ha-one", subjects.BrainOp.PLAN),
+                                  PlanRequest("ha-one", spec("ha-one"), 10**6), ResourcePlan, retry=NO_RETRY)
+        assert again.job == "ha-one" and "ha-one" not in other.autoscalers
+    finally:
+        await stop_all(a, b)
+
+
+async def test_owner_dies_mid_sample_the_other_continues_the_sample(url: str, bus: Bus) -> None:
+    """The owner measured one valid window of the sample plan, saved beside its lease, then died.  The other
+    instance takes the job over one TTL later, loads the sample stage with that window, and the very next
+    window completes the sample: the optimize plan goes out once, from the new owner.  (Started afresh,
+    it would need the settle time and two more windows; resumed from the record, no optimize at all.)"""
+    a = brain(url, "brain-a")
+    sa = await a.start()
+    b = brain(url, "brain-b")
+    try:
+        job = await start_job(bus, "ha-die")  # only brain-a runs: it owns the job
+        assert await owner_of(bus, "ha-die") == "brain-a"
+        await eventually(lambda: sa.autoscalers["ha-die"].plan == job.first, 10, "brain-a did not learn the plan")
+        sb = await b.start()
+        await feed(bus, job, 0)  # running: the settle time starts
+        await feed(bus, job, 1)  # a valid window of the sample plan
+        await eventually(lambda: sample_windows(sa.state_of("ha-die")) == 1, 10, "brain-a measured nothing")
+        st = await eventually(lambda: _saved_with(bus, "ha-die", 1), 10, "the measured window was not saved")
+        assert st.auto is not None and st.auto.state["stage"] == Stage.SAMPLE.value
+        await eventually(lambda: sb.own.wanted("ha-die"), 10, "brain-b never heard of the job")
+        assert not sb.autoscalers and not job.decisions
+
+        await sa.bus.nc.close()  # brain-a dies: its lease stays behind, unrenewed
+        await eventually(lambda: sb.own.owns("ha-die"), 6 * TTL + 10, "brain-b did not take the job over")
+        auto = sb.autoscalers["ha-die"]
+        assert auto.stage is Stage.SAMPLE and auto.plan == job.first
+        assert sum(m.n for m in auto.measured.values()) == 1  # the sample brain-a measured
+        assert sb.counters.values.get("autoscalers_handed_over", 0) == 1
+        await feed(bus, job, 2)  # the second valid window: the sample is complete
+        await eventually(lambda: job.decisions and job.plans, 15, "brain-b did not go on with the sample")
+        await asyncio.sleep(0.5)
+        assert len(job.decisions) == 1 and len(job.plans) == 1
+        d = job.decisions[0]
+        assert d.rule == "optimize" and d.previous == job.first and d.measured_throughput == pytest.approx(2000.0)
+        assert sb.counters.values.get("replans", 0) == 1
+        assert len(await bus.replay(subjects.brain_decision("ha-die"))) == 1
+        st = await saved(bus, "ha-die")
+        assert st is not None and st.auto is not None and st.auto.state["stage"] == Stage.ADJUST.value
+        assert st.published == 1 and not st.outbox  # published, and written down as such
+    finally:
+        await stop_all(b, a)
+
+
+async def _saved_with(bus: Bus, job: str, windows: int) -> OwnedState | None:
+    st = await saved(bus, job)
+    return st if sample_windows(st) == windows else None
+
+
+async def test_a_stale_owner_can_neither_save_nor_publish(url: str, bus: Bus) -> None:
+    """brain-a's clock stands still: it stops renewing but keeps believing it owns the job.  brain-b takes
+    the job over.  The window that completes the sample reaches both: brain-a decides too, but its fenced
+    save is refused by the server, so it publishes nothing; brain-b's optimize plan is the only one."""
+    a = brain(url, "brain-a", clock=lambda: 1000.0)
+    sa = await a.start()
+    b = brain(url, "brain-b")
+    try:
+        job = await start_job(bus, "ha-stale")
+        assert await owner_of(bus, "ha-stale") == "brain-a"
+        await eventually(lambda: sa.autoscalers["ha-stale"].plan == job.first, 10, "brain-a did not learn the plan")
+        sb = await b.start()
+        await feed(bus, job, 0)
+        await feed(bus, job, 1)
+        await eventually(lambda: _saved_with(bus, "ha-stale", 1), 10, "the measured window was not saved")
+        await eventually(lambda: sb.own.owns("ha-stale"), 6 * TTL + 10, "brain-b did not take the job over")
+        assert await owner_of(bus, "ha-stale") == "brain-b"
+        assert sa.own.owns("ha-stale")  # the stale owner still believes it
+        await feed(bus, job, 2)
+        await eventually(lambda: sa.counters.values.get("fenced", 0) >= 1, 15, "brain-a's save was not refused")
+        await eventually(lambda: job.decisions, 15, "brain-b published nothing")
+        await asyncio.sleep(0.5)
+        assert len(job.decisions) == 1 and len(job.plans) == 1
+        assert sa.counters.values.get("replans", 0) == 0 and sb.counters.values.get("replans", 0) == 1
+        assert len(await bus.replay(subjects.job_event("ha-stale", subjects.JobEventKind.PLAN))) == 1
+    finally:
+        await stop_all(b, a)
+
+
+async def test_a_dead_owners_outbox_is_published_once(url: str, bus: Bus) -> None:
+    """A plan the last owner saved in its outbox is published by the next owner under the same message id:
+    stored once whether the dead owner published it ("ghost-1") or died first ("ghost-2")."""
+    for name, already in (("ghost-1", True), ("ghost-2", False)):
+        await (await bus.kv(subjects.JOB_BUCKET)).put(name, encode(JobRecord(
+            name, parse_job_spec(f"name: {name}\nmodel: wide_deep\ndataset: {{path: /d.rec}}\n"
+                                 "resources: {workers: 2, ps: 1}\n"), JobState.RUNNING, time.time())))
+        plan = ResourcePlan(name, 2, 1, 1.0, 4096, 1.0, 2048, PlanSource.BRAIN, reason="OOM prevention")
+        lease = await Lease.open(bus, LEASE_BUCKET, lease_key(subjects.BRAIN_SERVICE, name), "ghost", TTL)
+        assert await lease.acquire()
+        await lease.fenced_put(state_key(subjects.BRAIN_SERVICE, name), encode_state(OwnedState(
+            oom_plan=plan, oom_at=time.time(), published=1, outbox=[Outgoing(f"brain-{name}-1-plan", plan=plan)])))
+        if already:
+            await bus.publish_durable(subjects.job_event(name, subjects.JobEventKind.PLAN), plan,
+                                      msg_id=f"brain-{name}-1-plan")
+    c = brain(url, "brain-c")
+    sc = await c.start()
+    try:
+        for name in ("ghost-1", "ghost-2"):
+            for _ in range(100):  # statistics are plain messages: until brain-c takes the job over
+                await bus.publish(subjects.monitor_statistics(name), window(name, ResourcePlan(
+                    name, 2, 1, 1.0, 4096, 1.0, 2048, PlanSource.USER), time.time(), 1000))
+                if sc.own.owns(name):
+                    break
+                await asyncio.sleep(0.2)
+            assert sc.own.owns(name)
+            st = await eventually(lambda n=name: saved(bus, n), 10)
+            await eventually(lambda n=name: _outbox_empty(bus, n), 10, "the outbox was not cleared")
+            got = await bus.replay(subjects.job_event(name, subjects.JobEventKind.PLAN))
+            assert len(got) == 1, name
+            assert decode(ResourcePlan, got[0].data).reason == "OOM prevention"
+            assert st is not None and sc.oom_plans[name].reason == "OOM prevention"  # pending, not yet applied
+    finally:
+        await stop_all(c)
+
+
+async def _outbox_empty(bus: Bus, job: str) -> bool:
+    st = await saved(bus, job)
+    return st is not None and not st.outbox
+
+
+def test_an_autoscaler_state_round_trips_through_json() -> None:
+    """What a new owner loads decides like the original: same stage, samples and next decision."""
+    cfg = BrainConfig(**CFG)  # type: ignore[arg-type]
+    first = ResourcePlan("rt", 2, 2, 4.0, 2048, 4.0, 2048, PlanSource.BRAIN)
+    orig = cfg.autoscaler(spec("rt"), first, warm=False)
+    orig.applied(first, 0.0)
+    t0 = 1000.0
+    for i in range(2):
+        assert orig.step(t0 + 30 * i, window("rt", first, t0 + 30 * i, 1000 * i)) is None
+    data = json.dumps(autoscaler_state(orig))
+    copy = cfg.autoscaler(spec("rt"), first, warm=False)
+    load_autoscaler_state(copy, json.loads(data))
+    assert copy.stage is Stage.SAMPLE and copy.plan == first
+    assert {k: m.n for k, m in copy.measured.items()} == {k: m.n for k, m in orig.measured.items()} != {}
+    w = window("rt", first, t0 + 60, 2000)
+    d1, d2 = orig.step(t0 + 60, w), copy.step(t0 + 60, w)
+    assert d1 is not None and d2 is not None and d1.plan == d2.plan and d1.rule == d2.rule
+    assert autoscaler_state(orig) == autoscaler_state(copy)
+    with pytest.raises((KeyError, ValueError, TypeError)):
+        load_autoscaler_state(cfg.autoscaler(spec("rt"), first, warm=False), {"stage": "nowhere"})
+    with pytest.raises(ValueError):
+        decode_state(b'{"seq": 1}')
