@@ -9,19 +9,21 @@ does the IO (KV, publishing); :mod:`.core` decides (pure).
   start the documented default plan, marked as such.
 * ``pacer.rpc.brain._all.history`` (brain.HistoryQuery -> brain.HistoryList):
   the config DB (KV ``pacer-brain-history``), newest first.
-* What the executor runs: a durable consumer (``brain-events``) of the
-  executor's ``applied`` events and the node events folds them into one
-  ``brain.RunningJob`` per job (:mod:`.core.running`), kept in the brain's
-  own KV ``pacer-brain-jobs``: the plan in force, and the plan as run
-  (with the memory of OOM-relaunched nodes) that the config DB records
-  when the job ends (the same consumer's ``completed`` / ``failed`` job
-  events).  A restarted brain loads the records and the consumer delivers
-  what it missed; it never reads the executor's KV.
+* What the executor runs: a durable consumer of each instance
+  (``brain-events-<instance>``) of the executor's ``applied`` events and the
+  node events folds them into one ``brain.RunningJob`` per job
+  (:mod:`.core.running`), kept in the brain's own KV ``pacer-brain-jobs``:
+  the plan in force, and the plan as run (with the memory of OOM-relaunched
+  nodes) that the config DB records when the job ends (the same consumer's
+  ``completed`` / ``failed`` job events).  A restarted brain loads the
+  records and the consumer delivers what it missed; it never reads the
+  executor's KV.
 * Zero-config jobs (no ``resources``) are re-planned while they run by a
   :class:`~.core.autoscaler.JobAutoscaler` each (DLRover 2023 §4.2 stages,
   DLRover-RM's model; each re-plan a plan event and a ``BrainDecision``).
-  A brain restart picks a running one up from its RunningJob record and
-  the job's spec, in the adjust stage.  The quota (C_total) and node size
+  The autoscaler is saved after every change (:mod:`.state`); a job with
+  no saved autoscaler (saved by an older brain) is picked up from its
+  RunningJob record and the job's spec, in the adjust stage.  The quota (C_total) and node size
   (C_max) come from :class:`BrainConfig`.
 * Across jobs (DLRover-RM §4.3): when the capacity the autoscaled jobs
   share is known (``PACER_BRAIN_CLUSTER_CPU`` / ``_MEMORY_MB``, else a
@@ -36,6 +38,51 @@ does the IO (KV, publishing); :mod:`.core` decides (pure).
   executor's latest ClusterStatus, for every plan the brain returns or
   publishes when two machines or more are known.
 
+Several instances (issue 13)
+----------------------------
+* **One owner per job** (:class:`pacer.ownership.Ownership`, lease
+  ``brain.<job>`` in ``pacer-leases``, ``PACER_INSTANCE``,
+  ``PACER_LEASE_TTL_S``).  Only the owner steps the job's autoscaler,
+  prevents its OOMs, answers its requests (the others forward them:
+  ``Ownership.route``) and publishes its plans and decisions.  A job is
+  claimed by its plan request or by the first statistics window of a
+  running job that reaches an instance while nobody owns it.
+* **Hot standby.** Statistics and ClusterStatus come without a queue
+  group: every instance hears every job; a non-owner only feeds its
+  memory watch of the job.  Every instance folds every event through its
+  own durable consumer (a consumer shared by two instances would split a
+  job's events between them, out of order, and the fold's ``seq``
+  idempotence would drop the older ones); ``RunningJob`` writes are
+  compare-and-set, so the second fold of an event changes nothing.
+* **State beside the lease** (:mod:`.state`, ``state.brain.<job>``,
+  written with the lease's ``fenced_put``): the autoscaler (stage,
+  samples, plan in force and plan decided, pauses, memory trend), the
+  pending OOM plan and its time, and the stream sequence of the last
+  event whose effect (an applied plan learnt, an OOM answered) was
+  applied.  It is saved after every window and every effect; the next
+  owner loads it in ``on_acquired`` and goes on in the same stage with the
+  same samples.  Effects of events a standby saw are kept (the last
+  :data:`BACKLOG` per job) and applied on acquiring the job when they are
+  newer than the saved sequence.
+* **Once per decision.** A plan (and its decision) is first saved in the
+  state's outbox with its message ids, then published with those ids
+  (``Nats-Msg-Id``), then the outbox is cleared.  A stale owner's save is
+  refused by the server, so it publishes nothing; a new owner publishes
+  an outbox it finds under the same ids, which the stream stores once
+  (within its 2-min duplicate window).
+* **Cluster rounds** are cross-job: the holder of the lease
+  ``brain._cluster`` runs them.  While the capacity is known (cluster
+  mode), the autoscaled jobs belong to that holder: another instance does
+  not claim them and hands over (drops) those it owns at their next
+  window; the holder claims them at the window after.  Each hand-over
+  loses that one window (statistics are periodic).  Without a known
+  capacity every owner plans its jobs alone, as before.
+* **Job ends.** The owner records the job in the config DB (the
+  autoscaler's coefficients are in its memory); if nobody owns the job,
+  the instance that gets the end claims it and records it.  Every
+  instance drops the job's running record (compare-and-set) and what it
+  kept.  The config DB is read from KV for every plan and history request.
+
 Concurrency contract
 --------------------
 * Each input arrives in order on its own path: the RPC and the two plain
@@ -49,8 +96,10 @@ Concurrency contract
   and in-memory updates, never across a network call: KV reads and writes,
   publishes and placement happen before or after it, so a slow server
   never stalls every job's decisions.
-* Everything else (``running``, ``history``, ``latest``, ``machines``) is
-  touched only on the event loop, between awaits.
+* Everything else (``running``, ``history``, ``latest``, ``machines``, the
+  per-job owner state) is touched only on the event loop, between awaits;
+  ``on_acquired`` applies a job's backlog until it is empty with no await
+  after the last check, so no effect falls between it and ``owns()``.
 """
 
 from __future__ import annotations
@@ -292,7 +341,10 @@ class BrainService:
         if job == subjects.ALL_JOBS or job == CLUSTER:
             await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
             return
-        how = await self.own.route(msg, job, self._dispatch)
+        # local_ok: with no owner to be found or claimed (the lease bucket unreachable), the first plan is
+        # still answered here (it needs only the config DB); the job is then autoscaled from its record by
+        # whichever instance claims it at its first window.
+        how = await self.own.route(msg, job, self._dispatch, local_ok=True)
         if how != "handled":
             self.counters.inc(f"requests_{how}")
 
@@ -338,16 +390,20 @@ class BrainService:
                 log.warning("unreadable autoscaler state; resumed from the record", extra={"fields": {"job": job}})
         for out in st.outbox:  # the last owner's: published again under the same ids (stored once)
             await self._publish(out)
-        # Effects of events the last owner may not have applied (we saw them as a standby).
-        backlog = self.backlog.pop(job, deque())
-        while backlog:
-            seq, effect = backlog.popleft()
-            if seq > self.seq[job]:
-                await effect()
-                self.seq[job] = seq
-            backlog.extend(self.backlog.pop(job, ()))  # arrived meanwhile
-        if not await self.save(job):
-            raise LeaseLost(f"{job}: the lease moved on while the job was loaded")
+        # Effects of events the last owner may not have applied (we saw them as a standby), until none is
+        # left after the save: no await between that check and owns() turning true (module docstring).
+        while True:
+            backlog = self.backlog.pop(job, deque())
+            while backlog:
+                seq, effect = backlog.popleft()
+                if seq > self.seq[job]:
+                    await effect()
+                    self.seq[job] = seq
+                backlog.extend(self.backlog.pop(job, ()))  # arrived meanwhile
+            if not await self.save(job):
+                raise LeaseLost(f"{job}: the lease moved on while the job was loaded")
+            if not self.backlog.get(job):
+                break
         self.counters.inc("jobs_acquired")
 
     async def _lost(self, job: str) -> None:

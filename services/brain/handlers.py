@@ -54,7 +54,7 @@ def rpc(svc: BrainService) -> dict[str, Handler]:
         ws = warm_start(req.spec, svc.history.values(), records=req.records or None)
         svc.counters.inc("plans", start="cold" if ws.cold else "warm")
         first = replace(ws.plan, job=job)
-        if svc.config.autoscale and req.spec.resources is None:
+        if svc.config.autoscale and req.spec.resources is None and svc.own.owns(job):
             svc.adopt(job, svc.config.autoscaler(req.spec, first, warm=not ws.cold, prior=ws.coefficients))
             await svc.save(job)  # a new owner goes on from here (refused: the new owner resumes from the record)
         await svc.bus.respond(msg, await svc.placed(first))

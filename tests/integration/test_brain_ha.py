@@ -321,3 +321,46 @@ def test_an_autoscaler_state_round_trips_through_json() -> None:
         load_autoscaler_state(cfg.autoscaler(spec("rt"), first, warm=False), {"stage": "nowhere"})
     with pytest.raises(ValueError):
         decode_state(b'{"seq": 1}')
+
+
+async def test_cluster_rounds_run_at_the_cluster_lease_holder_which_takes_the_autoscaled_jobs(
+        url: str, bus: Bus) -> None:
+    """While the cluster's capacity is unknown, whoever hears of a job first plans it alone.  Once the
+    executor's ClusterStatus makes the capacity known, the rounds (across jobs) run only at the holder of
+    ``brain._cluster``: the other instance hands its autoscaled job over at the job's next window, the
+    holder claims it and feeds its windows to its rounds."""
+    from pacer.contracts.executor import ClusterStatus
+
+    a = brain(url, "brain-a")
+    sa = await a.start()
+    b = brain(url, "brain-b")
+    sb = await b.start()
+    try:
+        assert sa.own.owns("_cluster") and not sb.own.owns("_cluster")
+        plan = ResourcePlan("cl-x", 2, 1, 1.0, 2048, 4.0, 4096, PlanSource.BRAIN)
+        await (await bus.kv(subjects.JOB_BUCKET)).put("cl-x", encode(JobRecord(
+            "cl-x", spec("cl-x"), JobState.RUNNING, time.time(), plan=plan)))
+        await bus.publish_durable(subjects.executor_event("cl-x", "applied"),
+                                  ExecutorEvent("cl-x", ExecutorEventKind.APPLIED, time.time(), plan=plan))
+        assert await sb.own.claim("cl-x")  # brain-b heard of it first
+        await eventually(lambda: sa.in_force("cl-x") == plan and sb.in_force("cl-x") == plan, 10)
+        await bus.publish(subjects.monitor_statistics("cl-x"), window("cl-x", plan, time.time(), 1000))
+        await eventually(lambda: "cl-x" in sb.autoscalers, 10, "brain-b did not plan its job")
+        assert sa.counters.values.get("cluster_rounds", 0) == 0
+
+        status = ClusterStatus(time.time(), "kubernetes", 0, 0, 32.0, 16.0, 1 << 20, 1 << 20,
+                               reserves_capacity=True, machines=[])
+        await bus.publish(subjects.cluster_status(), status)
+        await eventually(lambda: sa.cluster is not None and sb.cluster is not None, 10)
+        for i in range(1, 100):
+            await bus.publish(subjects.monitor_statistics("cl-x"), window("cl-x", plan, time.time() + i, 1000 + i))
+            if sa.counters.values.get("cluster_round_jobs", 0) >= 1:
+                break
+            await asyncio.sleep(0.2)
+        assert sa.own.owns("cl-x") and not sb.own.owns("cl-x") and "cl-x" not in sb.autoscalers
+        assert sb.counters.values.get("jobs_handed_to_rounds", 0) == 1
+        assert sa.counters.values.get("cluster_round_jobs", 0) >= 1
+        assert sb.counters.values.get("cluster_round_jobs", 0) == 0
+        assert sa.autoscalers["cl-x"].plan == plan  # the state brain-b saved: the plan in force
+    finally:
+        await stop_all(b, a)
