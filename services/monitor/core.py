@@ -43,6 +43,17 @@ answer by a few ms now and then), so only a PS that answers in
 workers' time per PS is not measured: one TF session run touches every PS
 at once.)
 
+L_trans adapts to the job's noise when ``window_short_min_s`` is set
+(:meth:`JobWindows.short_window`): a quiet job's BPT mean is already exact
+over a few reports, so its short window shrinks towards that minimum and a
+straggler that appears or ends is seen within a report or two instead of a
+diluted 5-min mean; a noisy job keeps the full L_trans.  A worker's
+adapted short window also starts no earlier than its newest batch size (an
+ADJUST_BS changes its BPT on purpose; a mean over both sizes describes
+neither).  The statistics
+carry the window used (``JobStatistics.window_short_s``).  The persistence
+test below keeps the configured L_trans as its span.
+
 A node is ``persistent`` if it is slow over L_per *and* its samples reach
 back further than L_trans (otherwise the long window holds no more evidence
 than the short one, and a node that has been slow for two minutes would
@@ -57,6 +68,9 @@ job, and each node keeps at most ``max_samples`` of them.  Not thread-safe.
 from __future__ import annotations
 
 import bisect
+import itertools
+import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -102,6 +116,12 @@ class MonitorConfig:
     busy_pending_s: float = 300.0
     # Cluster information older than this is ignored (not busy by default).
     cluster_stale_s: float = 600.0
+    # Noise-adapted short window (None: always window_short_s).  When set, each job's short window is
+    # the shortest in [window_short_min_s, window_short_s] whose step-weighted mean BPT has a relative
+    # standard error <= window_short_rel_error, from the job's measured report-to-report noise (see
+    # JobWindows.short_window); persistence keeps the configured window_short_s as its span.
+    window_short_min_s: float | None = None
+    window_short_rel_error: float = 0.02
 
     def __post_init__(self) -> None:
         if not 0 < self.window_short_s <= self.window_long_s:
@@ -112,6 +132,10 @@ class MonitorConfig:
             raise ValidationError("heartbeat_timeout_s and max_samples must be > 0")
         if self.ps_latency_floor_s < 0:
             raise ValidationError("ps_latency_floor_s must be >= 0")
+        if self.window_short_min_s is not None and self.window_short_min_s <= 0:
+            raise ValidationError("window_short_min_s must be > 0 (or None: a fixed short window)")
+        if self.window_short_rel_error <= 0:
+            raise ValidationError("window_short_rel_error must be > 0")
 
     @property
     def min_span_s(self) -> float:
@@ -126,6 +150,7 @@ class Sample:
     bpt_s: float
     steps: int  # weight: the report covers this many steps (>= 1)
     samples_per_s: float
+    batch: int = 0  # the node's B_i when it reported (0: unknown, a PS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +204,44 @@ class NodeWindow:
         if oldest is None:
             return WindowStats()
         return WindowStats(bpt_s=busy / steps, speed=trained / busy if busy > 0 else 0.0, oldest=oldest)
+
+    def level_since(self, shift: float, floor: float = 0.0) -> float | None:
+        """Time of the oldest sample of the node's current level, or None when it has no confirmed one.
+
+        A worker's BPT changes on purpose with an ADJUST_BS, and by its delay
+        when a straggler starts or ends: a mean over two levels describes
+        neither.  The current level:
+
+        * only samples at the newest batch size count, and of those, when an
+          older sample at another size exists, not the first (a report covers
+          the steps since the previous one, so it may still hold steps at the
+          old size) unless it is the only one;
+        * among them, the newest run whose BPTs lie within ``shift``
+          (relative, against at least ``floor``) of the run's mean, once two
+          samples agree on it (one odd report is no change).
+
+        None: nothing changed within the samples held, or a BPT change is not
+        confirmed yet (the caller keeps its usual window).
+        """
+        if not self.samples:
+            return None
+        newest = self.samples[-1]
+        same = list(itertools.takewhile(lambda x: x.batch == newest.batch, reversed(self.samples)))
+        resized = len(same) < len(self.samples)
+        if resized and len(same) >= 2:
+            same.pop()  # the first report at the new size may hold steps at the old one
+        total, count = 0.0, 0
+        for smp in same:  # newest first
+            if count:
+                mean = total / count
+                if abs(smp.bpt_s - mean) > shift * max(mean, floor):
+                    if count >= 2:
+                        return same[count - 1].t
+                    break  # one report at a new level: not confirmed
+            total, count = total + smp.bpt_s, count + 1
+        else:
+            return same[-1].t if resized else None
+        return same[-1].t if resized else None
 
     def begin_pending(self, now: float) -> None:
         if self.pending_since is None:
@@ -239,7 +302,7 @@ class JobWindows:
         # the monitor's future (clock skew).
         t = min(m.ts, now)
         if m.bpt_s > 0 and t >= now - self.cfg.window_long_s:
-            nw.samples.append(Sample(t, m.bpt_s, max(m.steps, 1), max(m.samples_per_s, 0.0)))
+            nw.samples.append(Sample(t, m.bpt_s, max(m.steps, 1), max(m.samples_per_s, 0.0), max(m.batch_size, 0)))
             # Out-of-order reports: keep the deque sorted so eviction stays a prefix pop.
             if len(nw.samples) > 1 and nw.samples[-2].t > t:
                 nw.samples = deque(sorted(nw.samples, key=lambda s: s.t))
@@ -304,6 +367,62 @@ class JobWindows:
 
     # ------------------------------------------------------------ derive
 
+    def _short_start(self, nw: NodeWindow, start: float, shift: float) -> float:
+        """Where a node's short window starts: ``start``; with the adapted window, not before the node's
+        current level (:meth:`NodeWindow.level_since`)."""
+        if self.cfg.window_short_min_s is None or not nw.samples or math.isinf(shift):
+            return start
+        floor = self.cfg.ps_latency_floor_s if nw.role == PS_ROLE else 0.0
+        since = nw.level_since(shift, floor)
+        return start if since is None else max(start, since)
+
+    def short_window(self) -> tuple[float, float]:
+        """The short window this job's statistics use: L_trans, or shorter when the BPTs are quiet enough.
+
+        With ``window_short_min_s`` unset: ``window_short_s``.  Else, from the
+        samples held (the long window): sigma, the robust relative noise of one
+        report's BPT (1.4826 x the median of |b_k - b_k-1| / mean over
+        consecutive reports of a node, / sqrt 2: the spread of a difference of
+        two independent reports), and dt, the median time between a node's
+        reports.  A window of n reports has a mean whose relative standard
+        error is sigma / sqrt n, so the window is n x dt with n = (sigma /
+        ``window_short_rel_error``)^2, at least 2 reports, clamped to
+        [``window_short_min_s``, ``window_short_s``].  The median of the
+        differences ignores the few large steps where a node turns slow or fast
+        (those are the signal).  A PS's answer time is measured against at
+        least ``ps_latency_floor_s`` (sub-millisecond jitter is no noise the
+        slowness test would see).  Fewer than 8 differences: ``window_short_s``.
+
+        Returns (the window, the level shift): a node's short window starts at
+        its current level (:meth:`NodeWindow.level_since`), a level being
+        samples within max(4 sigma, 2.5 x ``window_short_rel_error``) of each
+        other, so a change beyond the noise is seen by the first two reports
+        after it.
+        """
+        cfg = self.cfg
+        lo = cfg.window_short_min_s
+        floor_shift = 2.5 * cfg.window_short_rel_error
+        if lo is None or lo >= cfg.window_short_s:
+            return cfg.window_short_s, math.inf
+        rel: list[float] = []
+        gaps: list[float] = []
+        for nw in self.nodes.values():
+            floor = cfg.ps_latency_floor_s if nw.role == PS_ROLE else 0.0
+            prev: Sample | None = None
+            for smp in nw.samples:
+                if prev is not None:
+                    mean = max(floor, (prev.bpt_s + smp.bpt_s) / 2)
+                    if mean > 0:
+                        rel.append(abs(smp.bpt_s - prev.bpt_s) / mean)
+                        gaps.append(smp.t - prev.t)
+                prev = smp
+        if len(rel) < 8:
+            return cfg.window_short_s, math.inf
+        sigma = 1.4826 * statistics.median(rel) / math.sqrt(2)
+        dt = statistics.median(gaps)
+        n = max(2.0, (sigma / cfg.window_short_rel_error) ** 2)
+        return min(cfg.window_short_s, max(lo, n * dt)), max(4 * sigma, floor_shift)
+
     def state_of(self, nw: NodeWindow, now: float) -> NodeState:
         if nw.lifecycle is NodeState.RUNNING and now - nw.last_seen > self.cfg.heartbeat_timeout_s:
             return NodeState.DEAD
@@ -330,7 +449,8 @@ class JobWindows:
         self.evict(now)
         names = sorted(self.nodes)
         states = {n: self.state_of(self.nodes[n], now) for n in names}
-        short = {n: self.nodes[n].window(now - cfg.window_short_s) for n in names}
+        window_short, shift = self.short_window()
+        short = {n: self.nodes[n].window(self._short_start(self.nodes[n], now - window_short, shift)) for n in names}
         long = {n: self.nodes[n].window(now - cfg.window_long_s) for n in names}
         live = [n for n in names if states[n] is NodeState.RUNNING]
 
@@ -403,7 +523,7 @@ class JobWindows:
         return JobStatistics(
             job=self.job,
             ts=now,
-            window_short_s=cfg.window_short_s,
+            window_short_s=window_short,
             window_long_s=cfg.window_long_s,
             throughput_samples_per_s=throughput,
             nodes=out,
