@@ -19,7 +19,7 @@ from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 from pacer_services.controller.core import ControllerCore, JobSetup
 from pacer_services.controller.policies import adaptive, antdt_nd
 from pacer_services.controller.policies.batch import balance, makespan
-from pacer_services.simulator.stragglers import load, parse, run
+from pacer_services.simulator.stragglers import ScenarioError, load, parse, run
 from pacer_services.simulator.stragglers.bound import bound
 
 JOB = "job1"
@@ -272,3 +272,123 @@ def test_the_bound_is_below_every_policy_and_equal_to_the_ideal_without_straggle
 @pytest.mark.parametrize(("delay", "how"), [(0.5, "seamless"), (4.0, "restart")])
 def test_the_bound_relaunches_a_slow_ps_the_cheaper_way(delay: float, how: str) -> None:
     assert bound(_ps_scenario(delay)).relaunched == (f"ps-1 ({how})",)
+
+
+# ------------------------------------------------------------------ the fast path (issue 15, worker side)
+def _endgame(req: PolicyRequest) -> PolicyRequest:
+    sh = req.stats.shards
+    assert sh is not None
+    return replace(req, stats=replace(req.stats, shards=replace(sh, todo=0, doing=3)))
+
+
+def test_hysteresis_no_adjust_bs_for_a_gain_within_the_noise() -> None:
+    """Batches one sample off the optimum are left alone (an ADJUST_BS is a synchronised action); a real
+    imbalance is not."""
+    delays = {f"w{i}": 0.0 for i in range(8)} | {"w3": 1.2}
+    once = {"w3": 1}
+    best: dict[str, int] | None = None
+    for _ in range(6):  # measured again at its own batches, the model settles within a few rounds
+        acts = of(adaptive.decide(job(delays, {"ps-0": 0.0}, sizes=best, restarts=once)), ActionKind.ADJUST_BS)
+        if not acts:
+            break
+        best = acts[0].payload["batch_sizes"]
+    assert best is not None and not acts, "no fixed point"
+    near = dict(best) | {"w0": best["w0"] + 1, "w1": best["w1"] - 1}
+    assert of(adaptive.decide(job(delays, {"ps-0": 0.0}, sizes=near, restarts=once)), ActionKind.ADJUST_BS) == []
+    far = dict(best) | {"w0": best["w0"] + 600, "w1": best["w1"] - 600}
+    assert of(adaptive.decide(job(delays, {"ps-0": 0.0}, sizes=far, restarts=once)), ActionKind.ADJUST_BS)
+
+
+def test_a_hopeless_worker_does_not_hide_an_imbalance_of_the_others() -> None:
+    """w3 (4 s per step, at the minimum batch, dropped as a backup worker) is the slowest whatever the others
+    run; the others' imbalance is still corrected."""
+    delays = {f"w{i}": 0.0 for i in range(8)} | {"w3": 4.0}
+    sizes = {f"w{i}": (3000 if i % 2 else 6361) for i in range(8)} | {"w3": 1}
+    d = adaptive.decide(job(delays, {"ps-0": 0.0}, sizes=sizes, restarts={"w3": 1}, backup=2))
+    new = of(d, ActionKind.ADJUST_BS)[0].payload["batch_sizes"]
+    assert new["w3"] == 1 and max(v for k, v in new.items() if k != "w3") - min(
+        v for k, v in new.items() if k != "w3") <= 1
+
+
+def test_end_game_idle_workers_give_their_batch_to_the_workers_that_train() -> None:
+    delays = {f"w{i}": 0.0 for i in range(8)} | {"w3": 1.2}
+    req = _endgame(job(delays, {"ps-0": 0.0}, restarts={"w3": 1}))
+    idle = {"w0", "w1", "w2", "w4"}
+    nodes = [replace(n, speed_samples_per_s=0.0 if n.node in idle else 2000.0) for n in req.stats.nodes]
+    req = replace(req, stats=replace(req.stats, nodes=nodes))
+    d = adaptive.decide(req)
+    sizes = of(d, ActionKind.ADJUST_BS)[0].payload["batch_sizes"]
+    assert sum(sizes.values()) == req.global_batch
+    cap = 2 * req.global_batch // 8
+    busy = [x for x in sizes if x not in idle]
+    assert all(sizes[x] > 4096 for x in busy if x != "w3") and all(sizes[x] <= cap for x in busy)
+    assert sizes["w3"] < min(sizes[x] for x in busy if x != "w3")  # still balanced among the training ones
+    # No backup worker in the end game: a dropped gradient does not advance its shard.
+    assert all(a.payload["backup"] == 0 for a in of(d, ActionKind.BACKUP_WORKERS))
+
+
+def test_the_spare_stays_while_a_relaunched_worker_has_not_reported() -> None:
+    delays = {f"w{i}": 0.0 for i in range(8)}
+    req = job(delays, {"ps-0": 0.0}, backup=1)
+    pending = replace(req.stats.nodes[2], state=NodeState.PENDING, restarts=1, bpt_short_s=0.0)
+    back = replace(req, stats=replace(req.stats, nodes=[pending if n.node == "w2" else n for n in req.stats.nodes]))
+    assert of(adaptive.decide(back), ActionKind.BACKUP_WORKERS) == []  # b = 1 kept
+    assert [a.payload["backup"] for a in of(adaptive.decide(req), ActionKind.BACKUP_WORKERS)] == [0]
+
+
+def test_a_burst_seen_in_full_by_a_short_window_is_not_relaunched() -> None:
+    """Slow for a minute of L_per: the long window shows a fraction of the delay; only a node slow over most
+    of L_per is relaunched."""
+    delays = {f"w{i}": 0.0 for i in range(8)} | {"w3": 4.0}
+    req = job(delays, {"ps-0": 0.0})
+    w3 = next(n for n in req.stats.nodes if n.node == "w3")
+    healthy = 4096 / SPEED + TS + TM
+    burst = replace(w3, bpt_long_s=healthy + 4.0 * 60 / 600)
+    req_b = replace(req, stats=replace(req.stats, nodes=[burst if n.node == "w3" else n for n in req.stats.nodes]))
+    assert of(adaptive.decide(req_b), ActionKind.KILL_RESTART) == []
+    assert [a.node for a in of(adaptive.decide(req), ActionKind.KILL_RESTART)] == ["w3"]
+
+
+def _fast(sc: Any, **monitor: Any) -> Any:
+    return replace(sc, monitor=replace(sc.monitor, stats_s=10.0, window_short_min_s=30.0, **monitor))
+
+
+def test_the_adapted_window_decides_more_often_and_shortens_transient_stragglers() -> None:
+    """examples/sim/transient-workers.yaml: statistics every 10 s, the noise-adapted window: more rounds, and a
+    shorter JCT than at the fixed 5-min window (same policy, same seeds)."""
+    sc = load(EXAMPLES / "transient-workers.yaml")
+    for seed in (3, 4):
+        s = replace(sc, seed=seed)
+        slow, fast = run(s, "pacer-adaptive", ideal=False), run(_fast(s), "pacer-adaptive", ideal=False)
+        assert fast.shards_done == fast.shards_total
+        assert fast.decisions > slow.decisions
+        assert fast.jct_s < slow.jct_s, (seed, fast.jct_s, slow.jct_s)
+
+
+def test_statistics_ticks_alone_do_not_change_the_rounds_of_a_fixed_window() -> None:
+    sc = load(EXAMPLES / "transient-workers.yaml")
+    a = run(sc, "antdt-nd", ideal=False)
+    b = run(replace(sc, monitor=replace(sc.monitor, stats_s=10.0)), "antdt-nd", ideal=False)
+    # One round per interval_s either way (ticks land at step boundaries, so rounds may drift by a step).
+    assert b.decisions <= b.jct_s / sc.monitor.interval_s + 1 and abs(a.decisions - b.decisions) <= 1
+
+
+def test_an_adjust_bs_cost_is_charged_in_bsp() -> None:
+    sc = _fast(load(EXAMPLES / "transient-workers.yaml"))
+    free = run(sc, "pacer-adaptive", ideal=False)
+    n = free.actions.get("ADJUST_BS", 0)
+    assert n > 0
+    costly = run(replace(sc, cluster=replace(sc.cluster, adjust_bs_s=10.0)), "pacer-adaptive", ideal=False)
+    assert costly.jct_s > free.jct_s + 10.0
+
+
+@pytest.mark.parametrize(("over", "field"), [
+    ({"stats_s": 0}, "monitor.stats_s"), ({"window_short_min_s": -1}, "monitor.window_short_min_s"),
+    ({"window_short_rel_error": 0}, "monitor.window_short_rel_error")])
+def test_bad_fast_path_fields_are_named(over: dict[str, Any], field: str) -> None:
+    doc = {"name": "x", "cluster": {"workers": 2, "worker_speed": 100}, "job": {"global_batch": 8, "records": 100},
+           "monitor": over}
+    with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
+        parse(doc)
+    with pytest.raises(ScenarioError, match=r"cluster\.adjust_bs_s"):
+        parse({**doc, "monitor": {}, "cluster": {"workers": 2, "worker_speed": 100, "adjust_bs_s": -1}})

@@ -28,9 +28,20 @@ actions (AntDT Table II) and changes when and how they are taken:
    drops the slowest gradient at once, so one fresh straggler costs one
    worker's share instead of the whole step.  b is set to
    ``params.backup`` (default 1) while any worker is slow over L_trans or
-   the last round's batches are still unbalanced, and back to 0 when no
-   worker is slow (the dropped samples are trained again later: the shard
-   service re-queues them, so dropping costs throughput, never data).
+   a relaunched worker has not reported yet (it may bring its slowness
+   back, at B / n), and back to 0 when no worker is slow, and in the end
+   game (the dropped samples are trained again later: the shard service
+   re-queues them, so dropping costs throughput, never data; but with no
+   shard left to hand out a dropped gradient only delays the last shards).
+   ADJUST_BS is re-sent only when the predicted step (of the workers that
+   train, without those beyond balancing) gains more than the noise,
+   max(2 %, 2 sigma): hysteresis, so short windows do not make the batches
+   flap (each ADJUST_BS is a synchronised action).
+   End game (BSP, no shard left to hand out): workers without data (no
+   report in the short window, or no samples) train nothing, so their B_i
+   goes to the workers that still hold shards, each up to
+   ``params.endgame_batch_factor`` (default 2) x B / n and ``max_batch``:
+   the last shards end in fewer steps.
 4. **KILL_RESTART by time cost vs gain** (AntDT §V-E2: a relaunch costs the
    pending time plus rebuilding the world, the gain is the straggler's
    share of the remaining time).  With R = the remaining records over the
@@ -47,7 +58,9 @@ actions (AntDT Table II) and changes when and how they are taken:
      three is taken, and the choice goes to the executor in the action's
      payload ``{"migration": "restart" | "seamless"}``.  Seamless wins
      exactly when f < p / (p + s): a mildly slow PS.
-   * a worker slow over L_per (and over L_trans) that was never relaunched
+   * a worker slow over L_per (its long-window delay at today's batch at
+     least half of its short-window one: slow for most of L_per, not a
+     burst that a short window shows in full) that was never relaunched
      (a node still slow after a relaunch carries its slowness with it) loses
      the fraction x = min(1, d_i / t) of its share under balanced batches
      (t: the balanced step's compute time).  A relaunch takes the worker out
@@ -80,10 +93,10 @@ import statistics
 from dataclasses import dataclass
 
 from pacer.contracts.agent import ActionKind
-from pacer.contracts.monitor import NodeStats
+from pacer.contracts.monitor import NodeState, NodeStats
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 
-from . import current_assignment, live_servers, live_workers, param_float
+from . import current_assignment, is_worker, live_servers, live_workers, param_float
 from .batch import balance, makespan
 
 NAME = "pacer-adaptive"
@@ -91,6 +104,7 @@ NAME = "pacer-adaptive"
 DEFAULT_PENDING_S = 20.0
 DEFAULT_INIT_S = 100.0
 DEFAULT_PS_START_S = 30.0
+IDLE_OFFSET_S = 1e6  # a worker without data, for the solver: it gets only what the training workers cannot take
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,9 +315,10 @@ def decide(req: PolicyRequest) -> PolicyDecision:
                 restarting.add(w.node)
                 break
             # Slow over L_per too: the long window's BPT, at today's batch, still leaves a delay (a batch cut
-            # within the window only makes the old samples look slower, never hides a delay).
+            # within the window only makes the old samples look slower, never hides a delay), and at least
+            # half of today's: slow for most of L_per, not a burst that a short window already shows in full.
             d_long = w.bpt_long_s - model.shared_s - model.per_sample * sizes[w.node] * accs[w.node]
-            if di <= 0 or d_long <= model.noise_s or w.restarts > 0:
+            if di <= 0 or d_long <= max(model.noise_s, 0.5 * di) or w.restarts > 0:
                 continue
             others = list(slow_d)
             others.remove(di)
@@ -332,18 +347,46 @@ def decide(req: PolicyRequest) -> PolicyDecision:
                     t_bal = _working_step(target, speeds, d, req.min_batch)
                 except ValueError:
                     target = []
+            # End game: a worker with no data left trains nothing (no report, or only empty steps), so its
+            # B_i is lost to the step; the workers that still hold shards take the global batch (each at most
+            # endgame_batch_factor x B / n, and max_batch), and finish their shards in fewer steps.
+            idle = {w.node for w in workers if w.bpt_short_s <= 0 or w.speed_samples_per_s <= 0} if endgame else set()
+            busy = [x not in idle for x in model.names]
+            if target and idle and any(busy):
+                cap = int(param_float(req, "endgame_batch_factor", 2.0) * req.global_batch / len(model.names))
+                cap = max(req.min_batch, min(cap, req.max_batch) if req.max_batch else cap)
+                try:
+                    target = balance(req.global_batch, speeds, lo=req.min_batch,
+                                     hi=[cap if b else req.global_batch for b in busy],
+                                     offsets=[v if b else IDLE_OFFSET_S for v, b in zip(d, busy, strict=True)])
+                except ValueError:
+                    pass  # the bounds do not fit: keep the balanced target
             if target:
-                now_t = makespan([sizes[x] * accs[x] for x in model.names], speeds, d)
+                # The step that batches can shorten: of the workers that train, without those whose delay alone
+                # exceeds the balanced step (they get the minimum batch and are dropped as backup workers; their
+                # time would hide every other change).
+                held = [i for i, b in enumerate(busy) if b and not (t_bal > 0 and d[i] >= t_bal)] \
+                    or list(range(len(busy)))
+
+                def step(bs: list[int]) -> float:  # the compute of a step of the workers that train
+                    return makespan([bs[i] for i in held], [speeds[i] for i in held], [d[i] for i in held])
+
+                now_t = step([sizes[x] * accs[x] for x in model.names])
                 tol = max(0.02, 2 * wn.sigma)
-                best_t = makespan(target, speeds, d)
+                best_t = step(target)
                 changed = any(sizes[x] != b or accs[x] != 1 for x, b in zip(model.names, target, strict=True))
-                if changed and (now_t > best_t * (1 + tol) or any(model.delays.values())):
+                # Hysteresis: re-balance only for a predicted gain above the noise (tol), so a short window's
+                # noise does not make the batches flap (each ADJUST_BS is a synchronised action).  In the end
+                # game the gain is fewer steps, not a shorter one: any change that moves batch to them counts.
+                if changed and (now_t > best_t * (1 + tol) or (idle and any(busy))):
                     actions.append(PolicyAction(
                         kind=ActionKind.ADJUST_BS,
                         payload={"batch_sizes": dict(zip(model.names, target, strict=True)),
                                  "accumulations": {x: 1 for x in model.names}},
                         reason=(f"additive model (Eq. 1): {sum(1 for v in d if v > 0)} worker(s) with extra delay, "
-                                f"predicted compute {now_t:.3g}s -> {best_t:.3g}s per step (Eq. 3 with offsets)")))
+                                f"predicted compute {now_t:.3g}s -> {best_t:.3g}s per step (Eq. 3 with offsets)"
+                                + (f"; end game: {len(idle)} worker(s) without data give their batch to the "
+                                   f"{sum(busy)} that train" if idle and any(busy) else ""))))
             # Backup workers (Sync-OPT): a spare while transient stragglers last (a new one between two rounds
             # is then dropped at once instead of holding up every step), plus one per "hopeless" worker whose
             # delay alone exceeds the balanced step (Eq. 3 gives it the minimum batch, so dropping it costs
@@ -352,19 +395,26 @@ def decide(req: PolicyRequest) -> PolicyDecision:
             # on its host), it comes back slow, with the spec's B / n, and is dropped instead of holding the step.
             slow_now = [w for w in workers if model.delays[w.node] > 0]
             hopeless = [x for x in model.names if t_bal > 0 and model.delays[x] >= t_bal]
+            # A relaunched worker that has not reported yet may bring its slowness back (contention on its
+            # host follows it), at the spec's B / n: the spare stays until it has shown its speed.
+            returning = [n.node for n in stats.nodes if is_worker(n) and n.restarts > 0 and (
+                n.state is NodeState.PENDING or (n.state is NodeState.RUNNING and n.bpt_short_s <= 0))]
             spare = max(0, int(param_float(req, "backup", 1)))
-            if not slow_now or len(slow_now) - len(hopeless) > len(workers) * param_float(req, "wave_fraction", 0.25):
+            if (not (slow_now or returning) or len(slow_now) - len(hopeless) > len(workers) * param_float(req, "wave_fraction", 0.25)
+                    or endgame):
                 # None left, or they come in waves (above a quarter of the workers): one dropped gradient
                 # cannot hold such a step and would only waste a worker's share (balancing does the work).
+                # End game: a dropped gradient does not advance its shard, and the job waits for every shard.
                 spare = 0
             # Never drop more than that fraction of the gradients of the workers that stay (a small job
             # cannot afford a dropped gradient per step; the core also keeps b below the live workers).
             most = int((len(workers) - len(restarting)) * param_float(req, "wave_fraction", 0.25))
-            b = min(len(hopeless) + spare, most, len(workers) - 1) if slow_now else 0
+            b = min(len(hopeless) + spare, most, len(workers) - 1) if slow_now or returning else 0
             if b != req.backup_workers:
                 actions.append(PolicyAction(
                     kind=ActionKind.BACKUP_WORKERS, payload={"backup": b},
-                    reason=(f"{len(slow_now)} transient straggler(s) ({len(hopeless)} beyond balancing): drop the "
+                    reason=(f"{len(slow_now)} transient straggler(s) ({len(hopeless)} beyond balancing, "
+                            f"{len(returning)} relaunched not yet reporting): drop the "
                             f"slowest {b} gradient(s) per step while they last" if b
                             else "no transient straggler left: no backup workers")))
     elif model is None and workers:

@@ -59,12 +59,15 @@ The model (all times are simulated seconds from 0; no wall clock anywhere):
   sample sits is coarser, by at most ``report_span_s``).  PS report their own
   BPT ``ps_time_s + d_j`` every ``report_span_s``.  At each monitor tick all up
   nodes heartbeat (an idle worker waiting for data is alive, not dead).
-* Monitor ticks every ``interval_s``: cluster info (``busy`` -> one queued
-  pod), shard status, ``statistics``, then one controller round
+* Monitor ticks every ``stats_s`` (default ``interval_s``): cluster info (``busy`` -> one queued
+  pod), shard status, ``statistics``; when ``min(interval_s, statistics.window_short_s)``
+  has passed since the last round (the live controller's cadence: one round
+  per fresh short window, at most ``PACER_CONTROLLER_EVERY_S`` apart), one controller round
   (``ControllerCore.request`` -> the policy -> ``ControllerCore.round`` ->
   execute -> ``ControllerCore.applied``); the actions apply at once (BSP:
   from the next step): ADJUST_BS sets B_i (and C_i), BACKUP_WORKERS sets b,
-  ADJUST_LR only counts, KILL_RESTART stops the node now.
+  ADJUST_LR only counts, KILL_RESTART stops the node now.  An ADJUST_BS costs
+  nothing unless ``cluster.adjust_bs_s`` says so (BSP: every worker waits that long).
 * KILL_RESTART of a worker: the executor core's ``on_exit`` with exit code 75
   decides the relaunch; the shard core's ``node_died`` requeues its DOING
   shard; the monitor sees ``died`` and ``created``; the worker is back after
@@ -178,6 +181,8 @@ class Simulation:
             window_short_s=sc.monitor.window_short_s,
             window_long_s=sc.monitor.window_long_s,
             slowness_ratio=sc.monitor.lambda_,
+            window_short_min_s=sc.monitor.window_short_min_s,
+            window_short_rel_error=sc.monitor.window_short_rel_error,
         ))
         plan = reconcile(Plan(workers=c.workers, ps=c.ps), {})
         self.nodes: dict[str, Node] = {}
@@ -223,6 +228,7 @@ class Simulation:
         self.recomputed = 0
         self.dropped = 0
         self.decisions = 0
+        self.last_round = 0.0  # when the last controller round ran
         self.actions: Counter[str] = Counter()
         self.timeline: list[dict[str, Any]] = []
         # ASP: the in-flight leg of each worker (generation guards stale events)
@@ -344,7 +350,7 @@ class Simulation:
         self.events += 1
         if kind == "tick":
             self._tick()
-            self.push(self.t + self.sc.monitor.interval_s, "tick")
+            self.push(self.t + self.sc.monitor.tick_s, "tick")
         elif kind == "ps_report":
             self._ps_report()
             self.push(self.t + self.sc.cluster.report_span_s, "ps_report")
@@ -380,7 +386,11 @@ class Simulation:
             self.monitor.observe_heartbeat(Heartbeat(JOB, self.pnames[j], Role.PS, t, "sim", False, True), t)
         self.monitor.observe_cluster(1 if sc.cluster.busy else 0, t)
         self.monitor.observe_shards(self.shards.status(DATASET), t)
-        self._decide(self.monitor.statistics(JOB, t))
+        stats = self.monitor.statistics(JOB, t)
+        # A round per fresh short window, at most interval_s apart (1e-6: ticks are sums of floats).
+        if t - self.last_round >= min(sc.monitor.interval_s, stats.window_short_s) - 1e-6:
+            self.last_round = t
+            self._decide(stats)
 
     def _decide(self, stats: JobStatistics) -> None:
         """One controller round, as live: the core plans it, the simulation carries it out."""
@@ -400,6 +410,9 @@ class Simulation:
         """Carry one planned action out ("" = done; the simulation cannot fail one)."""
         self.actions[a.kind.value] += 1
         if a.kind is ActionKind.ADJUST_BS:
+            if self.sc.cluster.adjust_bs_s > 0 and self.sc.job.mode == "bsp":
+                # The synchronised step boundary where the new sizes apply: every worker waits.
+                self.ps_down_until = max(self.ps_down_until, self.t + self.sc.cluster.adjust_bs_s)
             for name, b in dict(a.payload.get("batch_sizes", {})).items():
                 if name in self.windex:
                     self.B[self.windex[name]] = max(1, int(b))
@@ -639,7 +652,7 @@ class Simulation:
         spec = DatasetSpec(job=JOB, dataset=DATASET, records=sc.job.records, batch_size=int(sc.job.global_batch // self.n),
                            batches_per_shard=sc.job.batches_per_shard, epochs=sc.job.epochs, shuffle=True, seed=sc.seed)
         self._account(self.shards.register(spec))
-        self.push(sc.monitor.interval_s, "tick")
+        self.push(sc.monitor.tick_s, "tick")
         self.push(sc.cluster.report_span_s, "ps_report")
         if sc.job.mode == "bsp":
             self._run_bsp()

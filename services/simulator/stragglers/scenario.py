@@ -43,6 +43,11 @@ iterations, monitor every 5 min, lambda 1.5, L_trans 5 min, L_per 10 min):
                      workers move.  Seamless wins for a mildly slow PS and
                      loses for a very slow one (it keeps serving meanwhile).
   ``ps_start_s``     (s >= 0, default 30) a new PS process's start-up after its pod runs.
+  ``adjust_bs_s``    (s >= 0, default 0) what one ADJUST_BS costs in BSP: every
+                     worker waits this long at the step boundary where it
+                     applies (live it is a two-phase barrier at an iteration
+                     chosen ahead of every worker, so normally ~0; a
+                     sensitivity knob).
   ``busy``           (bool, default false) the cluster scheduler has pods queued:
                      the monitor's cluster-busy flag (AntDT-ND then does not
                      KILL_RESTART workers).
@@ -84,10 +89,23 @@ iterations, monitor every 5 min, lambda 1.5, L_trans 5 min, L_per 10 min):
                   (false: the relaunched node lands on a healthy machine).
 
 ``monitor``:
-  ``interval_s``      (s > 0, default 300) statistics and a policy decision this often.
+  ``interval_s``      (s > 0, default 300) a policy decision this often (the
+                      controller's ``PACER_CONTROLLER_EVERY_S``); more often when
+                      the monitor's short window is shorter (see ``stats_s``).
+  ``stats_s``         (s > 0, default: ``interval_s``) the monitor computes the
+                      statistics this often (``PACER_MONITOR_INTERVAL_S``); at
+                      each, a round is due when ``min(interval_s, the statistics'
+                      short window)`` has passed since the last one, as the live
+                      controller decides (one round per fresh short window).
   ``window_short_s``  (s > 0, default 300) L_trans.
   ``window_long_s``   (s >= window_short_s, default 600) L_per.
   ``lambda``          (> 1, default 1.5) slowness ratio.
+  ``window_short_min_s`` (s > 0, default none: a fixed L_trans) the monitor's
+                      noise-adapted short window may shrink to this
+                      (``MonitorConfig.window_short_min_s``,
+                      ``PACER_MONITOR_WINDOW_SHORT_MIN_S`` live).
+  ``window_short_rel_error`` (> 0, default 0.02) the relative standard error
+                      of a node's mean BPT that the adapted window must reach.
 
 Unknown fields and bad values raise :class:`ScenarioError` naming the field
 by its dotted path (``cluster.workers``, ``stragglers[0].intensity``).
@@ -140,6 +158,7 @@ class SimCluster:
     busy: bool = False
     ps_migration: str = "restart"
     ps_start_s: float = 30.0
+    adjust_bs_s: float = 0.0
     report_steps: int = 10
     report_span_s: float = 30.0
     progress_s: float = 30.0
@@ -198,9 +217,18 @@ class MonitorSpec:
     """``monitor``: how often statistics and decisions come, and the monitor's windows."""
 
     interval_s: float = 300.0
+    stats_s: float | None = None  # None: interval_s
     window_short_s: float = 300.0
     window_long_s: float = 600.0
     lambda_: float = 1.5
+    window_short_min_s: float | None = None
+    window_short_rel_error: float = 0.02
+
+
+    @property
+    def tick_s(self) -> float:
+        """How often the monitor computes statistics."""
+        return self.interval_s if self.stats_s is None else self.stats_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +269,7 @@ def _cluster(raw: Any) -> SimCluster:
         busy=f.bool_("busy", False),
         ps_migration=f.str_("ps_migration", "restart", choices=("restart", "seamless")),
         ps_start_s=f.float_("ps_start_s", 30.0, lo=0.0),
+        adjust_bs_s=f.float_("adjust_bs_s", 0.0, lo=0.0),
         report_steps=f.int_("report_steps", 10, lo=1),
         report_span_s=f.float_("report_span_s", 30.0, lo=0.0, strict=True),
         progress_s=f.float_("progress_s", 30.0, lo=0.0, strict=True),
@@ -322,9 +351,13 @@ def _monitor(raw: Any) -> MonitorSpec:
     f = Fields(raw, "monitor")
     m = MonitorSpec(
         interval_s=f.float_("interval_s", 300.0, lo=0.0, strict=True),
+        stats_s=(f.float_("stats_s", 0.0, lo=0.0, strict=True) if f.get("stats_s", None) is not None else None),
         window_short_s=f.float_("window_short_s", 300.0, lo=0.0, strict=True),
         window_long_s=f.float_("window_long_s", 600.0, lo=0.0, strict=True),
         lambda_=f.float_("lambda", 1.5, lo=1.0, strict=True),
+        window_short_min_s=(f.float_("window_short_min_s", 0.0, lo=0.0, strict=True)
+                            if f.get("window_short_min_s", None) is not None else None),
+        window_short_rel_error=f.float_("window_short_rel_error", 0.02, lo=0.0, strict=True),
     )
     f.done()
     if m.window_long_s < m.window_short_s:
