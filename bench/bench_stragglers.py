@@ -126,7 +126,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,10 +142,12 @@ PAPER_TABLE3: dict[str, dict[float, tuple[float, float, float]]] = {
     "ps": {0.1: (4627, 3636, 27.3), 0.3: (6087, 3863, 57.6), 0.5: (7365, 3944, 84.4), 0.8: (8440, 4064, 107.6)},
 }
 INTENSITIES = (0.1, 0.3, 0.5, 0.8)
+AW = "pacer-adaptive+aw"  # pacer-adaptive with the monitor's noise-adapted short window (AW_MONITOR)
 BSP_METHODS = (("bsp", "none"), ("lb-bsp", "lb-bsp"), ("backup-workers", "backup-workers"), ("antdt-nd", "antdt-nd"),
-               ("pacer-adaptive", "pacer-adaptive"))
-ASP_METHODS = (("asp", "none"), ("asp-dds", "none"), ("antdt-nd", "antdt-nd"), ("pacer-adaptive", "pacer-adaptive"))
-POLICIES = ("antdt-nd", "pacer-adaptive")  # "AntDT-ND or Pacer's best policy" (issue 15 targets)
+               ("pacer-adaptive", "pacer-adaptive"), (AW, "pacer-adaptive"))
+ASP_METHODS = (("asp", "none"), ("asp-dds", "none"), ("antdt-nd", "antdt-nd"), ("pacer-adaptive", "pacer-adaptive"),
+               (AW, "pacer-adaptive"))
+POLICIES = ("antdt-nd", "pacer-adaptive", AW)  # "AntDT-ND or Pacer's best policy" (issue 15 targets)
 NATIVE = {"bsp": "bsp", "asp": "asp"}
 
 TARGET_IDEAL_PCT = 10.0  # AntDT-ND within 10 % of the straggler-free JCT at SI 0.8
@@ -158,6 +160,12 @@ CLUSTER = {"workers": 20, "ps": 8, "worker_speed": 2560, "ps_time_s": 0.2, "comm
            "init_s": 100}
 JOB = {"global_batch": 81920, "records": 45_840_617, "epochs": 3, "batches_per_shard": 100}
 MONITOR = {"interval_s": 300, "window_short_s": 300, "window_long_s": 600, "lambda": 1.5}
+# The same, with the live monitor's statistics every 10 s (PACER_MONITOR_INTERVAL_S) and its noise-adapted short
+# window (PACER_MONITOR_WINDOW_SHORT_MIN_S = 30 s, relative error 2 %); the controller decides once per fresh short
+# window (at most every interval_s when the window stays at L_trans).  L_per and lambda stay the paper's.
+AW_MONITOR = {**MONITOR, "stats_s": 10, "window_short_min_s": 30, "window_short_rel_error": 0.02}
+METHOD_MONITOR = {AW: AW_MONITOR}  # every other method: MONITOR
+ADJUST_COSTS_S = (0.0, 2.0, 10.0)  # what one ADJUST_BS costs (0, one healthy step, five), for the sensitivity rows
 PERSISTENT_SLEEP_S = 5.0  # x SI: 4 s at SI 0.8, the paper's persistent T_delay
 TRANSIENT_SLEEP_S = 1.5  # the paper's SleepDuration for transient stragglers
 
@@ -198,7 +206,8 @@ def table3(intensities: tuple[float, ...], seeds: int, job: dict[str, Any] | Non
                 extra: dict[str, dict[str, int]] = {}
                 for label, policy in methods:
                     for seed in range(nseeds):
-                        sc = table3_scenario(side, mode, si, seed, static=label == "asp", job=job)
+                        sc = table3_scenario(side, mode, si, seed, static=label == "asp", job=job,
+                                             monitor=METHOD_MONITOR.get(label))
                         r = run(sc, policy, ideal=False)
                         jcts.setdefault(label, []).append(r.jct_s)
                         acts = extra.setdefault(label, {})
@@ -209,6 +218,8 @@ def table3(intensities: tuple[float, ...], seeds: int, job: dict[str, Any] | Non
                                       for seed in range(nseeds))
                 rnd = statistics.mean(round_oracle(table3_scenario(side, mode, si, seed, job=job))
                                       for seed in range(nseeds))
+                rnd_aw = statistics.mean(round_oracle(table3_scenario(side, mode, si, seed, job=job, monitor=AW_MONITOR))
+                                         for seed in range(nseeds))
                 for label, _ in methods:
                     jct = statistics.mean(jcts[label])
                     rows.append({
@@ -218,6 +229,7 @@ def table3(intensities: tuple[float, ...], seeds: int, job: dict[str, Any] | Non
                         "jct_stdev_s": round(statistics.pstdev(jcts[label]), 1), "seeds": nseeds,
                         "actions": extra[label], "bound_gap_pct": round(bnd, 1),
                         "round_oracle_gap_pct": round((rnd / ideal[mode] - 1) * 100, 1),
+                        "round_oracle_aw_gap_pct": round((rnd_aw / ideal[mode] - 1) * 100, 1),
                     })
                 say(f"sim {side} {mode} SI {si}: " + ", ".join(
                     f"{r['method']} {r['jct_s']:.0f}s" for r in rows[-len(methods):]))
@@ -369,7 +381,8 @@ def gaps(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
         best = min(sel, key=lambda r: r["jct_s"])
         out.append({"side": key[0], "mode": key[1], "intensity": key[2], "best_method": best["method"],
                     "best_gap_pct": round((best["jct_s"] / best["ideal_jct_s"] - 1) * 100, 1),
-                    "bound_gap_pct": best["bound_gap_pct"], "round_oracle_gap_pct": best["round_oracle_gap_pct"]})
+                    "bound_gap_pct": best["bound_gap_pct"], "round_oracle_gap_pct": best["round_oracle_gap_pct"],
+                    "round_oracle_aw_gap_pct": best["round_oracle_aw_gap_pct"]})
     return out, max(g["best_gap_pct"] for g in out)
 
 
@@ -415,8 +428,8 @@ def untuned_scenarios(quick: bool) -> list[dict[str, Any]]:
     ]
 
 
-UNTUNED_METHODS = {"bsp": ("none", "lb-bsp", "backup-workers", "antdt-nd", "pacer-adaptive"),
-                   "asp": ("none", "antdt-nd", "pacer-adaptive")}
+UNTUNED_METHODS = {"bsp": ("none", "lb-bsp", "backup-workers", "antdt-nd", "pacer-adaptive", AW),
+                   "asp": ("none", "antdt-nd", "pacer-adaptive", AW)}
 
 
 def untuned(seeds: int, quick: bool) -> list[dict[str, Any]]:
@@ -424,11 +437,12 @@ def untuned(seeds: int, quick: bool) -> list[dict[str, Any]]:
     rows = []
     for doc in untuned_scenarios(quick):
         for mode, methods in UNTUNED_METHODS.items():
-            def sc(seed: int, d: dict[str, Any] = doc, m: str = mode) -> Scenario:
-                return parse({**d, "seed": seed, "job": {**d["job"], "mode": m}, "monitor": MONITOR})
+            def sc(seed: int, d: dict[str, Any] = doc, m: str = mode, mon: dict[str, Any] = MONITOR) -> Scenario:
+                return parse({**d, "seed": seed, "job": {**d["job"], "mode": m}, "monitor": mon})
             ideal = run(parse({**doc, "stragglers": [], "job": {**doc["job"], "mode": mode}, "monitor": MONITOR}),
                         "none", ideal=False).jct_s
-            jct = {m: statistics.mean(run(sc(seed), m, ideal=False).jct_s for seed in range(seeds)) for m in methods}
+            jct = {m: statistics.mean(run(sc(seed, mon=METHOD_MONITOR.get(m, MONITOR)), "pacer-adaptive" if m == AW else m,
+                                          ideal=False).jct_s for seed in range(seeds)) for m in methods}
             bnd = statistics.mean(bound(sc(seed)).gap_pct for seed in range(seeds))
             rows.append({"scenario": doc["name"], "mode": mode, "ideal_jct_s": round(ideal, 1),
                          "jct_s": {m: round(v, 1) for m, v in jct.items()},
@@ -446,6 +460,46 @@ def untuned_markdown(rows: list[dict[str, Any]]) -> list[str]:
         cells = [f"{r['gap_pct'][m]:+.1f}" if m in r["gap_pct"] else "" for m in UNTUNED_METHODS["bsp"]]
         out.append(f"| {r['scenario']} | {r['mode'].upper()} | {r['ideal_jct_s']:.0f} | {r['bound_gap_pct']:+.1f} | "
                    + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
+def adjust_costs(si: float, seeds: int, job: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Worker side, BSP: the adaptive policies with each ADJUST_BS charged ``cluster.adjust_bs_s`` (every worker waits).
+
+    The simulator charges nothing for an ADJUST_BS (live it is a two-phase barrier at an iteration chosen
+    ahead of every worker: the workers wait only if the commit arrives after they reach it); this shows what
+    the faster cadence would cost if each one stalled the job for one step (2 s) or five.
+    """
+    rows = []
+    ideal = run(table3_scenario("ps", "bsp", 0.0, 0, job=job), "none", ideal=False).jct_s
+    for cost in ADJUST_COSTS_S:
+        for label in ("antdt-nd", "pacer-adaptive", AW):
+            jcts, adjusts = [], 0
+            for seed in range(seeds):
+                sc = table3_scenario("worker", "bsp", si, seed, job=job, monitor=METHOD_MONITOR.get(label))
+                sc = replace(sc, cluster=replace(sc.cluster, adjust_bs_s=cost))
+                r = run(sc, "pacer-adaptive" if label == AW else label, ideal=False)
+                jcts.append(r.jct_s)
+                adjusts += r.actions.get("ADJUST_BS", 0)
+            rows.append({"intensity": si, "adjust_bs_s": cost, "method": label,
+                         "jct_s": round(statistics.mean(jcts), 1),
+                         "gap_pct": round((statistics.mean(jcts) / ideal - 1) * 100, 1),
+                         "adjust_bs_per_run": round(adjusts / seeds, 1)})
+    return rows
+
+
+def adjust_costs_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    out = [f"### Cost of acting: worker side, BSP, SI {rows[0]['intensity']}, each ADJUST_BS charged (JCT above "
+           "straggler-free; ADJUST_BS per run)", "",
+           "| ADJUST_BS costs | " + " | ".join(dict.fromkeys(r["method"] for r in rows)) + " |",
+           "|---|" + "---|" * len(dict.fromkeys(r["method"] for r in rows))]
+    for cost in dict.fromkeys(r["adjust_bs_s"] for r in rows):
+        sel = [r for r in rows if r["adjust_bs_s"] == cost]
+        out.append(f"| {cost:g} s | " + " | ".join(f"{r['gap_pct']:+.1f} % ({r['adjust_bs_per_run']:g})" for r in sel)
+                   + " |")
     out.append("")
     return out
 
@@ -830,15 +884,20 @@ def main(argv: list[str] | None = None) -> int:
            "curable stragglers at t = 0 at the simulator's cost).  No policy in this model can go below it.  "
            "Round oracle (`round_oracle`, a measurement, not a policy): the true delays, but acted on only at the "
            "controller's rounds (every 5 min), as any policy must.", "",
-           "| side | mode | SI | best method | best vs straggler-free | round oracle | bound |",
-           "|---|---|---|---|---|---|---|"]
+           f"Round oracle aw: the same, at the rounds of `{AW}` (statistics every 10 s, one round per fresh "
+           "noise-adapted short window).", "",
+           "| side | mode | SI | best method | best vs straggler-free | round oracle | round oracle aw | bound |",
+           "|---|---|---|---|---|---|---|---|"]
     md += [f"| {'worker' if g['side'] == 'worker' else 'server'} | {g['mode'].upper()} | {g['intensity']} "
            f"| {g['best_method']} | {g['best_gap_pct']:+.1f} % | {g['round_oracle_gap_pct']:+.1f} % "
-           f"| {g['bound_gap_pct']:+.1f} % |" for g in gap_rows]
+           f"| {g['round_oracle_aw_gap_pct']:+.1f} % | {g['bound_gap_pct']:+.1f} % |" for g in gap_rows]
     md += ["", f"worst_gap_to_ideal_pct (the largest best-method gap over all rows): **{worst_gap:+.1f} %**", ""]
 
     untuned_rows = untuned(seeds, a.quick)
     md += untuned_markdown(untuned_rows)
+
+    cost_rows = adjust_costs(intensities[-1], seeds, job)
+    md += adjust_costs_markdown(cost_rows)
 
     tuned_rows = tuned(intensities, seeds, job)
     ideal_bsp = next(r["ideal_jct_s"] for r in rows if r["mode"] == "bsp")
@@ -985,6 +1044,8 @@ def main(argv: list[str] | None = None) -> int:
         "gaps": gap_rows,
         "bound": [{k: g[k] for k in ("side", "mode", "intensity", "bound_gap_pct")} for g in gap_rows],
         "untuned": untuned_rows,
+        "monitor_by_method": {AW: AW_MONITOR, "others": MONITOR},
+        "adjust_bs_cost": cost_rows,
         "decision_ms_pacer_adaptive": {str(n): d["median_ms"] for n, d in dts_adaptive.items()},
         "plots": files,
         "quick": a.quick,

@@ -20,8 +20,9 @@ def test_quick_benchmark_prints_tables_and_the_json_last() -> None:
     assert {"table", "decision_ms_1000_workers", "overhead_pct"} <= out.keys()
     assert "### Table III" in proc.stdout and "| SI |" in proc.stdout
     rows = out["table"]
-    # 2 sides x (5 BSP methods + 4 ASP methods) at one intensity
-    assert len(rows) == 18
+    # 2 sides x (6 BSP methods + 5 ASP methods) at one intensity (pacer-adaptive twice: the paper's monitor
+    # settings and the noise-adapted short window)
+    assert len(rows) == 22
     for r in rows:
         assert set(r) == ROW_KEYS
         assert r["side"] in ("worker", "ps") and r["mode"] in ("bsp", "asp") and r["intensity"] == 0.8
@@ -42,5 +43,12 @@ def test_quick_benchmark_prints_tables_and_the_json_last() -> None:
     # --quick the jobs are a few monitor rounds long and the simulated straggler-free run's own tail of
     # shards is of the size of the stragglers' cost.)
     assert len(out["untuned"]) == 8
-    assert all({"none", "antdt-nd", "pacer-adaptive"} <= u["gap_pct"].keys() and u["bound_gap_pct"] >= 0
-               for u in out["untuned"])
+    assert all({"none", "antdt-nd", "pacer-adaptive", "pacer-adaptive+aw"} <= u["gap_pct"].keys()
+               and u["bound_gap_pct"] >= 0 for u in out["untuned"])
+    # What acting costs: each ADJUST_BS charged 0, 2 and 10 s (a pause also moves later rounds, so the JCT
+    # need not grow monotonically on a short job).
+    costs = out["adjust_bs_cost"]
+    for m in ("antdt-nd", "pacer-adaptive", "pacer-adaptive+aw"):
+        assert sorted(c["adjust_bs_s"] for c in costs if c["method"] == m) == [0.0, 2.0, 10.0]
+    assert all(c["adjust_bs_per_run"] > 0 for c in costs if c["method"] == "pacer-adaptive+aw")
+    assert out["monitor_by_method"]["pacer-adaptive+aw"]["window_short_min_s"] > 0
