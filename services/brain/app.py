@@ -450,6 +450,12 @@ class BrainService:
             return
         self.backlog.setdefault(job, deque(maxlen=BACKLOG)).append((seq, fn))
 
+    def held_elsewhere(self, job: str) -> bool:
+        """Whether we compete for ``job`` and have seen another instance hold it (our lease loop takes it over
+        if that one dies)."""
+        st = self.own.jobs.get(job)
+        return st is not None and st.attempted.is_set() and not self.own.owns(job)
+
     async def take(self, job: str, autoscaled: bool) -> bool:
         """Whether we act for ``job`` (a running job's window came): we own it, or claimed it now.  While the
         capacity is shared (cluster rounds), an autoscaled job is the cluster-round holder's."""
@@ -460,9 +466,8 @@ class BrainService:
                 self.counters.inc("jobs_handed_to_rounds")
                 return False
             return True
-        st = self.own.jobs.get(job)
-        if st is not None and st.attempted.is_set():
-            return False  # another instance holds it; our lease loop takes it over if that one dies
+        if self.held_elsewhere(job):
+            return False
         if rounds and not self.own.owns(CLUSTER):
             return False
         return await self.own.claim(job, within=2.0)

@@ -82,6 +82,10 @@ async def on_statistics(svc: BrainService, msg: Msg) -> None:
     try:
         stats = decode(JobStatistics, msg.data)
         if not svc.own.owns(stats.job):
+            if svc.held_elsewhere(stats.job):
+                svc.standby(stats)
+                svc.counters.inc("statistics", path="standby")
+                return
             autoscaled, rec = await svc.is_autoscaled(stats.job)
             running = autoscaled or (rec is not None and rec.state is JobState.RUNNING) or stats.job in svc.running
             if not running or not await svc.take(stats.job, autoscaled):
@@ -134,7 +138,7 @@ def events(svc: BrainService) -> Callable[[Msg], Awaitable[None]]:
         domain = parts[2] if len(parts) >= 5 else ""
         seq = msg.metadata.sequence.stream
         if domain == "job":
-            await on_job_end(svc, decode(JobEvent, msg.data))
+            await on_job_end(svc, decode(JobEvent, msg.data), seq)
         elif domain == subjects.EXECUTOR_SERVICE:
             await on_applied_event(svc, decode(ExecutorEvent, msg.data), seq)
         elif domain == "node":
@@ -172,9 +176,12 @@ async def on_node_event(svc: BrainService, ev: NodeEvent, seq: int) -> None:
         await svc.effect(ev.job, seq, answer)
 
 
-async def on_job_end(svc: BrainService, ev: JobEvent) -> None:
+async def on_job_end(svc: BrainService, ev: JobEvent, seq: int) -> None:
     """A job ended: its record in the config DB (DLRover-RM Alg. 1's D), by the job's owner (its autoscaler
     knows the coefficients) or, if nobody owns it, by whoever claims it; its running state dropped everywhere."""
+    current = await svc.store.running_of(ev.job)
+    if current is not None and current.seq > seq:
+        return  # the end of an earlier job of the same name (a new instance's consumer replays the stream)
     if await svc.store.recorded_at(ev.job) == ev.ts:  # recorded already (another instance, or a redelivery)
         await _dropped(svc, ev.job)
         return
