@@ -56,6 +56,8 @@ log = logging.getLogger("pacer.bus")
 T = TypeVar("T")
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
+#: JetStream's "no suitable peers for placement": a cluster that cannot place the replicas now (a peer offline).
+NO_PEERS_FOR_PLACEMENT = 10005
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,12 +160,31 @@ class Bus:
             )
         )
 
-    async def _ensure(self, cfg: StreamConfig) -> None:
-        try:
-            await self.js.add_stream(cfg)
-        except nats.js.errors.BadRequestError:
-            # Exists with another config (e.g. replicas changed): update it in place.
-            await self.js.update_stream(cfg)
+    async def _ensure(self, cfg: StreamConfig, wait_s: float = 30.0) -> None:
+        """Create the stream, or update it in place if it exists with another config (e.g. replicas changed).
+
+        On a cluster that has just started, or with a server down, the meta
+        leader may see too few peers to place the replicas (error 10005) or
+        not answer yet: retried for ``wait_s``.
+        """
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            try:
+                try:
+                    await self.js.add_stream(cfg)
+                except nats.js.errors.BadRequestError as exc:
+                    if exc.err_code == NO_PEERS_FOR_PLACEMENT:
+                        raise
+                    await self.js.update_stream(cfg)
+                return
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                    nats.js.errors.ServiceUnavailableError, nats.js.errors.BadRequestError) as exc:
+                unplaced = not isinstance(exc, nats.js.errors.BadRequestError) or \
+                    exc.err_code == NO_PEERS_FOR_PLACEMENT
+                if not unplaced or asyncio.get_running_loop().time() >= deadline:
+                    raise
+                log.info("stream %s not placed yet (%s); retrying", cfg.name, exc)
+                await asyncio.sleep(0.5)
 
     async def kv(self, bucket: str, description: str = "", wait_s: float = 30.0) -> KeyValue:
         """The JetStream KV bucket ``bucket`` (file storage, history 1), created on first use.
@@ -176,13 +197,24 @@ class Bus:
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
             try:
-                return await self._kv_once(bucket, description)
+                kv = await self._kv_once(bucket, description)
+                if await self._has_leader(f"KV_{bucket}"):
+                    return kv
+                reason = "no leader"
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                    nats.js.errors.ServiceUnavailableError) as exc:
-                if asyncio.get_running_loop().time() >= deadline:
-                    raise
-                log.info("KV %s not available yet (%s); retrying", bucket, type(exc).__name__)
-                await asyncio.sleep(0.5)
+                    nats.js.errors.ServiceUnavailableError, Unavailable) as exc:
+                reason = type(exc).__name__
+            if asyncio.get_running_loop().time() >= deadline:
+                raise Unavailable(f"KV {bucket}: not available after {wait_s:.0f} s ({reason})")
+            log.info("KV %s not available yet (%s); retrying", bucket, reason)
+            await asyncio.sleep(0.5)
+
+    async def _has_leader(self, stream: str) -> bool:
+        """Whether the stream has a leader now (a freshly made replicated bucket accepts no write before)."""
+        if self.replicas <= 1:
+            return True
+        info = await self.js.stream_info(stream)
+        return info.cluster is None or bool(info.cluster.leader)
 
     async def _kv_once(self, bucket: str, description: str) -> KeyValue:
         try:
@@ -193,8 +225,10 @@ class Bus:
             return await self.js.create_key_value(
                 KeyValueConfig(bucket=bucket, history=1, replicas=self.replicas, description=description,
                                storage=StorageType.FILE))
-        except nats.js.errors.BadRequestError:  # created concurrently by another instance
-            return await self.js.key_value(bucket)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code == NO_PEERS_FOR_PLACEMENT:
+                raise Unavailable(f"KV {bucket}: no peers to place it on yet") from exc
+            return await self.js.key_value(bucket)  # created concurrently by another instance
 
     @staticmethod
     async def kv_get(kv: KeyValue, key: str, cls: type[T]) -> T | None:

@@ -183,6 +183,15 @@ class EmbeddedNats:
         self.stop()
 
 
+def log_tail(s: EmbeddedNats, lines: int = 5) -> str:
+    """The last lines of a server's log (why it exited), "" when there is none."""
+    try:
+        text = (s.log_file or s.store_dir / "nats-server.log").read_text(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(text.strip().splitlines()[-lines:])
+
+
 def http_json(url: str, timeout: float = 0.5) -> tuple[int, dict[str, object]]:
     """GET ``url``: (status, decoded JSON body); (0, {}) when it cannot be reached or decoded."""
     try:
@@ -294,7 +303,7 @@ class EmbeddedCluster:
             if s.proc.poll() is not None:
                 raise EmbeddedServerError(
                     f"nats-server {s.server_name} exited with {s.proc.returncode}; "
-                    f"see {s.store_dir / 'nats-server.log'}")
+                    f"see {s.store_dir / 'nats-server.log'}: {log_tail(s)}")
             if self._ready(s):
                 pending.pop(0)
                 continue
@@ -338,9 +347,19 @@ class EmbeddedCluster:
     def restart(self, i: int, timeout: float = 30.0) -> None:
         """Start server ``i`` again on its ports and store; returns once it has caught up (healthy)."""
         s = self.servers[i]
-        s.proc = None
-        s.spawn()
-        self.wait_ready(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            s.proc = None
+            s.spawn()
+            try:
+                self.wait_ready(max(1.0, deadline - time.monotonic()))
+                return
+            except EmbeddedServerError:
+                # Its ports were chosen free once; while it was down another process may have been given one
+                # of them for a moment (an outgoing connection's local port): try again until the deadline.
+                if s.running or "address already in use" not in log_tail(s) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM every server at once (one by one would make each stop elect a new leader), then wait."""
