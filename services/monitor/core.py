@@ -119,9 +119,10 @@ class MonitorConfig:
     # Noise-adapted short window (None: always window_short_s).  When set, each job's short window is
     # the shortest in [window_short_min_s, window_short_s] whose step-weighted mean BPT has a relative
     # standard error <= window_short_rel_error, from the job's measured report-to-report noise (see
-    # JobWindows.short_window); persistence keeps the configured window_short_s as its span.
+    # JobWindows.short_window); persistence keeps the configured window_short_s as its span.  3.5 %:
+    # a node 5 % slower than its peers (pacer-adaptive's tightest lambda) stands 1.5 standard errors out.
     window_short_min_s: float | None = None
-    window_short_rel_error: float = 0.02
+    window_short_rel_error: float = 0.035
 
     def __post_init__(self) -> None:
         if not 0 < self.window_short_s <= self.window_long_s:
@@ -376,7 +377,7 @@ class JobWindows:
         since = nw.level_since(shift, floor)
         return start if since is None else max(start, since)
 
-    def short_window(self) -> tuple[float, float]:
+    def short_window(self) -> tuple[float, dict[str, float]]:
         """The short window this job's statistics use: L_trans, or shorter when the BPTs are quiet enough.
 
         With ``window_short_min_s`` unset: ``window_short_s``.  Else, from the
@@ -393,35 +394,46 @@ class JobWindows:
         least ``ps_latency_floor_s`` (sub-millisecond jitter is no noise the
         slowness test would see).  Fewer than 8 differences: ``window_short_s``.
 
-        Returns (the window, the level shift): a node's short window starts at
-        its current level (:meth:`NodeWindow.level_since`), a level being
-        samples within max(4 sigma, 2.5 x ``window_short_rel_error``) of each
-        other, so a change beyond the noise is seen by the first two reports
-        after it.
+        Workers and PS are measured apart (a PS's answer time against the
+        floor is far quieter than a worker's BPT and would hide its noise):
+        the window is the longest any role needs, and a role with fewer than 8
+        differences keeps ``window_short_s`` for all.
+
+        Returns (the window, the level shift per role): a node's short window
+        starts at its current level (:meth:`NodeWindow.level_since`), a level
+        being samples within max(4 sigma, 2.5 x ``window_short_rel_error``) of
+        each other (sigma of its role), so a change beyond the noise is seen
+        by the first two reports after it.
         """
         cfg = self.cfg
         lo = cfg.window_short_min_s
         floor_shift = 2.5 * cfg.window_short_rel_error
         if lo is None or lo >= cfg.window_short_s:
-            return cfg.window_short_s, math.inf
-        rel: list[float] = []
-        gaps: list[float] = []
+            return cfg.window_short_s, {}
+        rel: dict[str, list[float]] = {}
+        gaps: dict[str, list[float]] = {}
         for nw in self.nodes.values():
             floor = cfg.ps_latency_floor_s if nw.role == PS_ROLE else 0.0
+            r, g = rel.setdefault(nw.role, []), gaps.setdefault(nw.role, [])
             prev: Sample | None = None
             for smp in nw.samples:
                 if prev is not None:
                     mean = max(floor, (prev.bpt_s + smp.bpt_s) / 2)
                     if mean > 0:
-                        rel.append(abs(smp.bpt_s - prev.bpt_s) / mean)
-                        gaps.append(smp.t - prev.t)
+                        r.append(abs(smp.bpt_s - prev.bpt_s) / mean)
+                        g.append(smp.t - prev.t)
                 prev = smp
-        if len(rel) < 8:
-            return cfg.window_short_s, math.inf
-        sigma = 1.4826 * statistics.median(rel) / math.sqrt(2)
-        dt = statistics.median(gaps)
-        n = max(2.0, (sigma / cfg.window_short_rel_error) ** 2)
-        return min(cfg.window_short_s, max(lo, n * dt)), max(4 * sigma, floor_shift)
+        # Per role (workers and PS report different things at different rates): the window is the longest
+        # any role needs, and a role with too few reports to tell its noise keeps L_trans.
+        window, shifts = lo, {}
+        for role, diffs in rel.items():
+            if len(diffs) < 8:
+                return cfg.window_short_s, {}
+            sigma = 1.4826 * statistics.median(diffs) / math.sqrt(2)
+            n = max(2.0, (sigma / cfg.window_short_rel_error) ** 2)
+            window = max(window, n * statistics.median(gaps[role]))
+            shifts[role] = max(4 * sigma, floor_shift)
+        return min(cfg.window_short_s, window), shifts
 
     def state_of(self, nw: NodeWindow, now: float) -> NodeState:
         if nw.lifecycle is NodeState.RUNNING and now - nw.last_seen > self.cfg.heartbeat_timeout_s:
@@ -449,8 +461,10 @@ class JobWindows:
         self.evict(now)
         names = sorted(self.nodes)
         states = {n: self.state_of(self.nodes[n], now) for n in names}
-        window_short, shift = self.short_window()
-        short = {n: self.nodes[n].window(self._short_start(self.nodes[n], now - window_short, shift)) for n in names}
+        window_short, shifts = self.short_window()
+        short = {n: self.nodes[n].window(self._short_start(self.nodes[n], now - window_short,
+                                                            shifts.get(self.nodes[n].role, math.inf)))
+                 for n in names}
         long = {n: self.nodes[n].window(now - cfg.window_long_s) for n in names}
         live = [n for n in names if states[n] is NodeState.RUNNING]
 

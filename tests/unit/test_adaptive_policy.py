@@ -392,3 +392,13 @@ def test_bad_fast_path_fields_are_named(over: dict[str, Any], field: str) -> Non
         parse(doc)
     with pytest.raises(ScenarioError, match=r"cluster\.adjust_bs_s"):
         parse({**doc, "monitor": {}, "cluster": {"workers": 2, "worker_speed": 100, "adjust_bs_s": -1}})
+
+
+def test_report_noise_makes_the_adapted_window_longer_and_is_seeded() -> None:
+    """Noisy BPT reports: the monitor needs more of them for a mean, so fewer rounds; same seed, same run."""
+    sc = _fast(load(EXAMPLES / "transient-workers.yaml"))
+    quiet = run(sc, "pacer-adaptive", ideal=False)
+    noisy_sc = replace(sc, cluster=replace(sc.cluster, report_noise=0.15))
+    noisy = run(noisy_sc, "pacer-adaptive", ideal=False)
+    assert noisy.decisions < quiet.decisions
+    assert run(noisy_sc, "pacer-adaptive", ideal=False).jct_s == noisy.jct_s

@@ -52,3 +52,6 @@ def test_quick_benchmark_prints_tables_and_the_json_last() -> None:
         assert sorted(c["adjust_bs_s"] for c in costs if c["method"] == m) == [0.0, 2.0, 10.0]
     assert all(c["adjust_bs_per_run"] > 0 for c in costs if c["method"] == "pacer-adaptive+aw")
     assert out["monitor_by_method"]["pacer-adaptive+aw"]["window_short_min_s"] > 0
+    noise = out["report_noise"]
+    assert {(r["report_noise"], r["method"]) for r in noise} == {
+        (x, m) for x in (0.0, 0.05, 0.1, 0.2) for m in ("antdt-nd", "pacer-adaptive", "pacer-adaptive+aw")}

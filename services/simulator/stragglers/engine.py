@@ -53,7 +53,8 @@ The model (all times are simulated seconds from 0; no wall clock anywhere):
   counts the re-granted remainder in ``records_duplicated``.  Leases never
   expire here (deaths are explicit events), so ``expire`` is not called.
 * Agent reports: every k (``report_steps``) steps a worker's BPT, batch and
-  speed go to the monitor as :class:`AgentMetrics`; consecutive reports of a
+  speed go to the monitor as :class:`AgentMetrics` (the BPT times 1 + N(0,
+  ``report_noise``): measurement noise, seeded); consecutive reports of a
   chunk are merged into one with ``steps = chunk`` (the monitor's windows are
   step-weighted, so window means are unchanged; only where inside a window a
   sample sits is coarser, by at most ``report_span_s``).  PS report their own
@@ -220,6 +221,7 @@ class Simulation:
             on.append(_Injected(s.spec(sc.seed).on(name), s.follows_restart))
         self.wd = np.zeros(self.n)
         self.pd = np.zeros(self.m)
+        self.noise_rng = np.random.default_rng([sc.seed, 0x6E6F6973])  # report noise ("nois"), its own stream
         self.next_change = -1.0  # forces a first refresh
         # ---- bookkeeping
         self.unleased = 0  # records in TODO shards (kept from the core's log records)
@@ -320,11 +322,13 @@ class Simulation:
     def _metrics(self, i: int) -> AgentMetrics:
         steps = int(self.acc_steps[i])
         busy = float(self.acc_busy[i])
+        noise = self.sc.cluster.report_noise
+        f = max(0.05, 1.0 + float(self.noise_rng.normal(0.0, noise))) if noise > 0 else 1.0  # measurement only
         m = AgentMetrics(
             job=JOB, node=self.wnames[i], role=Role.WORKER, ts=self.t,
             local_step=int(self.local_steps[i]), iteration=self.steps,
-            bpt_s=busy / steps, batch_size=int(self.B[i]),
-            samples_per_s=float(self.acc_samples[i]) / busy if busy > 0 else 0.0,
+            bpt_s=busy / steps * f, batch_size=int(self.B[i]),
+            samples_per_s=float(self.acc_samples[i]) / busy / f if busy > 0 else 0.0,
             samples_total=int(self.samples_total[i]), cpu_percent=100.0, rss_bytes=0,
             last_action_seq=0, last_action_iteration=-1, primary=i == 0,
             steps=steps, steps_total=int(self.local_steps[i]),
