@@ -391,7 +391,8 @@ class Simulation:
         self.monitor.observe_cluster(1 if sc.cluster.busy else 0, t)
         self.monitor.observe_shards(self.shards.status(DATASET), t)
         stats = self.monitor.statistics(JOB, t)
-        # A round per fresh short window, at most interval_s apart (1e-6: ticks are sums of floats).
+        # A round per fresh short window, at most interval_s (PACER_CONTROLLER_EVERY_S) apart: the controller's
+        # cadence with the monitor's adapted window (1e-6: ticks are sums of floats).
         if t - self.last_round >= min(sc.monitor.interval_s, stats.window_short_s) - 1e-6:
             self.last_round = t
             self._decide(stats)
