@@ -170,7 +170,10 @@ async def test_two_brains_one_owner_publishes_each_decision_once(url: str, bus: 
         assert len(job.decisions) == 1 and len(job.plans) == 1, (job.decisions, job.plans)
         assert job.decisions[0].rule == "optimize" and job.decisions[0].previous == job.first
         assert own.counters.values.get("replans", 0) == 1 and other.counters.values.get("replans", 0) == 0
-        assert "ha-one" not in other.autoscalers and other.own.wanted("ha-one")  # standing by
+        assert "ha-one" not in other.autoscalers
+        await feed(bus, job, 4)
+        await eventually(lambda: other.own.wanted("ha-one"), 10, "the other instance is not standing by")
+        assert "ha-one" not in other.autoscalers and len(job.decisions) == 1
         # The stream holds it once too (not only what this subscription saw).
         history = await bus.replay(subjects.brain_decision("ha-one"))
         assert len(history) == 1
