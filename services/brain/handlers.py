@@ -2,16 +2,21 @@
 
 * RPC (``pacer.rpc.brain.<job>.<op>``): :func:`plan` and :func:`history`,
   dispatched by :func:`pacer.runtime.dispatch_rpc` (errors become error
-  replies).
-* Plain subscriptions (no acks; the next message supersedes a lost one):
-  the monitor's statistics and the executor's ClusterStatus.
-* The durable consumer (:class:`pacer.consumer.DurableConsumer`, explicit
-  acks, in stream order): job ends (the config DB), the executor's
-  ``applied`` events and node events (the plan in force and as run,
-  :mod:`.core.running`).  A handler returns to ack, raises a permanent
-  :class:`~pacer.errors.PacerError` to dead-letter, a temporary one to be
-  redelivered; a redelivered event is recognised by its stream sequence
-  and changes nothing twice.
+  replies) at the job's owner (the service routes them there).
+* Plain subscriptions (no acks, no queue group: every instance hears every
+  message; the next message supersedes a lost one): the monitor's
+  statistics (acted on by the job's owner, or by the instance that claims
+  a job nobody owns; the others only keep the memory trend) and the
+  executor's ClusterStatus.
+* The durable consumer of each instance (explicit acks, in stream order):
+  job ends (the config DB), the executor's ``applied`` events and node
+  events (the plan in force and as run, :mod:`.core.running`).  Every
+  instance folds every event (compare-and-set, so the second fold of an
+  event changes nothing); what an event does to the job's autoscaler is
+  done by the owner once (:meth:`~.app.BrainService.effect`).  A handler
+  returns to ack, raises a permanent :class:`~pacer.errors.PacerError` to
+  dead-letter, a temporary one to be redelivered; a redelivered event is
+  recognised by its stream sequence and changes nothing twice.
 """
 
 from __future__ import annotations

@@ -68,6 +68,12 @@ Choices of ours where the papers are silent (all in :class:`AutoscaleConfig`):
   they were seen using.  A plan keeps its memory while that is enough and
   not more than twice what is needed, so noise in RSS never moves pods.
 
+Hand-over (issue 13): :func:`autoscaler_state` is everything the autoscaler
+learnt and decided as JSON-able builtins (the model and its candidates are
+refitted from the measurements), :func:`load_autoscaler_state` puts a new
+autoscaler of the same job there; another brain instance goes on in the same
+stage with the same samples.
+
 Pure: no IO and no clock; ``now`` is whatever clock the caller uses.
 """
 
