@@ -31,7 +31,12 @@ ideal_jct_s, speedup_vs_native_pct}``), ``decision_ms_1000_workers``,
     Methods.  BSP: native BSP (policy ``none``), LB-BSP, Backup Workers (b =
     1, the policy's default), AntDT-ND, pacer-adaptive.  ASP: native ASP
     (even static data partition, see below), ASP-DDS (dynamic sharding,
-    policy ``none``), AntDT-ND, pacer-adaptive.  ``speedup_vs_native_pct = (JCT_native / JCT_method - 1) * 100``
+    policy ``none``), AntDT-ND, pacer-adaptive.  Both modes also run
+    ``pacer-adaptive+aw``: the same policy with the monitor's noise-adapted
+    short window (``AW_MONITOR``: statistics every 10 s, the window as short
+    as the measured BPT noise allows, from 30 s to L_trans, and one controller
+    round per fresh window); every other method keeps the paper's settings
+    (``MONITOR``), so AntDT-ND stays the paper's reference.  ``speedup_vs_native_pct = (JCT_native / JCT_method - 1) * 100``
     against native BSP or native ASP of the same side, mode and intensity.
 
     Native ASP (static sharding).  The simulator always feeds data through
@@ -61,6 +66,13 @@ ideal_jct_s, speedup_vs_native_pct}``), ``decision_ms_1000_workers``,
     50 workers / 10 PS, 4 workers / 2 PS, a moving worker straggler, several
     stragglers at once on workers and PS; each in BSP and ASP, mean over
     ``--seeds``.
+
+    The cost of acting (:func:`adjust_costs`, JSON ``adjust_bs_cost``): the
+    simulator charges nothing for an ADJUST_BS; worker side, BSP, at the
+    highest intensity, each one is charged 0, 2 and 10 s of every worker
+    (``cluster.adjust_bs_s``).  Measurement noise (:func:`report_noise`, JSON
+    ``report_noise``): the same row with each worker report's BPT x (1 + N(0,
+    0 / 5 / 10 / 20 %)) (``cluster.report_noise``).
 
 2. ``--real``: the same comparison, small, with real TensorFlow processes
     The embedded stack (``pacer_services.cli.stack.Stack``: nats-server, shard, monitor,
