@@ -70,9 +70,55 @@ record names but the backend does not have, stops again a pod whose
 replacement was decided but whose stop this executor did not send, and
 starts the next batch of a rolling replacement.  Exits are handled once per
 generation (``NodeRecord.handled``), so the backend's replay of every pod at
-watch start is harmless.
+watch start, or at a take-over, is harmless.
 
-One instance per backend: two executors would both relaunch the same node.
+Two instances (issue 13, :mod:`pacer.ownership`)
+-----------------------------------------------
+Run two (``PACER_INSTANCE`` names each; lease TTL ``PACER_LEASE_TTL_S``).
+Both watch every pod and keep the pod cache; only the owner of a job (lease
+``executor.<job>`` in ``pacer-leases``) acts for it: applies its plans and
+terminal events, handles its pods' exits, runs its reconcile passes,
+migrations, rolling resizes, teardown and node commands.  An instance
+competes for every job of the bucket that is not torn down (at start), and
+for every job a live pod, an event or a request names, so the other
+instance is a standby that takes a dead owner's jobs over about one TTL
+after its last renewal.
+
+* Taking a job over (``on_acquired``): the record is read and written back
+  unchanged at the revision read (a term marker: the previous owner's next
+  compare-and-set fails), the last applied plan's stream sequence is read
+  from ``state.executor.<job>`` beside the lease, then the job's pods are
+  replayed and a reconcile pass runs: an exit the previous owner did not
+  handle is handled (once: ``NodeRecord.handled``), a pod its record names
+  but the backend lacks is created, a stop it decided is sent again.
+* Losing it (``on_lost``): the job leaves memory at once; work still queued
+  for it, or a write in the middle of it, finds the job not owned and stops
+  (:class:`~.effects.NotOwner`, temporary: a request is answered
+  ``unavailable``, an event naked).  A compare-and-set refused while the
+  lease names another instance drops the job too (a paused owner whose
+  clock did not tell it).
+* Fencing: every pod action follows a save of its intention (compare-and-set)
+  or a check that the record is still at our revision
+  (:meth:`.effects.Effects.check`); the died event of an exit too.  A stale
+  owner's save or check is refused by the new owner's term marker, so it
+  neither creates nor deletes a pod after the take-over.  Pod names are
+  per (node, generation) and a create of an existing pod is no error, so
+  an intent saved by the old owner and finished by the new one makes one pod.
+* Inputs: the job events come through the one durable consumer shared by
+  both; an instance that does not own the event's job claims it if nobody
+  does, else naks the event (``job_event_retry_s``) for the owner.  A plan
+  naked that way may come after the next one: plans older (by stream
+  sequence) than the last applied are skipped.  Requests keep the queue
+  group and are forwarded to the owner (:meth:`Ownership.route`); a job
+  nobody owns and without a record is answered ``not_found`` unclaimed.
+* Orphan pods (no record names them) are reaped only by the owner of their
+  job (claimed when the watch showed the pod), after re-reading the record
+  from KV; a delete is idempotent anyway.
+* Both instances publish the cluster status: each computes it from the same
+  backend (every pod, the capacity), and its readers keep the newest.
+* A job torn down (or without a record) with no live pod and no work for a
+  while is given up; the other instance may take it, finds the same and
+  gives it up too.
 """
 
 from __future__ import annotations
@@ -80,6 +126,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -115,8 +162,10 @@ from pacer.contracts.executor import (
 )
 from pacer.contracts.executor import ExecutorJobState as JS
 from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
-from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, ValidationError
+from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, Unavailable, ValidationError
 from pacer.extras import require
+from pacer.lease import Lease, LeaseLost
+from pacer.ownership import FORWARDED_BY, Ownership
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.subjects import ExecutorOp, JobEventKind, NodeEventKind
 from pacer.telemetry import Counters
@@ -126,7 +175,7 @@ from pacer_services.pod_executor.backends import Backend
 from pacer_services.pod_executor.config import ExecutorConfig, bus_url
 from pacer_services.pod_executor.core import effects as cfx
 from pacer_services.pod_executor.core.exits import ExitOutcome
-from pacer_services.pod_executor.effects import Effects, PodBuilder, move, node_view
+from pacer_services.pod_executor.effects import Effects, NotOwner, PodBuilder, move, node_view
 from pacer_services.pod_executor.queueing import JobQueues
 
 log = logging.getLogger("pacer.executor")
@@ -156,6 +205,7 @@ class ExecutorService:
         self.counters = Counters(self.name)
         self.jobs: dict[str, ExecutorJob] = {}
         self.orphans: dict[str, float] = {}  # pod -> when first seen without a job record
+        self.plan_seq: dict[str, int] = {}  # job -> stream sequence of the last plan applied (owned jobs)
         self.launch = launch.LaunchConfig(bus_url(bus), self.cfg.checkpoint_root, self.cfg.checkpoint_every,
                                           agents=self.cfg.agents, stragglers=tuple(self.cfg.stragglers.items()),
                                           agent_secret=self.cfg.agent_secret)
@@ -172,7 +222,11 @@ class ExecutorService:
             bus, self.name, self.cfg.durable,
             [subjects.events_of("job", kind=k) for k in
              (JobEventKind.PLAN, JobState.COMPLETED.value, JobState.STOPPED.value, JobState.FAILED.value)],
-            self._on_job_event, self.counters, key=lambda m: m.subject.split(".")[3])  # by job
+            self._on_job_event, self.counters, key=lambda m: m.subject.split(".")[3],  # by job
+            retry_delay_s=self.cfg.job_event_retry_s)  # an event for the other instance goes back soon
+        self.own = Ownership(bus, self.name, self._acquired, self._lost, instance=self.cfg.instance,
+                             ttl_s=self.cfg.lease_ttl_s)
+        self.fx.may_act = self.own.owns
         self.queues: JobQueues | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._rpc_sub: Subscription | None = None
@@ -190,9 +244,14 @@ class ExecutorService:
         await self.bus.ensure_streams()
         self.fx.kv = await self.bus.kv(subjects.EXECUTOR_BUCKET, "Pacer pod-executor: its record of each job")
         self.fx.jobs_kv = await self.bus.kv(subjects.JOB_BUCKET, "Pacer jobs: one JobRecord per job")
-        self.jobs.update(await self.fx.load())
+        await self.own.start(tg, on_forwarded=self._on_forwarded)
         for st in await self.backend.list():
             self.pods[st.name] = st
+        # Compete for every job of the bucket with work left; the ones we win are loaded by _acquired (a
+        # job whose owner was killed is free one TTL later: not waited for here).
+        known = [job for job, ej in (await self.fx.load()).items() if ej.state is not JS.TORN_DOWN]
+        self.fx.revisions.clear()  # only an owner's revisions count (read again by _acquired)
+        await asyncio.gather(*(self.own.claim(job, within=self.cfg.claim_at_start_s) for job in known))
         self._rpc_sub = await self.bus.nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name,
                                                     cb=self._on_rpc)
         await self.bus.nc.flush()
@@ -201,7 +260,8 @@ class ExecutorService:
         tg.create_task(guard("reconcile", self._reconcile_loop), name="pacer:executor:reconcile")
         tg.create_task(guard("cluster", self._cluster_loop), name="pacer:executor:cluster")
         log.info("executor ready", extra={"fields": {"backend": self.backend.name, "jobs": len(self.jobs),
-                                                      "pods": len(self.pods)}})
+                                                      "known": len(known), "pods": len(self.pods),
+                                                      "instance": self.own.instance}})
 
     async def drain(self) -> None:
         self._draining = True  # no more reconcile passes are queued: finish what is in hand
@@ -211,6 +271,63 @@ class ExecutorService:
         await self.consumer.stop()
         if self.queues is not None and not await self.queues.join(self.cfg.drain_s):
             log.warning("executor stopping with work still queued (it is decided again after a restart)")
+        await self.own.close()  # the other instance takes the jobs over at once
+
+    # ================================================================ ownership
+    async def _acquired(self, job: str, lease: Lease) -> None:
+        """We own ``job`` now: take its record over (rewritten at the revision read, so the previous
+        owner's next write is refused), then replay its pods and run a reconcile pass on its worker:
+        they finish what the previous owner began (an exit it did not handle, a pod it did not create)."""
+        ej = await self.fx.mark(job)
+        self.fx.records.pop(job, None)
+        state = await self.own.get_state(job)
+        try:
+            self.plan_seq[job] = int(json.loads(state or b"{}").get("plan_seq", 0))
+        except (ValueError, AttributeError):
+            self.plan_seq[job] = 0
+        if ej is None:
+            self.jobs.pop(job, None)
+        else:
+            self.jobs[job] = ej
+        self.counters.inc("jobs_acquired")
+        log.info("job acquired", extra={"fields": {"job": job, "instance": self.own.instance,
+                                                   "token": lease.token, "record": ej is not None}})
+        # Last, with no await after it: the work runs once Ownership marked the job owned.
+        self._post(job, functools.partial(self._adopt, job), "adopt")
+
+    async def _adopt(self, job: str) -> None:
+        for st in [p for p in self.pods.values() if p.job == job]:
+            await self._act_on_pod(st, None)
+        await self._reconcile_job(job)
+
+    async def _lost(self, job: str) -> None:
+        """Stop acting for ``job`` at once: its queued work finds it not owned (``unavailable``)."""
+        self.counters.inc("jobs_lost")
+        self.jobs.pop(job, None)
+        self.plan_seq.pop(job, None)
+        self.fx.revisions.pop(job, None)
+        self.fx.records.pop(job, None)
+        for name in [n for n, st in self.pods.items() if st.job == job]:
+            self.orphans.pop(name, None)
+
+    async def _give_up(self, job: str) -> None:
+        """Our write was refused and the lease names another instance: drop the job at once (on_lost),
+        then compete again as a standby."""
+        self.counters.inc("jobs_given_up")
+        log.warning("executor record written by the job's new owner; dropping the job",
+                    extra={"fields": {"job": job, "instance": self.own.instance}})
+        await self.own.drop(job)
+        if not self._draining:
+            self.own.want(job)
+
+    async def _still_owner(self, job: str) -> bool:
+        """Whether the lease (read from KV, not our belief) still names this instance."""
+        if not self.own.owns(job):
+            return False
+        try:
+            return await self.own.owner_of(job) == self.own.instance
+        except (nats.errors.Error, TimeoutError):
+            return True  # cannot tell: the next compare-and-set decides
 
     def _queues(self) -> JobQueues:
         assert self.queues is not None, "the service is not started"
@@ -231,18 +348,28 @@ class ExecutorService:
         Every piece of work looks its job up by name, so a second run decides
         from what KV holds now.  Losing twice is a temporary error: a job
         event is redelivered, a request answered with it, a reconcile pass
-        comes again.
+        comes again.  Only the job's owner works for it: otherwise, or once a
+        lost write shows that another instance took the job over, the work
+        stops with :class:`NotOwner` (temporary too).
         """
+        self.fx.guard(job)
         try:
             return await work()
         except StaleRevision:
-            await self._reload(job)
+            await self._after_conflict(job)
         try:
             return await work()
         except StaleRevision as exc:
-            await self._reload(job)
+            await self._after_conflict(job)
             raise PacerError(f"job {job!r}: its executor record keeps changing under this executor "
                              f"({exc.message})", code="conflict", temporary=True) from exc
+
+    async def _after_conflict(self, job: str) -> None:
+        if not await self._still_owner(job):
+            assert self._tg is not None
+            self._tg.create_task(self._give_up(job), name=f"pacer:executor:give-up:{job}")
+            raise NotOwner(f"job {job!r}: another executor instance took it over; retry")
+        await self._reload(job)
 
     async def _reload(self, job: str) -> None:
         ej = await self.fx.reread(job)
@@ -259,10 +386,43 @@ class ExecutorService:
             plan = decode(ResourcePlan, m.data)
             if plan.job != job:
                 raise ValidationError(f"job: plan names {plan.job!r} but the subject is for {job!r}")
-            await self._in_job(job, lambda: self.apply_plan(plan), "plan")
+            await self._owner_only(job)
+            seq = _stream_seq(m)
+            await self._in_job(job, lambda: self._plan_in_order(plan, seq), "plan")
             return
         ev = decode(JobEvent, m.data)
+        await self._owner_only(job)
         await self._in_job(job, lambda: self._job_ended(job, ev), "job event")
+
+    async def _plan_in_order(self, plan: ResourcePlan, seq: int | None) -> None:
+        """Apply a plan unless a later one (by stream sequence) was applied already: with two instances
+        an event handed back for the owner may come after the next one (saved beside the lease, fenced)."""
+        job = plan.job
+        if seq is not None and seq <= self.plan_seq.get(job, 0):
+            self.counters.inc("plans_ignored")
+            log.info("plan skipped: a later one was applied", extra={"fields": {"job": job, "seq": seq}})
+            return
+        await self.apply_plan(plan)
+        if seq is not None:
+            self.plan_seq[job] = seq
+            try:
+                await self.own.put_state(job, json.dumps({"plan_seq": seq}).encode())
+            except LeaseLost as exc:  # applied under a lease that just moved: the new owner decides again
+                raise NotOwner(f"job {job!r}: the lease moved while its plan was applied; retry") from exc
+
+    async def _owner_only(self, job: str) -> None:
+        """A job event is applied by the job's owner: claim the job if nobody owns it, else hand the
+        event back (:class:`NotOwner`: the consumer naks it, ``job_event_retry_s``) for the owner."""
+        if self.own.owns(job):
+            return
+        _check_job(job)
+        owner = await self.own.owner_of(job)
+        if (owner is None or owner == self.own.instance) and await self.own.claim(
+                job, within=max(1.0, self.cfg.lease_ttl_s / 3)):
+            return
+        self.own.want(job)  # a standby from now on: takes the job over if its owner dies
+        self.counters.inc("job_events_passed")
+        raise NotOwner(f"job {job!r} is owned by {owner or 'nobody yet'}: the event is left for its owner")
 
     async def _job_ended(self, job: str, ev: JobEvent) -> None:
         ej = self.jobs.get(job)
@@ -390,13 +550,24 @@ class ExecutorService:
     # ================================================================ pods
     async def _watch_loop(self) -> None:
         async for st in self.backend.watch():
-            self._post(st.job, functools.partial(self._on_pod, st), "pod")
+            self._queues().post(st.job, functools.partial(self._on_pod, st), "pod")
 
     async def _on_pod(self, st: PodStatus) -> None:
+        """Every instance keeps every pod's newest status; only the owner of the pod's job acts on it
+        (another instance competes for the job of a live pod: a standby for its owner)."""
         prev = self.pods.get(st.name)
         self.pods[st.name] = st
         if st.phase is PodPhase.EXITED:
             self.fx.stops_sent.discard(st.name)
+        if not self.own.owns(st.job):
+            if st.phase is not PodPhase.EXITED and not self._draining:
+                with contextlib.suppress(ValidationError):
+                    _check_job(st.job)
+                    self.own.want(st.job)
+            return
+        await self._decide(st.job, functools.partial(self._act_on_pod, st, prev))
+
+    async def _act_on_pod(self, st: PodStatus, prev: PodStatus | None) -> None:
         ej = self.jobs.get(st.job)
         n = next((x for x in ej.nodes if x.node == st.node), None) if ej else None
         if ej is None or n is None:
@@ -428,6 +599,8 @@ class ExecutorService:
             await self._on_exit(ej, n, st)
 
     async def _on_exit(self, ej: ExecutorJob, n: NodeRecord, st: PodStatus) -> None:
+        # A stale owner (the job taken over, the record rewritten) stops here, before its died event.
+        await self.fx.check(ej)
         n.handled = st.generation
         by_us = st.name in n.deleting
         if by_us:
@@ -501,7 +674,7 @@ class ExecutorService:
         for n in ej.nodes:
             await self.fx.delete(ej, n)
         for name in ej.retiring:
-            await self.backend.delete(name, self.cfg.delete_grace_s)
+            await self.fx.delete_pod(ej, name)
         self.counters.inc("teardowns")
 
     # ================================================================ reconcile
@@ -509,28 +682,51 @@ class ExecutorService:
         while True:
             await asyncio.sleep(self.cfg.reconcile_s)
             await self._reap_orphans()
-            for job, ej in list(self.jobs.items()):
+            for job in self.own.owned():
+                ej = self.jobs.get(job)
+                if ej is None or ej.state is JS.TORN_DOWN:
+                    self._maybe_release(job)
                 # a pass still queued will see the newest state; a torn-down job has nothing left to do
-                if ej.state is not JS.TORN_DOWN and self._queues().pending(job) == 0 and not self._draining:
+                elif self._queues().pending(job) == 0 and not self._draining:
                     self._post(job, functools.partial(self._reconcile_job, job), "reconcile")
+
+    def _maybe_release(self, job: str) -> None:
+        """Give up the lease of an owned job with nothing left to do: no record (or torn down), no live
+        pod, no work for a while (the job's worker ended).  The other instance may take it, finds the
+        same, and gives it up too; a later event or live pod of the job makes both compete again."""
+        if self._draining or self._queues().busy(job):
+            return
+        if any(p.job == job and p.phase is not PodPhase.EXITED for p in self.pods.values()):
+            return
+        assert self._tg is not None
+        self.counters.inc("jobs_released")
+        self._tg.create_task(self.own.drop(job), name=f"pacer:executor:release:{job}")
 
     async def _reconcile_job(self, job: str) -> None:
         ej = self.jobs.get(job)
-        if ej is not None:
+        if ej is not None and ej.state is not JS.TORN_DOWN:  # a torn-down job has nothing left to do
             await self._reconcile(ej)
 
     async def _reap_orphans(self) -> None:
-        """Delete pods of no known job once they stayed unknown for ``orphan_grace_s``."""
+        """Delete pods of no known job once they stayed unknown for ``orphan_grace_s``.
+
+        With two instances only the owner of the pod's job reaps it (it claimed the job when the watch
+        showed the pod): the record, read again from KV just before, must still lack the pod's node
+        (a pod is only ever created after the record naming it was saved).  A delete is idempotent anyway.
+        """
         now = self.clock()
         for name, since in list(self.orphans.items()):
             st = self.pods.get(name)
             known = st is not None and any(n.node == st.node for n in getattr(self.jobs.get(st.job), "nodes", []))
-            if st is None or st.phase is PodPhase.EXITED or known:
+            if st is None or st.phase is PodPhase.EXITED or known or not self.own.owns(st.job):
                 self.orphans.pop(name, None)
             elif now - since >= self.cfg.orphan_grace_s:
-                log.warning("deleting pod %s: it belongs to no known job", name)
                 self.orphans.pop(name, None)
                 try:
+                    rec = await self.fx.reread(st.job, track=False)
+                    if (rec is not None and any(n.node == st.node for n in rec.nodes)) or not self.own.owns(st.job):
+                        continue
+                    log.warning("deleting pod %s: it belongs to no known job", name)
                     await self.backend.delete(name, self.cfg.delete_grace_s)
                 except PacerError as exc:  # tried again once the watch reports it again
                     self.counters.inc("errors", code=exc.code, op="orphan")
@@ -578,6 +774,7 @@ class ExecutorService:
         for name in p.redelete:  # a delete may have been lost in a crash
             await self.fx.delete(ej, nodes[name])
         if p.torn_down:
+            await self.fx.check(ej)
             try:
                 await self.backend.release(ej.job)
             except PacerError as exc:  # leftovers cost memory, not correctness: say so, go on
@@ -676,7 +873,43 @@ class ExecutorService:
         # nats-py runs one subscription's callbacks one after the other: a request that waits for its
         # job's worker must not hold up the requests of other jobs, so each runs in a task of its own.
         assert self._tg is not None
-        self._tg.create_task(dispatch_rpc(self.bus, self.counters, self.rpc, msg), name="pacer:executor:rpc")
+        self._tg.create_task(self._route(msg), name="pacer:executor:rpc")
+
+    async def _on_forwarded(self, msg: Msg) -> None:
+        """The other instance passed us a request of a job it believes we own."""
+        assert self._tg is not None
+        self._tg.create_task(self._route(msg), name="pacer:executor:forwarded")
+
+    async def _dispatch(self, msg: Msg) -> None:
+        await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
+
+    async def _route(self, msg: Msg) -> None:
+        """A request for job J: answered here if we own J, else passed to J's owner
+        (:meth:`Ownership.route`); a job nobody owns and without a record is answered here (not found)
+        without claiming it."""
+        try:
+            try:
+                job, _ = subjects.parse_rpc(msg.subject)
+                _check_job(job)
+            except PacerError:
+                await self._dispatch(msg)  # the error reply, from here
+                return
+            if self.own.owns(job):
+                await self._dispatch(msg)
+                return
+            forwarded = bool(msg.headers and msg.headers.get(FORWARDED_BY))
+            if not forwarded and not self.own.wanted(job) and await self.own.owner_of(job) is None \
+                    and await self.fx.reread(job, track=False) is None:
+                await self._dispatch(msg)  # not_found
+                return
+            how = await self.own.route(msg, job, self._dispatch)
+            if how != "handled":
+                self.counters.inc(f"requests_{how}")  # requests_forwarded | requests_unavailable
+        except Exception:  # the loop boundary: the client gets an answer, the service goes on
+            self.counters.inc("internal_errors", op="route")
+            log.exception("request routing failed")
+            with contextlib.suppress(Exception):
+                await self.bus.respond_error(msg, Unavailable(f"executor: owner of {msg.subject!r} unknown; retry"))
 
     def _job(self, job: str) -> ExecutorJob:
         ej = self.jobs.get(job)
@@ -786,6 +1019,19 @@ class ExecutorService:
             return self._status(ej)
 
         await self.bus.respond(msg, await self._in_job(job, teardown, "teardown"))
+
+
+def _stream_seq(m: Msg) -> int | None:
+    """The event's sequence in its stream (None when the message carries no JetStream metadata)."""
+    try:
+        return int(m.metadata.sequence.stream)
+    except Exception:
+        return None
+
+
+def _check_job(job: str) -> None:
+    """A job id that can name a lease and subjects (raises :class:`ValidationError`)."""
+    subjects.executor_rpc(job, ExecutorOp.STATUS)
 
 
 def _live(n: NodeRecord) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pacer.bus import Bus
+from pacer.ownership import DEFAULT_TTL_S
 from pacer.trainer.straggler import StragglerSpec
 from pacer_services.pod_executor import core
 
@@ -32,6 +33,13 @@ class ExecutorConfig:
     # PACER_AGENT_TOKEN_SECRET, shared with the auth callout: each job's pods get the user agent-<job> and
     # a token derived from it (launch.pod_nats_url); "": pods get the pod URL as it is.
     agent_secret: str = field(default="", repr=False)
+    # Two instances (pacer.ownership): this instance's name (None: PACER_INSTANCE, else executor-<random>),
+    # the per-job lease's TTL (a dead owner's jobs move about this long after its last renewal), and how
+    # long start waits to win the jobs of the bucket.
+    instance: str | None = None
+    lease_ttl_s: float = DEFAULT_TTL_S
+    claim_at_start_s: float = 2.0
+    job_event_retry_s: float = 0.2  # a job event reaching the instance that does not own the job: back after
 
     @classmethod
     def from_env(cls) -> ExecutorConfig:
@@ -44,6 +52,7 @@ class ExecutorConfig:
             checkpoint_every=int(env.get("PACER_CHECKPOINT_EVERY", "500")),
             stragglers=_stragglers(env.get("PACER_INJECT_STRAGGLERS", "")),
             agent_secret=env.get("PACER_AGENT_TOKEN_SECRET", ""),
+            lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", str(DEFAULT_TTL_S))),
             policy=core.ExecutorPolicy(
                 relaunch_budget=int(env.get("PACER_RELAUNCH_BUDGET", "3")),
                 oom_memory_factor=float(env.get("PACER_OOM_MEMORY_FACTOR", "2.0")),

@@ -14,6 +14,14 @@ transition table and keeps the record's older loose fields (``finished``,
 
 Called only from the job's own worker (:mod:`.queueing`): nothing here is
 shared between jobs except the pod cache, which is keyed by pod name.
+
+Two instances (:mod:`pacer.ownership`): every write and every pod action
+first asks ``may_act(job)`` (does this instance own the job now?) and stops
+with :class:`NotOwner` if not.  A pod action that no save precedes checks
+first that the record is still at the revision this instance last wrote
+(:meth:`Effects.check`): a new owner rewrites the record when it takes the
+job over, so a stale owner's save or check is refused
+(:class:`~pacer.errors.StaleRevision`) before it touches a pod.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from pacer.contracts.executor import (
 )
 from pacer.contracts.jobs import JobRecord
 from pacer.contracts.nodes import NodeEvent
-from pacer.errors import Conflict, NotFound, PacerError, StaleRevision
+from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, Unavailable
 from pacer.shards.client import ShardAdmin
 from pacer.subjects import NodeEventKind
 from pacer.telemetry import Counters
@@ -53,6 +61,12 @@ from pacer_services.pod_executor.core import effects as fx
 log = logging.getLogger("pacer.executor")
 
 PodBuilder = Callable[..., PodSpec]
+_WRONG_LAST_SEQUENCE = (10071, 10164)  # a refused compare-and-set (10164: nats-server 2.12+, e.g. a cluster)
+
+
+class NotOwner(Unavailable):
+    """This instance does not own the job (any more): its work stops; the client or the event retries
+    and reaches the owner."""
 
 
 def move(n: NodeRecord, to: NodeState, intent: NodeIntent = NodeIntent.NONE) -> None:
@@ -92,6 +106,59 @@ class Effects:
         self.records: dict[str, JobRecord] = {}  # the job service's records, read from KV
         self.pods: dict[str, PodStatus] = {}  # newest status of every pod we know
         self.stops_sent: set[str] = set()  # pods this executor (not a crashed predecessor) asked to stop
+        self.may_act: Callable[[str], bool] = lambda job: True  # this instance owns the job now
+
+    def guard(self, job: str) -> None:
+        """Refuse to write or act for a job this instance does not own (:class:`NotOwner`)."""
+        if not self.may_act(job):
+            self.counters.inc("not_owner")
+            raise NotOwner(f"job {job!r}: this executor instance does not own it (any more); retry")
+
+    async def check(self, ej: ExecutorJob) -> None:
+        """Before a pod action no save precedes: the record must still be at the revision we last wrote
+        (a new owner rewrote it when it took the job over: :class:`StaleRevision`, counted as ``fenced``)."""
+        self.guard(ej.job)
+        got = await self._last(ej.job)
+        now = got[1] if got is not None else None
+        if now != self.revisions.get(ej.job):
+            self.counters.inc("fenced")
+            raise StaleRevision(f"{ej.job}: the record moved on (revision {now}, ours "
+                                f"{self.revisions.get(ej.job)}): another instance owns the job")
+
+    async def _last(self, job: str) -> tuple[bytes, int] | None:
+        """The record's bytes and revision, read from the bucket stream's leader (a replica may lag behind
+        the other instance's write); None when absent or deleted."""
+        stream, subject = f"KV_{subjects.EXECUTOR_BUCKET}", f"$KV.{subjects.EXECUTOR_BUCKET}.{job}"
+        try:
+            msg = await self.bus.js.get_last_msg(stream, subject, direct=False)
+        except nats.js.errors.NotFoundError:
+            return None
+        if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE") or msg.seq is None:
+            return None
+        return msg.data or b"", msg.seq
+
+    async def mark(self, job: str) -> ExecutorJob | None:
+        """Take the job's record over: read it and write it back unchanged at the revision read, so that
+        a previous owner's next compare-and-set (and :meth:`check`) is refused.  None: no record."""
+        for _ in range(5):
+            ej = await self.reread(job)
+            if ej is None:
+                return None
+            try:
+                await self._cas(ej)
+                return ej
+            except StaleRevision:
+                continue  # the previous owner wrote after our read: read again
+        raise Unavailable(f"executor record of {job!r} keeps moving under its new owner")
+
+    async def _cas(self, ej: ExecutorJob) -> None:
+        assert self.kv is not None
+        try:
+            self.revisions[ej.job] = await Bus.kv_update(self.kv, ej.job, encode(ej), self.revisions.get(ej.job))
+        except nats.js.errors.APIError as exc:
+            if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                raise
+            raise StaleRevision(f"{ej.job}: written by someone else (error {exc.err_code})") from exc
 
     # ------------------------------------------------------------ KV
     async def load(self) -> dict[str, ExecutorJob]:
@@ -104,18 +171,19 @@ class Effects:
                 out[key] = got
         return out
 
-    async def reread(self, job: str) -> ExecutorJob | None:
-        """The job's record as KV has it now (and its revision); None when absent or unreadable."""
-        assert self.kv is not None
-        try:
-            entry = await self.kv.get(job)
-        except nats.js.errors.KeyNotFoundError:  # absent or deleted: nothing to adopt
-            self.revisions.pop(job, None)
+    async def reread(self, job: str, track: bool = True) -> ExecutorJob | None:
+        """The job's record as KV has it now (and, ``track``: its revision becomes the base of our next
+        compare-and-set); None when absent or unreadable."""
+        got = await self._last(job)
+        if got is None:  # absent or deleted: nothing to adopt
+            if track:
+                self.revisions.pop(job, None)
             return None
-        if entry.revision is not None:
-            self.revisions[job] = entry.revision
+        data, revision = got
+        if track:
+            self.revisions[job] = revision
         try:
-            ej = decode(ExecutorJob, entry.value or b"")
+            ej = decode(ExecutorJob, data)
         except PacerError:
             self.counters.inc("bad_records")
             log.error("unreadable executor record %s; ignored", job)
@@ -130,10 +198,9 @@ class Effects:
         first (a second executor, an operator): counted and logged loudly; the
         caller's work stops there and the service re-reads the record.
         """
-        assert self.kv is not None
+        self.guard(ej.job)
         try:
-            self.revisions[ej.job] = await Bus.kv_update(self.kv, ej.job, encode(ej),
-                                                         self.revisions.get(ej.job))
+            await self._cas(ej)
         except StaleRevision:
             self.counters.inc("kv_conflicts")
             log.error("executor record of %s was written by someone else; re-reading it", ej.job)
@@ -186,11 +253,12 @@ class Effects:
         spec = self.pod_builder(rec, ej.plan, cluster, n.role, n.index, n.generation, n.cpu, n.memory_mb,
                                 self.backend.pod_port(cluster, n.role, n.index), self.launch, restore=n.restore)
         n.created_at, n.running_at = self.clock(), 0.0
-        await self.save(ej)
+        await self.save(ej)  # the intent, fenced: a stale owner stops here
         try:
             await self.backend.create(spec)
         except Conflict:
-            pass  # made before a crash: the watch reports it
+            self.counters.inc("pods_existed")
+            pass  # made before a crash, or by the previous owner: one pod per (node, generation)
         self.pods.setdefault(spec.name, PodStatus(spec.name, ej.job, n.node, n.role, n.generation,
                                                   PodPhase.PENDING, n.created_at, cpu=n.cpu,
                                                   memory_mb=n.memory_mb))
@@ -204,15 +272,23 @@ class Effects:
         if st.name not in n.deleting:
             n.deleting.append(st.name)
             await self.save(ej)
+        else:
+            await self.check(ej)
         await self.backend.delete(st.name, self.delete_grace_s)
         self.stops_sent.add(st.name)
         self.counters.inc("pods_deleted")
+
+    async def delete_pod(self, ej: ExecutorJob, name: str) -> None:
+        """Stop a pod the record names by name only (a migration's retired PS), fenced by :meth:`check`."""
+        await self.check(ej)
+        await self.backend.delete(name, self.delete_grace_s)
 
     # ------------------------------------------------------------ a decision's effects
     async def apply(self, ej: ExecutorJob, effects: tuple[fx.Effect, ...]) -> None:
         """Apply ``effects`` in order; the first that fails raises (the rest waits for the next pass)."""
         nodes = {n.node: n for n in ej.nodes}
         for e in effects:
+            self.guard(ej.job)  # lost the job in the middle of a decision: the rest waits for its owner
             match e:
                 case fx.SaveRecord():
                     await self.save(ej)
@@ -224,7 +300,7 @@ class Effects:
                     await self.delete(ej, nodes[node])
                 case fx.DeletePods(pods=pods):
                     for pod in pods:
-                        await self.backend.delete(pod, self.delete_grace_s)
+                        await self.delete_pod(ej, pod)
                 case fx.SetIntent(nodes=names, intent=intent):
                     for name in names:
                         move(nodes[name], NodeState.STOPPING, intent)

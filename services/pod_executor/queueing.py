@@ -59,6 +59,10 @@ class JobQueues:
         q = self._queues.get(job)
         return q.qsize() if q is not None else 0
 
+    def busy(self, job: str) -> bool:
+        """Whether ``job`` has a worker: work queued or running, or done less than ``idle_s`` ago."""
+        return job in self._queues
+
     async def join(self, timeout: float) -> bool:
         """Wait until every queue is empty and no work runs; False when ``timeout`` passed first."""
         loop = asyncio.get_running_loop()
