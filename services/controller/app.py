@@ -79,7 +79,7 @@ from pacer.lease import Lease, LeaseLost
 from pacer.ownership import DEFAULT_TTL_S, Ownership
 from pacer.runtime import RuntimeConfig
 from pacer.telemetry import Counters
-from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup
+from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup, round_due
 from pacer_services.controller.state import decode_state, encode_state, restore, snapshot
 
 log = logging.getLogger("pacer.controller")
@@ -204,7 +204,7 @@ class ControllerService:
             self.counters.inc("bad_events")
             return
         ctl = self.jobs.get(stats.job)
-        if ctl is not None and (ctl.busy or self.clock() - ctl.last < self.cfg.decide_every_s):
+        if ctl is not None and (ctl.busy or not round_due(ctl.last, self.clock(), self.cfg.decide_every_s, stats)):
             return
         st = self.own.jobs.get(stats.job)
         if ctl is None and st is not None and st.attempted.is_set() and not self.own.owns(stats.job):
@@ -231,7 +231,7 @@ class ControllerService:
         if not self.own.owns(rec.job) and not await self.own.claim(rec.job):
             return  # another instance owns it
         ctl = self.jobs.get(rec.job)
-        if ctl is None or ctl.busy or self.clock() - ctl.last < self.cfg.decide_every_s:
+        if ctl is None or ctl.busy or not round_due(ctl.last, self.clock(), self.cfg.decide_every_s, stats):
             return
         ctl.busy, ctl.last, ctl.task = True, self.clock(), asyncio.current_task()
         t0 = time.perf_counter()

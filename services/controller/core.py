@@ -174,6 +174,18 @@ def check_adjust_bs(req: PolicyRequest, payload: dict[str, Any]) -> str:
     return ""
 
 
+def round_due(last: float, now: float, every_s: float, stats: JobStatistics) -> bool:
+    """A decision round is due once per fresh short window, and at least every ``every_s``.
+
+    With the monitor's fixed windows (``window_short_s`` >= ``every_s``: AntDT's
+    5 min) this is the fixed cadence; with the noise-adapted short window
+    (``PACER_MONITOR_WINDOW_SHORT_MIN_S``) a quiet job is decided as often as
+    its window is renewed.
+    """
+    window = stats.window_short_s if stats.window_short_s > 0 else every_s
+    return now - last >= min(every_s, window) - 1e-6
+
+
 def all_workers_running(stats: JobStatistics) -> bool:
     """Every worker runs and has reported a step: an ADJUST_BS now reaches each of them."""
     workers = [n for n in stats.nodes if n.role != Role.PS]

@@ -109,14 +109,19 @@ class MonitorServiceConfig:
 
     @classmethod
     def from_env(cls) -> MonitorServiceConfig:
-        """``PACER_MONITOR_INTERVAL_S``, ``PACER_MONITOR_WINDOW_SHORT_S`` / ``_LONG_S``, ``_SLOWNESS_RATIO``."""
+        """``PACER_MONITOR_INTERVAL_S``, ``PACER_MONITOR_WINDOW_SHORT_S`` / ``_LONG_S``, ``_SLOWNESS_RATIO``,
+        ``_PS_LATENCY_FLOOR_S``, ``_WINDOW_SHORT_MIN_S`` (unset: the fixed short window), ``_WINDOW_SHORT_REL_ERROR``."""
         env = os.environ
         base = MonitorConfig()
+        min_s = env.get("PACER_MONITOR_WINDOW_SHORT_MIN_S", "")
         core = MonitorConfig(
             window_short_s=float(env.get("PACER_MONITOR_WINDOW_SHORT_S", base.window_short_s)),
             window_long_s=float(env.get("PACER_MONITOR_WINDOW_LONG_S", base.window_long_s)),
             slowness_ratio=float(env.get("PACER_MONITOR_SLOWNESS_RATIO", base.slowness_ratio)),
             ps_latency_floor_s=float(env.get("PACER_MONITOR_PS_LATENCY_FLOOR_S", base.ps_latency_floor_s)),
+            window_short_min_s=float(min_s) if min_s and float(min_s) > 0 else None,
+            window_short_rel_error=float(env.get("PACER_MONITOR_WINDOW_SHORT_REL_ERROR",
+                                                 base.window_short_rel_error)),
         )
         return cls(interval_s=float(env.get("PACER_MONITOR_INTERVAL_S", cls.interval_s)), core=core,
                    lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)))

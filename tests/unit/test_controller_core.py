@@ -359,3 +359,20 @@ def test_setup_of_a_job_record_splits_the_spec_batch_over_the_plan() -> None:
                                                                            PlanSource.DEFAULT))
     setup = JobSetup.of_record(rec)
     assert (setup.global_batch, setup.mode, setup.backup_workers, setup.min_batch) == (510, "bsp", 1, 21)
+
+
+def test_a_round_is_due_once_per_fresh_short_window_and_at_least_every_interval() -> None:
+    from pacer.contracts.monitor import JobStatistics
+    from pacer_services.controller.core import round_due
+
+    def stats(short: float) -> JobStatistics:
+        return JobStatistics(job="j", ts=0.0, window_short_s=short, window_long_s=600.0,
+                             throughput_samples_per_s=0.0, nodes=[], cluster_busy=False)
+
+    # AntDT's fixed windows: the 300 s cadence.
+    assert not round_due(0.0, 299.0, 300.0, stats(300.0)) and round_due(0.0, 300.0, 300.0, stats(300.0))
+    # An adapted 40 s window: a round per window, not before.
+    assert not round_due(100.0, 139.0, 300.0, stats(40.0)) and round_due(100.0, 140.0, 300.0, stats(40.0))
+    # A window longer than the interval never delays a round past the interval; no window: the interval.
+    assert round_due(0.0, 60.0, 60.0, stats(300.0)) and round_due(0.0, 60.0, 60.0, stats(0.0))
+    assert not round_due(0.0, 59.0, 60.0, stats(0.0))

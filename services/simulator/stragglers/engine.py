@@ -107,7 +107,7 @@ from pacer.contracts.shards import DatasetSpec, LeaseReply, LeaseRequest, ShardL
 from pacer.errors import PacerError
 from pacer.subjects import NodeEventKind
 from pacer.trainer.straggler import Pattern
-from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup
+from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup, round_due
 from pacer_services.monitor.core import MonitorConfig, MonitorCore
 from pacer_services.pod_executor.core import EXIT_RESTART, ExitInfo, Node, Plan, on_exit, reconcile
 from pacer_services.shard_service.core import JobShards, Outcome, ShardState
@@ -391,9 +391,9 @@ class Simulation:
         self.monitor.observe_cluster(1 if sc.cluster.busy else 0, t)
         self.monitor.observe_shards(self.shards.status(DATASET), t)
         stats = self.monitor.statistics(JOB, t)
-        # A round per fresh short window, at most interval_s (PACER_CONTROLLER_EVERY_S) apart: the controller's
-        # cadence with the monitor's adapted window (1e-6: ticks are sums of floats).
-        if t - self.last_round >= min(sc.monitor.interval_s, stats.window_short_s) - 1e-6:
+        # The controller's cadence: a round per fresh short window, at most interval_s (PACER_CONTROLLER_EVERY_S)
+        # apart.
+        if round_due(self.last_round, t, sc.monitor.interval_s, stats):
             self.last_round = t
             self._decide(stats)
 
