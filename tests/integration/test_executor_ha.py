@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import InProcess, eventually, wait_ready
+from conftest import InProcess, connect_cluster, eventually, wait_ready
 from nats.aio.msg import Msg
 from pacer import subjects
 from pacer.bus import Bus
@@ -44,7 +44,7 @@ from pacer.contracts.executor import (
 )
 from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
 from pacer.contracts.nodes import NodeEvent
-from pacer.embedded import EmbeddedNats
+from pacer.embedded import EmbeddedCluster, EmbeddedNats
 from pacer.jobs.spec import parse_job_spec
 from pacer.ownership import LEASE_BUCKET, lease_key
 from pacer.runtime import RuntimeConfig, run_service
@@ -74,6 +74,7 @@ class Two:
         self.procs: dict[str, InProcess[ExecutorService]] = {}
         self.svcs: dict[str, ExecutorService] = {}
         self.children: list[subprocess.Popen[bytes]] = []
+        self.bus: Bus | None = None  # the test's client (set by the fixture)
 
     def cfg(self, name: str) -> ExecutorConfig:
         return ExecutorConfig(root=self.root, reconcile_s=0.1, cluster_every_s=0.5, delete_grace_s=2.0,
@@ -138,18 +139,50 @@ def serve(url: str, root: str, ctrl: str, name: str) -> None:
 
 
 @pytest.fixture
-async def env(nats_server: EmbeddedNats, bus: Bus, tmp_path: Path) -> AsyncIterator[Two]:
+async def cluster_bus(nats_cluster: EmbeddedCluster, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Bus]:
+    """The test's client of the 3-server cluster; the instances it starts make buckets at replicas 3."""
+    monkeypatch.setenv("PACER_REPLICAS", "3")
+    b = await connect_cluster(nats_cluster, "test-exec-ha")
+    await b.ensure_streams()
+    yield b
+    await b.close()
+
+
+@contextlib.asynccontextmanager
+async def harness(url: str, bus: Bus, tmp_path: Path) -> AsyncIterator[Two]:
     ctrl = tmp_path / "ctrl"
     ctrl.mkdir()
     spec = parse_job_spec(f"name: {JOB}\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
     rec = JobRecord(JOB, spec, JobState.PLANNING, time.time(), data_path="/data/train.rec", records=1000)
     await (await bus.kv(subjects.JOB_BUCKET)).put(JOB, encode(rec))
     await bus.kv(LEASE_BUCKET)
-    two = Two(nats_server.url, tmp_path / "pods", ctrl)
-    yield two
-    await two.stop_all()
-    for d in (tmp_path / "pods").glob("*/*"):  # let every stand-in still running end
-        (ctrl / d.name).write_text("0")
+    two = Two(url, tmp_path / "pods", ctrl)
+    two.bus = bus
+    try:
+        yield two
+    finally:
+        await two.stop_all()
+        for d in (tmp_path / "pods").glob("*/*"):  # let every stand-in still running end
+            (ctrl / d.name).write_text("0")
+
+
+@pytest.fixture
+async def env(nats_server: EmbeddedNats, bus: Bus, tmp_path: Path) -> AsyncIterator[Two]:
+    """Two instances' harness on one nats-server."""
+    async with harness(nats_server.url, bus, tmp_path) as two:
+        yield two
+
+
+@pytest.fixture
+async def cluster_env(nats_cluster: EmbeddedCluster, cluster_bus: Bus, tmp_path: Path) -> AsyncIterator[Two]:
+    """The same on the 3-server cluster."""
+    async with harness(nats_cluster.url, cluster_bus, tmp_path) as two:
+        yield two
+
+
+def client(two: Two) -> Bus:
+    assert two.bus is not None
+    return two.bus
 
 
 def plan(workers: int = 2, ps: int = 1) -> ResourcePlan:
@@ -206,13 +239,13 @@ async def applied_by_one_owner(two: Two, bus: Bus) -> tuple[str, str]:
     return who, other
 
 
-async def test_one_owner_creates_each_pod_once_and_a_command_to_the_other_is_forwarded(env: Two, bus: Bus) -> None:
-    two = env
+async def test_one_owner_creates_each_pod_once_and_a_command_to_the_other_is_forwarded(env: Two) -> None:
+    two, bus = env, client(env)
     a, b = await two.start("exec-a"), await two.start("exec-b")
     who, other = await applied_by_one_owner(two, bus)
     await eventually(lambda: two.svcs[who].own.owned() == [JOB], 10, "the lease's holder does not act as owner")
     assert two.svcs[other].own.owned() == []
-    assert two.svcs[other].own.wanted(JOB), "the other instance is no standby"  # it saw the job's pods
+    await eventually(lambda: two.svcs[other].own.wanted(JOB), 10, "the other instance is no standby (it saw the pods)")
     created = await per_generation(bus, "created")
     assert created == Counter({("ps-0", 0): 1, ("worker-0", 0): 1, ("worker-1", 0): 1})
     assert two.pods_on_disk() == sorted(launch.pod_name(JOB, n, 0) for n in ("ps-0", "worker-0", "worker-1"))
@@ -232,9 +265,16 @@ async def test_one_owner_creates_each_pod_once_and_a_command_to_the_other_is_for
     assert a.counters.snapshot().get("pods_existed", 0) + b.counters.snapshot().get("pods_existed", 0) == 0
 
 
-async def test_a_killed_owner_is_replaced_and_the_exit_it_missed_is_relaunched_once(
-        env: Two, bus: Bus, tmp_path: Path) -> None:
-    two = env
+async def test_a_killed_owner_is_replaced_and_the_exit_it_missed_is_relaunched_once(env: Two, tmp_path: Path) -> None:
+    await killed_owner(env, tmp_path)
+
+
+async def test_a_killed_owner_is_replaced_on_the_3_server_cluster(cluster_env: Two, tmp_path: Path) -> None:
+    await killed_owner(cluster_env, tmp_path)
+
+
+async def killed_owner(two: Two, tmp_path: Path) -> None:
+    bus = client(two)
     first = two.spawn("exec-a", tmp_path / "exec-a.log")
     await wait_ready(bus, subjects.EXECUTOR_SERVICE, timeout=60)
     await bus.publish_durable(subjects.job_event(JOB, subjects.JobEventKind.PLAN), plan())
@@ -268,8 +308,8 @@ async def test_a_killed_owner_is_replaced_and_the_exit_it_missed_is_relaunched_o
     assert len(await executor_events(bus, "torn_down")) == 1
 
 
-async def test_a_stale_owner_is_refused_and_creates_no_pod(env: Two, bus: Bus) -> None:
-    two = env
+async def test_a_stale_owner_is_refused_and_creates_no_pod(env: Two) -> None:
+    two, bus = env, client(env)
     frozen = 1000.0
 
     def freeze(svc: ExecutorService) -> None:
