@@ -162,8 +162,8 @@ def _table() -> dict[str, Permissions]:
         S.EXECUTOR_SERVICE: _service(
             S.EXECUTOR_SERVICE,
             publish=[_events("node"), _events(S.EXECUTOR_SERVICE), _events("cluster"), kv(S.EXECUTOR_BUCKET),
-                     _AGENT_RPC, _SHARD_RPC, _rpc(S.JOB_SERVICE)],
-            subscribe=[_rpc(S.EXECUTOR_SERVICE), S.EVENTS_SUBJECTS]),
+                     _AGENT_RPC, _SHARD_RPC, _rpc(S.JOB_SERVICE), _LEASES, S.ownership_forward(S.EXECUTOR_SERVICE)],
+            subscribe=[_rpc(S.EXECUTOR_SERVICE), S.EVENTS_SUBJECTS, S.ownership_forward(S.EXECUTOR_SERVICE)]),
         "api": _service("api", publish=readers, subscribe=[S.EVENTS_SUBJECTS]),  # submits, stops, reads
         S.CONTROLLER_SERVICE: _service(
             S.CONTROLLER_SERVICE,
@@ -176,8 +176,8 @@ def _table() -> dict[str, Permissions]:
             S.BRAIN_SERVICE,
             publish=[_events(S.BRAIN_SERVICE), S.events_of("job", kind=S.JobEventKind.PLAN),  # a re-plan
                      kv(S.BRAIN_BUCKET), kv(S.BRAIN_JOBS_BUCKET), _EXECUTOR_ALL,
-                     _rpc(S.MONITOR_SERVICE), _rpc(S.JOB_SERVICE)],
-            subscribe=[_rpc(S.BRAIN_SERVICE), S.EVENTS_SUBJECTS]),
+                     _rpc(S.MONITOR_SERVICE), _rpc(S.JOB_SERVICE), _LEASES, S.ownership_forward(S.BRAIN_SERVICE)],
+            subscribe=[_rpc(S.BRAIN_SERVICE), S.EVENTS_SUBJECTS, S.ownership_forward(S.BRAIN_SERVICE)]),
         # An agent sidecar and the trainer processes of its pod (they share the pod's credentials).
         S.AGENT_SERVICE: Permissions(
             publish=(_events(S.AGENT_SERVICE), _AGENT_PROTOCOL, _AGENT_RPC, kv(S.AGENT_BUCKET), _SHARD_RPC,
