@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from conftest import InProcess, connect_cluster, eventually, wait_ready
 from nats.aio.msg import Msg
-from pacer import subjects
+from pacer import security, subjects
 from pacer.bus import Bus
 from pacer.codec import decode, encode
 from pacer.contracts.common import decode_reply
@@ -338,3 +338,42 @@ async def test_a_stale_owner_is_refused_and_creates_no_pod(env: Two) -> None:
     # The new owner answers for the job, whichever instance is asked.
     st = await ask(bus, stale, subjects.ExecutorOp.STATUS, JobQuery(JOB), ExecutorStatus)
     assert {n.node: n.generation for n in st.nodes}["worker-0"] == 1
+
+
+async def test_two_instances_work_with_the_executor_users_permissions(tmp_path: Path) -> None:
+    """On a server with pacer.security's users: the instances connect as ``executor``, the client as
+    ``jobs`` (which stores job records, publishes plans and may command the executor): leases, the owner's
+    state, forwarding and the owner's answer to a forwarded request are allowed."""
+    roles = list(security.ROLES)
+    users = {r: (f"pw-{i}", r) for i, r in enumerate(roles)}
+    srv = EmbeddedNats(store_dir=tmp_path / "nats", authorization=security.render_authorization(users)).start()
+    client: Bus | None = None
+    two: Two | None = None
+    try:
+        client = await Bus.connect(security.with_credentials(srv.url, "jobs", users["jobs"][0]))
+        await client.ensure_streams()
+        spec = parse_job_spec(f"name: {JOB}\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
+        rec = JobRecord(JOB, spec, JobState.PLANNING, time.time(), data_path="/data/train.rec", records=1000)
+        await (await client.kv(subjects.JOB_BUCKET)).put(JOB, encode(rec))
+        ctrl = tmp_path / "ctrl"
+        ctrl.mkdir()
+        two = Two(security.with_credentials(srv.url, "executor", users["executor"][0]), tmp_path / "pods", ctrl)
+        await two.start("exec-a")
+        await two.start("exec-b")
+        await client.publish_durable(subjects.job_event(JOB, subjects.JobEventKind.PLAN), plan())
+        await eventually(lambda: executor_events(client, "applied"), 30, "the plan was not applied")
+        who = next(n for n, s in two.svcs.items() if s.own.owns(JOB))
+        other = next(n for n in two.svcs if n != who)
+        cmd = ExecutorCommand(JOB, "worker-0", CommandKind.RESTART, "test", command_id="cmd-p")
+        res = await ask(client, two.svcs[other], subjects.ExecutorOp.COMMAND, cmd, CommandResult)
+        assert res.done and res.pod == launch.pod_name(JOB, "worker-0", 1)
+        assert two.svcs[other].own.forwarded == 1
+        await eventually(running(client, "worker-0", 1), 30, "worker-0 was not restarted")
+    finally:
+        if two is not None:
+            await two.stop_all()
+            for d in (tmp_path / "pods").glob("*/*"):
+                (tmp_path / "ctrl" / d.name).write_text("0")
+        if client is not None:
+            await client.close()
+        srv.stop()
