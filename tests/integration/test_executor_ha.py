@@ -340,6 +340,25 @@ async def test_a_stale_owner_is_refused_and_creates_no_pod(env: Two) -> None:
     assert {n.node: n.generation for n in st.nodes}["worker-0"] == 1
 
 
+async def test_a_graceful_stop_hands_the_job_over_and_leaves_its_pods_alone(env: Two) -> None:
+    two, bus = env, client(env)
+    await two.start("exec-a")
+    await two.start("exec-b")
+    who, other = await applied_by_one_owner(two, bus)
+    survivor = two.svcs[other]
+    await eventually(lambda: survivor.own.wanted(JOB), 10, "the other instance is no standby")
+    await two.procs[who].stop()  # SIGTERM-like: drains, then releases its leases
+    await eventually(lambda: survivor.own.owns(JOB), 6 * TTL, "the other instance did not take the job over")
+    assert await owner(bus) == other
+    two.exit("worker-0", 0, 137)
+    await eventually(running(bus, "worker-0", 1), 30, "the new owner did not relaunch worker-0")
+    created = await per_generation(bus, "created")  # the hand-over itself created nothing
+    assert created == Counter({("ps-0", 0): 1, ("worker-0", 0): 1, ("worker-1", 0): 1, ("worker-0", 1): 1})
+    st = await bus.request(subjects.executor_rpc(JOB, subjects.ExecutorOp.STATUS), JobQuery(JOB), ExecutorStatus,
+                           timeout=20.0)
+    assert {n.node: (n.generation, n.phase.value) for n in st.nodes} == {
+        "ps-0": (0, "running"), "worker-0": (1, "running"), "worker-1": (0, "running")}
+
 async def test_two_instances_work_with_the_executor_users_permissions(tmp_path: Path) -> None:
     """On a server with pacer.security's users: the instances connect as ``executor``, the client as
     ``jobs`` (which stores job records, publishes plans and may command the executor): leases, the owner's
