@@ -130,7 +130,7 @@ from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.errors import PacerError
 from pacer.lease import Lease, LeaseLost
-from pacer.ownership import DEFAULT_TTL_S, Ownership
+from pacer.ownership import DEFAULT_TTL_S, FORWARDED_BY, Ownership
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.subjects import NodeEventKind
 from pacer.telemetry import Counters
@@ -271,6 +271,7 @@ class BrainService:
         self.oom_at: dict[str, float] = {}  # when the job's last OOM-prevention plan went out
         self.seq: dict[str, int] = {}  # the last event whose effect was applied (the saved state's ``seq``)
         self.published: dict[str, int] = {}  # plans/decisions published so far (their message ids)
+        self.unsent: dict[str, list[Outgoing]] = {}  # the outbox: saved, not yet acknowledged by the stream
         self.backlog: dict[str, deque[tuple[int, Effect]]] = {}  # effects of events of jobs owned elsewhere
         self.cluster: ClusterStatus | None = None  # the executor's latest (valid) ClusterStatus
         self.machines: list[MachineInfo] = []  # its machines, minus what plans placed since
@@ -344,6 +345,11 @@ class BrainService:
         # local_ok: with no owner to be found or claimed (the lease bucket unreachable), the first plan is
         # still answered here (it needs only the config DB); the job is then autoscaled from its record by
         # whichever instance claims it at its first window.
+        if not self.own.owns(job) and not (msg.headers and msg.headers.get(FORWARDED_BY)):
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                if await self.own.owner_of(job) in (None, self.own.instance):
+                    # claimed (or being loaded) here: wait for it rather than answer without owning the job
+                    await self.own.claim(job, within=max(2.0, self.config.lease_ttl_s))
         how = await self.own.route(msg, job, self._dispatch, local_ok=True)
         if how != "handled":
             self.counters.inc(f"requests_{how}")
@@ -388,8 +394,9 @@ class BrainService:
             except (ValueError, KeyError, TypeError, PacerError):
                 self.counters.inc("bad_state")
                 log.warning("unreadable autoscaler state; resumed from the record", extra={"fields": {"job": job}})
-        for out in st.outbox:  # the last owner's: published again under the same ids (stored once)
-            await self._publish(out)
+        if st.outbox:  # the last owner's: published again under the same ids (stored once)
+            self.unsent[job] = list(st.outbox)
+            await self.flush(job)
         # Effects of events the last owner may not have applied (we saw them as a standby), until none is
         # left after the save: no await between that check and owns() turning true (module docstring).
         while True:
@@ -416,13 +423,14 @@ class BrainService:
         self.oom_at.pop(job, None)
         self.seq.pop(job, None)
         self.published.pop(job, None)
+        self.unsent.pop(job, None)
         self.latest.pop(job, None)
         self.counters.inc("jobs_lost")
 
     def state_of(self, job: str, outbox: list[Outgoing] | None = None) -> OwnedState:
         auto = self.autoscalers.get(job)
         return OwnedState(seq=self.seq.get(job, 0), oom_plan=self.oom_plans.get(job), oom_at=self.oom_at.get(job),
-                        published=self.published.get(job, 0), outbox=list(outbox or ()),
+                        published=self.published.get(job, 0), outbox=[*self.unsent.get(job, ()), *(outbox or ())],
                         auto=seed_of(auto) if auto is not None else None)
 
     async def save(self, job: str, outbox: list[Outgoing] | None = None) -> bool:
@@ -444,8 +452,8 @@ class BrainService:
         if self.own.owns(job):
             if seq <= self.seq.get(job, 0):
                 return
+            self.seq[job] = seq  # first: an effect cut short is not applied twice (its plan is in the outbox)
             await fn()
-            self.seq[job] = seq
             await self.save(job)
             return
         self.backlog.setdefault(job, deque(maxlen=BACKLOG)).append((seq, fn))
@@ -483,6 +491,7 @@ class BrainService:
         self.running.pop(job, None)
         self.memory.pop(job, None)
         self.backlog.pop(job, None)
+        self.unsent.pop(job, None)
         self.autoscalers.pop(job, None)
         self.oom_plans.pop(job, None)
         self.oom_at.pop(job, None)
@@ -622,16 +631,30 @@ class BrainService:
         if not await self.save(job, outbox):
             return False
         self.published[job] = n
-        for out in outbox:
-            await self._publish(out)
-        await self.save(job)
+        self.unsent.setdefault(job, []).extend(outbox)
+        await self.flush(job)
         return True
 
-    async def _publish(self, out: Outgoing) -> None:
-        if out.plan is not None:
-            await self.store.publish_plan(out.plan, out.msg_id)
-        if out.decision is not None:
-            await self.store.publish_decision(out.decision, out.msg_id)
+    async def flush(self, job: str) -> None:
+        """Publish what the job's outbox holds (saved, not yet acknowledged by the stream), under its ids; what
+        fails stays there for the next try (the next window) or the next owner."""
+        pending = self.unsent.get(job)
+        if not pending:
+            return
+        try:
+            while pending:
+                out = pending[0]
+                if out.plan is not None:
+                    await self.store.publish_plan(out.plan, out.msg_id)
+                if out.decision is not None:
+                    await self.store.publish_decision(out.decision, out.msg_id)
+                pending.pop(0)
+        except (PacerError, nats.errors.Error, TimeoutError) as exc:
+            self.counters.inc("errors", op="publish")
+            log.warning("plan not published yet: %s", exc, extra={"fields": {"job": job}})
+            return
+        self.unsent.pop(job, None)
+        await self.save(job)  # the outbox is empty
 
     # ---------------------------------------------------------------- the cluster: rounds and placement
     def _fresh_cluster(self) -> ClusterStatus | None:

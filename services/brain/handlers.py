@@ -100,6 +100,7 @@ async def on_statistics(svc: BrainService, msg: Msg) -> None:
         elif not await svc.take(stats.job, stats.job in svc.autoscalers):
             svc.standby(stats)
             return
+        await svc.flush(stats.job)  # a plan whose publication failed before goes out first
         auto = await svc.autoscaler_of(stats.job)
         if auto is not None and svc.capacity() is not None:
             svc.latest[stats.job] = stats  # planned with the others in the next cluster round
