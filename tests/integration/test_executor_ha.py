@@ -340,6 +340,26 @@ async def test_a_stale_owner_is_refused_and_creates_no_pod(env: Two) -> None:
     assert {n.node: n.generation for n in st.nodes}["worker-0"] == 1
 
 
+async def test_a_plan_redelivered_after_a_later_one_is_not_applied(env: Two) -> None:
+    """A plan handed back by the non-owner can reach the owner after the next plan: the older one is skipped."""
+    two, bus = env, client(env)
+    await two.start("exec-a")
+    await two.start("exec-b")
+    who, _ = await applied_by_one_owner(two, bus)
+    await bus.publish_durable(subjects.job_event(JOB, subjects.JobEventKind.PLAN), plan(workers=3))
+    await eventually(running(bus, "worker-2", 0), 30, "the second plan was not applied")
+    first = (await bus.replay(subjects.job_event(JOB, subjects.JobEventKind.PLAN)))[0]
+    assert decode(ResourcePlan, first.data).workers == 2
+    owner_svc = two.svcs[who]
+    ignored = owner_svc.counters.snapshot().get("plans_ignored", 0)
+    await owner_svc._on_job_event(first)  # as the consumer would hand it over, late
+    assert owner_svc.counters.snapshot().get("plans_ignored", 0) == ignored + 1
+    st = await ask(bus, owner_svc, subjects.ExecutorOp.STATUS, JobQuery(JOB), ExecutorStatus)
+    assert st.plan.workers == 3 and "worker-2" in {n.node for n in st.nodes}
+    assert ("worker-2", 1) not in await per_generation(bus, "created")
+    died = [e for e in await node_events(bus, "died") if e.node == "worker-2"]
+    assert died == []  # not scaled back down
+
 async def test_a_graceful_stop_hands_the_job_over_and_leaves_its_pods_alone(env: Two) -> None:
     two, bus = env, client(env)
     await two.start("exec-a")
