@@ -51,6 +51,9 @@ class Service:
     single: bool = True  # replicas 1 + Recreate
 
 
+# Services that hold per-job leases (pacer.ownership) and so need a name per instance.
+LEASED = {"shard", "jobs", "executor", "monitor", "controller", "brain"}
+
 SERVICES = [
     Service("shard-service", "shard_service", "shard", single=False),  # two instances, jobs shared by leases (docs/ha.md)
     Service("job-service", "job_service", "jobs", {"PACER_DATA_DIR": "/data/pacer"},
@@ -61,10 +64,11 @@ SERVICES = [
         "PACER_POD_TEMPLATES": "/etc/pacer/pod-templates",
         "PACER_POD_NATS_URL": "nats://nats:4222",
         "PACER_CHECKPOINT_ROOT": "/var/lib/pacer/checkpoints",
-    }),
+    }, single=False),  # two instances, jobs shared by leases (docs/ha.md)
     Service("monitor", "monitor", "monitor", single=False),  # two instances, jobs shared by leases (docs/ha.md)
     Service("controller", "controller", "controller", single=False),
-    Service("brain", "brain", "brain", {"PACER_BRAIN_CPU_QUOTA": "64", "PACER_BRAIN_NODE_CPU": "16"}),
+    Service("brain", "brain", "brain", {"PACER_BRAIN_CPU_QUOTA": "64", "PACER_BRAIN_NODE_CPU": "16"},
+            single=False),  # two instances, jobs shared by leases (docs/ha.md)
     Service("policies", "policy_service", "policies", single=False),
     Service("pacer-api", "api", "api", {"PACER_API_HOST": "0.0.0.0", "PACER_API_PORT": "8750"}, single=False),
     Service("auth-callout", "auth_callout", "auth", single=False),  # stateless: replicas share the requests
@@ -302,7 +306,7 @@ def test_prod_is_bigger_than_dev() -> None:
             for o in ("dev", "prod")
         )
         assert mem_bytes(prod["requests"]["memory"]) > mem_bytes(dev["requests"]["memory"]), name
-    # The stateless API scales out in prod; the other services stay single (see their tests).
+    # The stateless API runs one instance in dev and scales out in prod.
     dev_api, prod_api = (one(render(o), "Deployment", "pacer-api")["spec"]["replicas"] for o in ("dev", "prod"))
     assert (dev_api, prod_api) == (1, 2)
     for claim in ("pacer-data", "pacer-checkpoints"):
@@ -330,6 +334,10 @@ def test_service_deployment(overlay: str, svc: Service) -> None:
     pod = dep["spec"]["template"]["spec"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     (c,) = pod["containers"]
+    if svc.health in LEASED:
+        # Several instances share the jobs by leases: each pod holds them under its own name.
+        (inst,) = [e for e in c["env"] if e["name"] == "PACER_INSTANCE"]
+        assert inst["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", inst
     assert c["image"] == "pacer:0.1.0"
     assert c["command"] == ["python", "-m", f"pacer_services.{svc.module}.main"]
     env = env_of(c)
@@ -421,8 +429,7 @@ def test_api_service(overlay: str) -> None:
 def test_pod_executor(overlay: str) -> None:
     docs = render(overlay)
     dep = one(docs, "Deployment", "pod-executor")
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"]["type"] == "Recreate"
+    assert dep["spec"]["replicas"] == 2  # per-job ownership: either takes a dead one's jobs over (docs/ha.md)
     pod = dep["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "pod-executor"
     assert pod.get("automountServiceAccountToken", True) is True
