@@ -121,6 +121,14 @@ class DurableConsumer:
                     msgs = await sub.fetch(self.batch, timeout=self.fetch_timeout_s)
                 except TimeoutError:
                     continue
+                except TRANSPORT_ERRORS as exc:
+                    # The consumer's leader is being elected or the connection is back in a moment: the
+                    # pull subscription stays valid, ask again shortly (the runtime's restart would rebind).
+                    self.counters.inc("fetch_unavailable")
+                    log.info("fetch failed (%s); retrying", type(exc).__name__,
+                             extra={"fields": {"durable": self.durable}})
+                    await asyncio.sleep(self.retry_delay_s)
+                    continue
                 self.idle.clear()
                 try:
                     await self._batch(msgs)
