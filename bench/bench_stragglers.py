@@ -83,10 +83,10 @@ ideal_jct_s, speedup_vs_native_pct}``), ``decision_ms_1000_workers``,
     intensity 0.8 before every step (``PACER_INJECT_STRAGGLERS``; a
     relaunched pod is healthy).  Monitor windows scaled down: L_trans 10 s,
     L_per 20 s, monitor and controller every 5 s / 2 s, restart cool-down
-    60 s.  Jobs: straggler-free, then native (``none``), ``antdt-nd`` and
-    ``lb-bsp`` with the straggler; then the same in ASP (``--real-modes``)
-    with ``none`` (= ASP-DDS: the stack always shards dynamically) and
-    ``antdt-nd``.  Each job's controller decisions (its durable
+    60 s.  Jobs: straggler-free, then native (``none``), ``antdt-nd``,
+    ``pacer-adaptive`` and ``lb-bsp`` with the straggler; then the same in
+    ASP (``--real-modes``) with ``none`` (= ASP-DDS: the stack always shards
+    dynamically), ``antdt-nd`` and ``pacer-adaptive``.  Each job's controller decisions (its durable
     ``pacer.events.controller.<job>.decision`` events) are listed, so a
     missing action comes with the controller's reason.  JCT = the job record's ``finished_at -
     started_at``.  Server-side stragglers are not run: the injection lives in
@@ -808,7 +808,8 @@ async def shard_rtt(bus: Any, n: int = 50) -> float:
 
 def real_methods(cfg: RealConfig, mode: str) -> tuple[str, ...]:
     """The methods run in ``mode``: all in BSP; in ASP only those that act there (not LB-BSP / backup workers)."""
-    return cfg.methods if mode == "bsp" else tuple(m for m in cfg.methods if m in ("none", "antdt-nd"))
+    return cfg.methods if mode == "bsp" else tuple(m for m in cfg.methods if m in ("none", "antdt-nd",
+                                                                                 "pacer-adaptive"))
 
 
 def simulate_real(real: dict[str, Any], cfg: RealConfig, mode: str) -> dict[str, Any]:
@@ -907,7 +908,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench/out/stragglers", help="directory for the PNG plots")
     ap.add_argument("--real-rows", type=int, default=60_000)
     ap.add_argument("--real-sleep", type=float, default=0.5, help="SleepDuration of the real straggler (s)")
-    ap.add_argument("--real-methods", default="none,antdt-nd,lb-bsp")
+    ap.add_argument("--real-methods", default="none,antdt-nd,pacer-adaptive,lb-bsp")
     ap.add_argument("--real-modes", default="bsp,asp", help="training modes of the real runs (ASP: none, antdt-nd)")
     ap.add_argument("--real-timeout", type=float, default=240.0)
     ap.add_argument("--real-worker-cpu", type=float, default=None, help="CPU of each real worker pod (default: plan's)")
