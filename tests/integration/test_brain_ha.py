@@ -17,9 +17,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -367,3 +372,71 @@ async def test_cluster_rounds_run_at_the_cluster_lease_holder_which_takes_the_au
         assert sa.autoscalers["cl-x"].plan == plan  # the state brain-b saved: the plan in force
     finally:
         await stop_all(b, a)
+
+
+class BrainProcess:
+    """``python -m pacer_services.brain.main`` as a real OS process (so that it can be SIGKILLed)."""
+
+    def __init__(self, url: str, instance: str, log_path: Path) -> None:
+        self.url, self.instance, self.log_path = url, instance, log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> BrainProcess:
+        env = {**os.environ, "PACER_NATS_URL": self.url, "PACER_INSTANCE": self.instance,
+               "PACER_LEASE_TTL_S": str(TTL), "PACER_BRAIN_CPU_QUOTA": "16", "PACER_BRAIN_NODE_CPU": "4",
+               "PACER_BRAIN_ADJUST_S": "60", "PACER_BRAIN_SETTLE_S": "20", "PACER_LOG_LEVEL": "INFO"}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "pacer_services.brain.main"], env=env,
+                                         stdout=log, stderr=log)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+async def test_owner_process_killed_mid_sample_the_other_process_goes_on(url: str, bus: Bus,
+                                                                           tmp_path: Path) -> None:
+    """Two brain processes; the job's owner has measured one valid window of the sample when it is
+    SIGKILLed.  The other process takes the job over and the next window completes the sample: one
+    optimize plan and one decision on the stream."""
+    procs = {n: BrainProcess(url, n, tmp_path / f"{n}.log").start() for n in ("brain-0", "brain-1")}
+    try:
+        async def both_consuming() -> bool:  # each process's durable consumer exists: it has started
+            names = {c.name for c in await bus.js.consumers_info(subjects.EVENTS_STREAM)}
+            return {"brain-events-brain-0", "brain-events-brain-1"} <= names
+
+        await eventually(both_consuming, 45, "the brain processes did not start")
+        job = await start_job(bus, "ha-kill")
+        first_owner = await owner_of(bus, "ha-kill")
+        assert first_owner in procs
+        await eventually(lambda: _plan_saved(bus, "ha-kill"), 15, "the owner did not learn the applied plan")
+        await feed(bus, job, 0)
+        await feed(bus, job, 1)
+        st = await eventually(lambda: _saved_with(bus, "ha-kill", 1), 15, "the measured window was not saved")
+        assert st.auto is not None and st.auto.state["stage"] == Stage.SAMPLE.value
+        procs[first_owner].kill()
+        other = next(n for n in procs if n != first_owner)
+        await eventually(lambda: _owned_by(bus, "ha-kill", other), 6 * TTL + 15, "the other process took nothing")
+        for _ in range(60):  # the window that completes the sample, until the new owner has loaded the job
+            await feed(bus, job, 2)
+            if job.decisions:
+                break
+            await asyncio.sleep(0.5)
+        await eventually(lambda: job.decisions and job.plans, 15, "the new owner did not go on with the sample")
+        assert job.decisions[0].rule == "optimize" and job.decisions[0].previous == job.first
+        assert len(await bus.replay(subjects.brain_decision("ha-kill"))) == 1
+        assert len(await bus.replay(subjects.job_event("ha-kill", subjects.JobEventKind.PLAN))) == 1
+    finally:
+        for p in procs.values():
+            p.kill()
+
+
+async def _owned_by(bus: Bus, job: str, instance: str) -> bool:
+    return await owner_of(bus, job) == instance
+
+
+async def _plan_saved(bus: Bus, job: str) -> bool:
+    st = await saved(bus, job)
+    return st is not None and st.auto is not None and st.auto.state["plan"] is not None
