@@ -97,7 +97,7 @@ async def on_statistics(svc: BrainService, msg: Msg) -> None:
                 svc.standby(stats)
                 svc.counters.inc("statistics", path="standby")
                 return
-        elif not await svc.take(stats.job, stats.job in svc.autoscalers):
+        elif not await svc.take(stats.job, (await svc.is_autoscaled(stats.job))[0]):
             svc.standby(stats)
             return
         await svc.flush(stats.job)  # a plan whose publication failed before goes out first
