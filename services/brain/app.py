@@ -356,7 +356,7 @@ class BrainService:
 
     async def _on_forwarded(self, msg: Msg) -> None:
         self.counters.inc("requests_forwarded_in")
-        await self._on_rpc(msg)  # ours: handled; else unavailable (a forwarded request is never forwarded again)
+        await self._on_rpc(msg)  # never forwarded again: handled here, as the owner or (local_ok) without one
 
     async def _dispatch(self, msg: Msg) -> None:
         await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
@@ -404,8 +404,8 @@ class BrainService:
             while backlog:
                 seq, effect = backlog.popleft()
                 if seq > self.seq[job]:
+                    self.seq[job] = seq  # first, as in effect()
                     await effect()
-                    self.seq[job] = seq
                 backlog.extend(self.backlog.pop(job, ()))  # arrived meanwhile
             if not await self.save(job):
                 raise LeaseLost(f"{job}: the lease moved on while the job was loaded")
@@ -435,8 +435,10 @@ class BrainService:
 
     async def save(self, job: str, outbox: list[Outgoing] | None = None) -> bool:
         """Write the job's state through our lease; False (counted) if refused or not stored."""
+        async with self.lock:  # the autoscaler may be stepping in a worker thread: read it between steps
+            data = encode_state(self.state_of(job, outbox))
         try:
-            await self.own.put_state(job, encode_state(self.state_of(job, outbox)))
+            await self.own.put_state(job, data)
             return True
         except LeaseLost:
             self.counters.inc("fenced")
