@@ -479,6 +479,12 @@ class BrainService:
         if self.held_elsewhere(job):
             return False
         if rounds and not self.own.owns(CLUSTER):
+            # Not ours to plan; but stand by for it once the holder has it, so that if the holder dies the
+            # job moves with the rounds (both leases expire together) rather than a TTL after them.
+            with contextlib.suppress(nats.errors.Error, TimeoutError):
+                holder = await self.own.owner_of(job)
+                if holder is not None and holder != self.own.instance:
+                    self.own.want(job)
             return False
         return await self.own.claim(job, within=2.0)
 

@@ -336,7 +336,8 @@ async def test_cluster_rounds_run_at_the_cluster_lease_holder_which_takes_the_au
     """While the cluster's capacity is unknown, whoever hears of a job first plans it alone.  Once the
     executor's ClusterStatus makes the capacity known, the rounds (across jobs) run only at the holder of
     ``brain._cluster``: the other instance hands its autoscaled job over at the job's next window, the
-    holder claims it and feeds its windows to its rounds."""
+    holder claims it and feeds its windows to its rounds.  When the holder dies, the other instance
+    takes the rounds and the job over."""
     from pacer.contracts.executor import ClusterStatus
 
     a = brain(url, "brain-a")
@@ -370,6 +371,19 @@ async def test_cluster_rounds_run_at_the_cluster_lease_holder_which_takes_the_au
         assert sa.counters.values.get("cluster_round_jobs", 0) >= 1
         assert sb.counters.values.get("cluster_round_jobs", 0) == 0
         assert sa.autoscalers["cl-x"].plan == plan  # the state brain-b saved: the plan in force
+
+        # brain-b stands by for the job; the holder dies: brain-b takes the rounds and the job over.
+        await bus.publish(subjects.monitor_statistics("cl-x"), window("cl-x", plan, time.time() + 200, 2000))
+        await eventually(lambda: sb.own.wanted("cl-x"), 10, "brain-b does not stand by for the job")
+        await sa.bus.nc.close()
+        for i in range(1, 150):
+            await bus.publish(subjects.monitor_statistics("cl-x"), window("cl-x", plan, time.time() + 300 + i,
+                                                                          3000 + i))
+            if sb.counters.values.get("cluster_round_jobs", 0) >= 1:
+                break
+            await asyncio.sleep(0.2)
+        assert sb.own.owns("_cluster") and sb.own.owns("cl-x")
+        assert sb.counters.values.get("cluster_round_jobs", 0) >= 1
     finally:
         await stop_all(b, a)
 
