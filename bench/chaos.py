@@ -4,7 +4,8 @@ A run starts the embedded stack on a 3-server NATS cluster (JetStream at
 replicas 3) with two instances of every service that can run two
 (:data:`INSTANCES`: the controller, monitor, shard and job services and the
 pod-executor, with per-job ownership by :mod:`pacer.ownership`, and the
-stateless policies; the auth service runs once, said in ``single``), submits
+stateless policies and auth callout (as deploy/ runs them); ``single`` lists
+any service run once), submits
 a real Wide&Deep job (2 PS + 2 workers, the demo's generated Criteo-like
 data) and, while it trains, kills one target with SIGKILL every
 ``interval_s`` seconds, the kind chosen by a seeded RNG among:
@@ -80,7 +81,7 @@ from pacer_services.pod_executor.backends.local import reap_pods
 
 KINDS = ("nats", "service", "worker", "ps")
 # Services that run as two instances (per-job ownership, pacer.ownership); the rest run once.
-INSTANCES = {"controller": 2, "monitor": 2, "shard": 2, "jobs": 2, "executor": 2, "policies": 2}
+INSTANCES = {"controller": 2, "monitor": 2, "shard": 2, "jobs": 2, "executor": 2, "policies": 2, "auth": 2}
 SERVICES = ["auth", "shard", "monitor", "jobs", "executor", "controller", "policies"]
 TERMINAL = (JobState.COMPLETED, JobState.FAILED, JobState.STOPPED)
 DATASET = "train"

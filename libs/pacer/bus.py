@@ -44,6 +44,7 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.kv import KeyValue
+from nats.protocol.parser import AUTHORIZATION_VIOLATION
 from opentelemetry.trace import SpanKind
 
 from pacer import subjects, tracing
@@ -80,6 +81,31 @@ NO_RETRY = RetryPolicy(attempts=1)
 DEFAULT_RETRY = RetryPolicy()
 
 
+class _Client(Client):
+    """nats-py's client, except that an authorization refusal after the first connect is a lost connection.
+
+    nats-py closes a connection for good when a server answers
+    ``-ERR 'Authorization Violation'``.  A client that connected once and is
+    refused while it reconnects was not given wrong credentials: the
+    server it reconnected to could not ask the auth callout in time
+    (the callout service's own server had just died, found by chaos: a
+    worker's connection closed for ever and the job failed).  Treated as a
+    lost connection, the client reconnects again, as it would after a
+    server crash; a credential that stays refused is retried and reported
+    on every attempt.  The first connect still fails on it at once.
+    """
+
+    connected_once = False
+
+    async def _process_err(self, err_msg: str) -> None:
+        if self.connected_once and AUTHORIZATION_VIOLATION in err_msg.lower() and not self.is_closed:
+            err = nats.errors.AuthorizationError()
+            await self._error_cb(err)
+            await self._process_op_err(err)
+            return
+        await super()._process_err(err_msg)
+
+
 def trace_headers() -> dict[str, str] | None:
     """W3C trace headers of the current span, or None when nothing is traced."""
     return tracing.inject()
@@ -110,10 +136,11 @@ class Bus:
         async def on_reconnect() -> None:
             log.info("nats reconnected")
 
-        nc = await nats.connect(
+        nc = _Client()
+        await nc.connect(
             name=name,
-            connect_timeout=connect_timeout,
-            reconnect_time_wait=0.2,
+            connect_timeout=connect_timeout,  # type: ignore[arg-type]  # typed int, used as seconds (float)
+            reconnect_time_wait=0.2,  # type: ignore[arg-type]
             max_reconnect_attempts=-1,
             allow_reconnect=True,
             error_cb=on_error,
@@ -124,6 +151,7 @@ class Bus:
             **connect_options(url, os.environ),  # type: ignore[arg-type]
         )
         holder.append(nc)
+        nc.connected_once = True
         return cls(nc, nc.jetstream(timeout=5.0), replicas)
 
     async def close(self) -> None:

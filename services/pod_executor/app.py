@@ -184,7 +184,10 @@ T = TypeVar("T")
 __all__ = ["ExecutorConfig", "ExecutorService", "PodBuilder", "create", "make_backend"]
 
 # Last words of a trainer that lost its PS / connection (pacer.trainer.worker prints this).
-NETWORK_MARKERS = ("TensorFlow error", "UnavailableError", "Socket closed", "Connection reset")
+# The trainer's last words that name a lost connection: to a PS (TensorFlow's), or to the control plane (a bus
+# request that kept failing: pacer.errors.Unavailable; nats-py's closed connection).
+NETWORK_MARKERS = ("TensorFlow error", "UnavailableError", "Socket closed", "Connection reset",
+                   "pacer.errors.Unavailable", "ConnectionClosedError")
 
 
 # A worker that exits with a lost PS within this long after a PS of its job died unasked is
