@@ -260,7 +260,8 @@ class BrainService:
         self.config = config or BrainConfig()
         self.oom, self.oom_cooldown_s = oom, oom_cooldown_s
         self.own = Ownership(bus, self.name, self._acquired, self._lost, instance=self.config.instance,
-                             ttl_s=self.config.lease_ttl_s)
+                             ttl_s=self.config.lease_ttl_s,  # balance: never the rounds nor jobs that follow them
+                             movable=lambda job: job != CLUSTER and self.capacity() is None)
         self.history: dict[str, JobHistory] = {}  # the config DB (a cache of its KV, read again when used)
         self.running: dict[str, RunningJob] = {}  # what the executor runs, from its events (every job)
         self.memory: dict[str, MemoryWatch] = {}  # OOM prevention of the jobs not autoscaled (every job: standby)

@@ -166,7 +166,7 @@ class JobService:
         self.lock = asyncio.Lock()
         # Submissions claim their job's name here (see the module docstring); nothing else is owned.
         self.names = Ownership(bus, self.name, self._name_claimed, self._name_lost, instance=self.cfg.instance,
-                               ttl_s=self.cfg.name_lease_ttl_s)
+                               ttl_s=self.cfg.name_lease_ttl_s, balance_every_s=0)  # held briefly: no balance
         self.admin = ShardAdmin(bus, timeout=10.0, retry=RetryPolicy(attempts=10))
         self.rpc = {JobOp.SUBMIT: self._submit, JobOp.GET: self._get, JobOp.LIST: self._list, JobOp.STOP: self._stop}
         self.consumer = DurableConsumer(
