@@ -524,6 +524,8 @@ class Ownership:
             return []
         holders, live = await self.read_service()
         now = self.clock()
+        if self._closed or now < self._quiet_until:  # (a hand-over came back while we read)
+            return []
         self._given = {j: t for j, t in self._given.items() if now - t < HOLD_PERIODS * period}
         acquired = {job: st.acquired_at for job, st in self.jobs.items()
                     if st.acquired_at is not None and not st.give_up and self.owns(job) and self.movable(job)}
