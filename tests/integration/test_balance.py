@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from conftest import InProcess, eventually
 from nats.aio.msg import Msg
-from pacer import subjects
+from pacer import security, subjects
 from pacer.bus import NO_RETRY, Bus
 from pacer.codec import decode
 from pacer.contracts.agent import AgentMetrics
@@ -45,6 +47,7 @@ class Toy:
     bus: Bus
     name: str
     period: float = PERIOD
+    service: str = SERVICE
     acquired: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     own: Ownership | None = None
@@ -58,7 +61,7 @@ class Toy:
         async def lost(job: str) -> None:
             self.lost.append(job)
 
-        own = self.own = Ownership(self.bus, SERVICE, acquired, lost, instance=self.name, ttl_s=TTL,
+        own = self.own = Ownership(self.bus, self.service, acquired, lost, instance=self.name, ttl_s=TTL,
                                    balance_every_s=self.period)
         ready = asyncio.Event()
 
@@ -269,3 +272,38 @@ async def test_two_monitors_spread_their_jobs_and_serve_them_after_the_move(
             with contextlib.suppress(Exception):
                 await mons[name].stop()
         await bus.close()
+
+
+async def test_balancing_with_a_service_users_permissions(tmp_path: Path) -> None:
+    """The monitor's NATS user (pacer.security) may write its presence, read the leases and delete its
+    consumer: two instances connected as that user spread four jobs 2/2."""
+    mon = security.permissions("monitor", "monitor").to_conf()
+    auth = ("authorization {\n  users = [\n    "
+            f"{{user: monitor, password: pw-m, permissions: {json.dumps(mon)}}}\n  ]\n}}\n")
+    srv = EmbeddedNats(store_dir=tmp_path / "nats", authorization=auth).start()
+    url = srv.url.replace("nats://", "nats://monitor:pw-m@")
+    ta = Toy(await Bus.connect(url, name="mon-a"), "a", service="monitor")
+    tb = Toy(await Bus.connect(url, name="mon-b"), "b", service="monitor")
+    try:
+        a = await ta.start()
+        for j in JOBS[:4]:
+            a.want(j)
+        await eventually(lambda: len(a.owned()) == 4, 30, lambda: f"a owns {a.owned()}")
+        b = await tb.start()
+        for j in JOBS[:4]:
+            b.want(j)
+        await eventually(lambda: len(a.owned()) == 2 and len(b.owned()) == 2, 60,
+                         lambda: f"a owns {a.owned()}, b owns {b.owned()}")
+        holders, live = await b.read_service()
+        assert live == {"a", "b"} and sorted(holders.values()) == ["a", "a", "b", "b"]
+        # No consumer left behind by the balance rounds (each deletes its own; one may be reading now).
+        async def no_consumer() -> bool:
+            return (await ta.bus.js.stream_info(f"KV_{LEASE_BUCKET}")).state.consumer_count == 0
+
+        await eventually(no_consumer, 10, "a balance round left its consumer behind")
+    finally:
+        for x in (ta, tb):
+            with contextlib.suppress(Exception):
+                await x.stop()
+            await x.bus.close()
+        srv.stop()
