@@ -30,7 +30,8 @@ wildcard in a queue group, so a request for job J reaches any one instance:
   forwards the message, unchanged and with the client's reply subject, to
   the owner's own subject :func:`forward_subject` (header
   ``Pacer-Forwarded-By``; the original subject in ``Pacer-Subject``): the
-  owner answers the client directly.  NATS's ``allow_responses`` grants a
+  owner answers the client directly.  The forwarder competes for J from
+  then on (a standby: it takes J if the owner dies or hands it over).  NATS's ``allow_responses`` grants a
   user the right to publish to the reply subject of any message delivered
   to it, so the owner may answer a forwarded request as if it had been
   asked itself (tests/integration/test_ownership.py checks this on a
@@ -403,6 +404,7 @@ class Ownership:
             await self.bus.nc.publish(forward_subject(self.service, _token(owner)), msg.data,
                                       reply=msg.reply, headers=headers)
             self.forwarded += 1
+            self.want(job)  # a standby from now on: takes the job if its owner dies or hands it over (balance)
             return "forwarded"
         if local_ok:
             await handle(msg)

@@ -5,7 +5,10 @@ connections, with a short balance period.  What must hold: the jobs one
 instance took first spread to an even split within a bounded time, one move
 at a time; at no sampled instant do both instances believe they own a job;
 once even, nothing moves any more; a job handed over that nobody takes comes
-back; a graceful close takes the instance's presence away.
+back; a graceful close takes the instance's presence away; the rounds work
+under a service's NATS user.  Then two real monitors and two real shard
+services: their jobs spread and are served after the move (the shard jobs
+with the state their log carried over).
 """
 
 from __future__ import annotations
@@ -19,18 +22,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import InProcess, eventually
+from conftest import InProcess, InProcessService, eventually
 from nats.aio.msg import Msg
 from pacer import security, subjects
 from pacer.bus import NO_RETRY, Bus
 from pacer.codec import decode
 from pacer.contracts.agent import AgentMetrics
 from pacer.contracts.monitor import JobStatistics, StatsQuery
+from pacer.contracts.shards import DatasetSpec, LeaseReply, LeaseRequest
 from pacer.embedded import EmbeddedNats
 from pacer.lease import Lease
 from pacer.ownership import LEASE_BUCKET, Ownership, presence_key
+from pacer.shards.client import ShardAdmin
+from pacer.subjects import ShardOp
 from pacer_services.monitor.app import MonitorService, MonitorServiceConfig
 from pacer_services.monitor.core import MonitorConfig
+from pacer_services.shard_service.app import ShardServiceConfig
+from test_shard_failures import DS, PATIENT
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -307,3 +315,65 @@ async def test_balancing_with_a_service_users_permissions(tmp_path: Path) -> Non
                 await x.stop()
             await x.bus.close()
         srv.stop()
+
+
+# ================================================================ a real service: two shard services
+async def test_two_shard_services_spread_their_jobs_and_the_moved_jobs_keep_their_state(
+        nats_server: EmbeddedNats, bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+    """shard-a registers four datasets alone and hands out two shards of each; shard-b starts (it competes
+    for every job with a log: a standby); two jobs move to it, their cores rebuilt from the log: each job
+    still counts its two shards out, and hands out more, whoever owns it now."""
+    monkeypatch.setenv("PACER_BALANCE_EVERY_S", str(PERIOD))
+
+    def cfg(name: str) -> ShardServiceConfig:
+        return ShardServiceConfig(instance=name, lease_ttl_s=TTL, reap_interval_s=0.05, progress_interval_s=0.2)
+
+    jobs = [f"sb{i}" for i in range(4)]
+    admin = ShardAdmin(bus, retry=PATIENT)
+
+    async def lease(job: str, node: str) -> int:
+        req = LeaseRequest(job=job, dataset=DS, node=node, want=2)  # "unavailable" while it moves: retried
+        reply = await bus.request(subjects.rpc(subjects.SHARD_SERVICE, job, ShardOp.LEASE), req, LeaseReply,
+                                  5.0, retry=PATIENT)
+        return len(reply.shards)
+
+    a, b = InProcessService(nats_server.url, cfg("shard-a")), InProcessService(nats_server.url, cfg("shard-b"))
+    sa = await a.start()
+    started = [a]
+    try:
+        for j in jobs:
+            await admin.register(DatasetSpec(job=j, dataset=DS, records=1000, batch_size=10, batches_per_shard=10))
+            assert await lease(j, "n0") == 2
+        assert sa.own.owned() == sorted(jobs)
+        sb = await b.start()
+        started.append(b)
+        both: list[str] = []
+
+        async def sample() -> None:
+            while True:
+                both.extend(j for j in jobs if sa.own.owns(j) and sb.own.owns(j))
+                await asyncio.sleep(0.01)
+
+        sampler = asyncio.create_task(sample())
+        try:
+            await eventually(lambda: len(sa.own.owned()) == 2 and len(sb.own.owned()) == 2, 60,
+                             lambda: f"shard-a owns {sa.own.owned()}, shard-b owns {sb.own.owned()}")
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+        assert both == [], both
+        moved = sb.own.owned()
+        assert all(j in sb.jobs for j in moved) and not any(j in sa.jobs for j in moved)
+        for j in jobs:
+            st = await admin.status(j, DS)
+            assert st.doing == 2 and st.todo == 8, (j, st)  # the log carried the hand-out over
+            assert await lease(j, "n1") == 2
+            st = await admin.status(j, DS)
+            assert st.doing == 4 and st.todo == 6, (j, st)
+        for j in moved:
+            assert sb.jobs[j].core.status(DS).doing == 4  # served by its new owner
+    finally:
+        for svc in reversed(started):
+            with contextlib.suppress(Exception):
+                await svc.stop()
