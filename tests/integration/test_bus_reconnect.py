@@ -42,7 +42,8 @@ async def test_a_connection_refused_on_reconnect_reconnects_once_its_credentials
     port, monitor = free_port(), free_port()
     path = tmp_path / "nats.conf"
     path.write_text(conf(port, monitor, "right"))
-    server = subprocess.Popen([find_binary(), "-c", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    server = await asyncio.create_subprocess_exec(find_binary(), "-c", str(path), stdout=subprocess.DEVNULL,
+                                                  stderr=subprocess.STDOUT)
     try:
         await wait_for(lambda: http_json(f"http://127.0.0.1:{monitor}/healthz")[0] == 200, 20, "server not up")
         bus = await Bus.connect(f"nats://svc:right@127.0.0.1:{port}", name="reconnect-test")
@@ -69,4 +70,4 @@ async def test_a_connection_refused_on_reconnect_reconnects_once_its_credentials
             await bus.close()
     finally:
         server.terminate()
-        server.wait(10)
+        await asyncio.wait_for(server.wait(), 10)
