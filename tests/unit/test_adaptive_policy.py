@@ -402,3 +402,24 @@ def test_report_noise_makes_the_adapted_window_longer_and_is_seeded() -> None:
     noisy = run(noisy_sc, "pacer-adaptive", ideal=False)
     assert noisy.decisions < quiet.decisions
     assert run(noisy_sc, "pacer-adaptive", ideal=False).jct_s == noisy.jct_s
+
+
+def test_the_time_left_in_bsp_is_paced_by_the_slowest_worker_not_the_sum_of_speeds() -> None:
+    """The monitor's throughput sums each worker's own speed; in BSP every step waits for the slowest worker
+    whose gradient is kept, so R must come from that worker's step (a sum took a job held up by one 20x
+    straggler for nearly done, and no relaunch ever paid off)."""
+    req = job({"worker-0": 0.0, "worker-1": 8.0}, {"ps-0": 0.0}, batch=512)
+    slow = max(n.bpt_short_s for n in req.stats.nodes if n.role == "worker")
+    summed = sum(512 / n.bpt_short_s for n in req.stats.nodes if n.role == "worker")
+    left = req.stats.shards.records_total - req.stats.shards.records_done
+    fast_req = replace(req, stats=replace(req.stats, throughput_samples_per_s=summed))
+    assert adaptive.remaining_s(fast_req) == pytest.approx(left / (1024 / slow))
+    # With one backup worker the slowest gradient is dropped: the next slowest sets the pace.
+    backed = replace(fast_req, backup_workers=1)
+    fast = min(n.bpt_short_s for n in req.stats.nodes if n.role == "worker")
+    assert adaptive.remaining_s(backed) == pytest.approx(left / min(summed, 1024 / fast))
+    # ASP has no barrier: the sum is the pace.
+    assert adaptive.remaining_s(replace(fast_req, mode="asp")) == pytest.approx(left / summed)
+    # So the 20x straggler of a two-worker job is relaunched: the time it would cost is worth a relaunch.
+    d = adaptive.decide(replace(fast_req, params={"init_s": 30.0, "pending_s": 10.0}))
+    assert [a.node for a in of(d, ActionKind.KILL_RESTART)] == ["worker-1"], d.reason

@@ -151,9 +151,22 @@ def costs(req: PolicyRequest) -> Costs:
 
 
 def remaining_s(req: PolicyRequest) -> float:
-    """R: the time left if nothing changes (records left / current throughput); inf when unknown."""
+    """R: the time left if nothing changes (records left / current throughput); inf when unknown.
+
+    The monitor's throughput is the sum of the workers' own speeds.  In BSP a
+    step is as slow as its slowest worker whose gradient is not dropped, so
+    the job's pace is at most the global batch per that worker's step: a
+    sum of speeds would take a job held up by one straggler for nearly done
+    (a 45 s job of two workers, one 20x slow, read as 4 s left, and no
+    relaunch ever paid off).
+    """
     sh = req.stats.shards
     rate = req.stats.throughput_samples_per_s
+    if req.mode == "bsp":
+        bpts = sorted((w.bpt_short_s for w in live_workers(req.stats) if w.bpt_short_s > 0), reverse=True)
+        if bpts:
+            pace = req.global_batch / bpts[min(max(0, req.backup_workers), len(bpts) - 1)]
+            rate = min(rate, pace) if rate > 0 else pace
     if sh is None or sh.records_total <= 0 or rate <= 0:
         return float("inf")
     return max(0.0, sh.records_total - sh.records_done) / rate
@@ -330,7 +343,7 @@ def decide(req: PolicyRequest) -> PolicyDecision:
                 x = min(1.0, di / t_bal) if t_bal > 0 else 1.0
             else:
                 x = min(1.0, di / w.bpt_short_s) if w.bpt_short_s > 0 else 0.0
-            horizon = min(r, stats.ts, max(stats.window_long_s, param_float(req, "restart_horizon_s", 600.0)))
+            horizon = min(r, max(stats.window_long_s, param_float(req, "restart_horizon_s", 600.0)))
             gain, cost = x * horizon, c.pending_s + c.init_s
             if gain > cost:
                 actions.append(PolicyAction(
