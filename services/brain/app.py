@@ -418,15 +418,19 @@ class BrainService:
         """Another instance owns ``job`` now (or we stop): its decisions are no longer ours to make."""
         if job == CLUSTER:
             return
+        self._drop_decisions(job)
+        self.seq.pop(job, None)
+        self.published.pop(job, None)
+        self.counters.inc("jobs_lost")
+
+    def _drop_decisions(self, job: str) -> None:
+        """What only the job's owner holds to decide for it: its autoscaler, OOM plans, unsent plans, last window."""
         self.autoscalers.pop(job, None)
         self.not_autoscaled.discard(job)
         self.oom_plans.pop(job, None)
         self.oom_at.pop(job, None)
-        self.seq.pop(job, None)
-        self.published.pop(job, None)
         self.unsent.pop(job, None)
         self.latest.pop(job, None)
-        self.counters.inc("jobs_lost")
 
     def state_of(self, job: str, outbox: list[Outgoing] | None = None) -> OwnedState:
         auto = self.autoscalers.get(job)
@@ -500,12 +504,7 @@ class BrainService:
         self.running.pop(job, None)
         self.memory.pop(job, None)
         self.backlog.pop(job, None)
-        self.unsent.pop(job, None)
-        self.autoscalers.pop(job, None)
-        self.oom_plans.pop(job, None)
-        self.oom_at.pop(job, None)
-        self.latest.pop(job, None)
-        self.not_autoscaled.discard(job)
+        self._drop_decisions(job)
 
     def in_force(self, job: str) -> ResourcePlan | None:
         """The plan the executor last applied for ``job`` (from its events), if any."""

@@ -355,8 +355,11 @@ class JobService:
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.outbox_sweep_s)
-            with contextlib.suppress(nats.errors.Error, TimeoutError, PacerError):
+            try:
                 await self.sweep_outboxes()
+            except (nats.errors.Error, TimeoutError, PacerError) as exc:  # the bus is failing over: next period
+                self.counters.inc("outbox_sweep_failed")
+                log.warning("outbox sweep failed; trying again next period", extra={"fields": {"error": repr(exc)}})
 
     async def sweep_outboxes(self, min_age_s: float | None = None) -> int:
         """Publish what any writer left in a record's outbox at least ``min_age_s`` ago (default: one sweep
