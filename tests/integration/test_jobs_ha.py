@@ -288,8 +288,9 @@ async def test_an_event_stored_by_an_instance_that_dies_before_publishing_it_is_
     await cbus.publish_durable(subjects.executor_event(job, ExecutorEventKind.APPLIED.value), applied)
     await eventually(lambda: bool(killed), 20, "no instance applied the executor's event")
     rec, _ = await stored(cbus, job)
-    assert rec.state is JobState.RUNNING  # the change is stored, with its event in the outbox
-    assert [e.subject for e in rec.outbox] == [subjects.job_event(job, "running")]
+    assert rec.state is JobState.RUNNING  # the change is stored, with its event in the outbox ...
+    # ... unless the survivor's next write of the job (shard progress) already published and cleared it
+    assert [e.subject for e in rec.outbox] in ([subjects.job_event(job, "running")], [])
 
     # The survivor publishes it and clears the outbox (its sweep, or its next write of the job: shard progress).
     async def delivered() -> bool:
