@@ -285,7 +285,7 @@ class Bus:
             expected = "absent" if revision is None else f"at revision {revision}"
             raise StaleRevision(f"{key}: expected {expected}, but it was written since") from exc
 
-    async def kv_items(self, bucket: str, batch: int = 256) -> dict[str, bytes]:
+    async def kv_items(self, bucket: str, batch: int = 256, wait_s: float = 30.0) -> dict[str, bytes]:
         """Every live key of a KV bucket with its value, read straight from the bucket's stream.
 
         ``KeyValue.keys()`` of nats-py decides "no more keys" from a
@@ -293,7 +293,25 @@ class Bus:
         and can report an empty bucket; a service rebuilding its state on
         start must not believe that.  This reads the last message of every
         subject (DeliverPolicy.LAST_PER_SUBJECT) until nothing is pending.
+
+        On a cluster the read's consumer may not serve yet (a 503 status on
+        the pull, seen when a service starts right after another instance
+        died) or the stream may be between leaders: the read is idempotent, so
+        it starts over with a new consumer for ``wait_s``.
         """
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            try:
+                return await self._kv_items_once(bucket, batch)
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                    nats.js.errors.ServiceUnavailableError) as exc:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise Unavailable(f"KV {bucket}: not readable after {wait_s:.0f} s ({type(exc).__name__})") \
+                        from exc
+                log.info("KV %s not readable yet (%s); retrying", bucket, type(exc).__name__)
+                await asyncio.sleep(0.5)
+
+    async def _kv_items_once(self, bucket: str, batch: int) -> dict[str, bytes]:
         stream = f"KV_{bucket}"
         info = await self.js.stream_info(stream)
         if info.state.messages == 0:
@@ -340,9 +358,11 @@ class Bus:
             while True:
                 try:
                     msgs = await sub.fetch(batch, timeout=2.0)
-                except TimeoutError:
+                except (TimeoutError, nats.js.errors.ServiceUnavailableError):
+                    # a 503 on the pull: the consumer does not serve yet (a cluster between leaders)
                     if asyncio.get_running_loop().time() > deadline:
                         raise
+                    await asyncio.sleep(0.2)
                     continue
                 out.extend(msgs)
                 if msgs[-1].metadata.num_pending == 0:

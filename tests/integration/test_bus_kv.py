@@ -36,3 +36,25 @@ async def test_replay_reads_every_kept_message_of_a_subject_in_order(bus: Bus) -
     got = [decode(JobEvent, m.data) for m in await bus.replay(subjects.job_event("replay-a", "running"))]
     assert [e.reason for e in got] == [str(i) for i in range(700)]
     assert len(await bus.replay(subjects.job_event("replay-b", ">"))) == 7
+
+
+async def test_kv_items_starts_over_when_its_consumer_does_not_serve_yet(bus: Bus, monkeypatch) -> None:
+    """A 503 on the pull (a cluster consumer between leaders; seen in CI when an executor started
+    right after its peer was killed) is retried with a new consumer instead of failing the service's start."""
+    import nats.js.errors
+
+    kv = await bus.kv("pacer-test-503")
+    await kv.put("job-a", b"a")
+    real = Bus._kv_items_once
+    calls = 0
+
+    async def first_unavailable(self: Bus, bucket: str, batch: int) -> dict[str, bytes]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise nats.js.errors.ServiceUnavailableError
+        return await real(self, bucket, batch)
+
+    monkeypatch.setattr(Bus, "_kv_items_once", first_unavailable)
+    assert await bus.kv_items("pacer-test-503") == {"job-a": b"a"}
+    assert calls == 2
