@@ -19,9 +19,11 @@ For every running job, on the monitor's statistics
    BACKUP_WORKERS) through the job's primary agent, which applies them in one
    iteration on every worker; KILL_RESTART of a worker through the
    pod-executor's ``restart`` (the node's shards go back at once, the pod
-   comes back fresh); KILL_RESTART of a PS through a seamless ``migrate`` to a
-   fresh pod with the same resources (DLRover-RM §5.2: a bare PS restart
-   would lose its variables);
+   comes back fresh); KILL_RESTART of a PS as the policy chose in the
+   payload's ``migration``: ``seamless`` (also when it does not say) is a
+   ``migrate`` to a fresh pod with the same resources (DLRover-RM §5.2),
+   ``restart`` the executor's stop-and-restart (checkpoint, stop, a new PS,
+   restore; AntDT §V-E2); a bare PS restart would lose its variables;
 5. the core records what was done (``ControllerCore.applied``: cool-downs,
    the job's setup) and the round is published as
    ``pacer.events.controller.<job>.decision`` with every executed, refused
@@ -310,7 +312,10 @@ class ControllerService:
                 return "" if res.applied else f"not applied: {res.detail}"
             if action.kind is ActionKind.KILL_RESTART:
                 role = next((n.role for n in stats.nodes if n.node == action.node), "")
-                kind = CommandKind.MIGRATE if role == Role.PS else CommandKind.RESTART
+                # A PS: the policy's choice (AntDT §V-E2 time cost vs gain) of a stop-and-restart
+                # (RESTART) or a seamless migration (MIGRATE; also when the policy does not say).
+                how = action.payload.get("migration", "seamless")
+                kind = CommandKind.MIGRATE if role == Role.PS and how == "seamless" else CommandKind.RESTART
                 cmd = ExecutorCommand(job, action.node, kind, action.reason or "KILL_RESTART",
                                       command_id=self._command_id(job))
                 out = await self.bus.request(subjects.executor_rpc(job, subjects.ExecutorOp.COMMAND), cmd,

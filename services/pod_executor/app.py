@@ -789,13 +789,17 @@ class ExecutorService:
             self.records.pop(ej.job, None)
 
     # ================================================================ PS migration
-    async def start_migration(self, ej: ExecutorJob, ps: dict[int, tuple[float, int]], reason: str) -> None:
+    async def start_migration(self, ej: ExecutorJob, ps: dict[int, tuple[float, int]], reason: str,
+                              stop_first: bool = False) -> None:
         """Move the job's PS to new resources (or a new PS count) without stopping training first.
 
         DLRover-RM §5.2, seamless migration (:mod:`.core.migration`): the new
         PS pods (:func:`.core.migration_start`) are created beside the old
         cluster, which keeps training; the reconcile passes then step the
         migration through its phases (:func:`.core.migration_step`).
+        ``stop_first``: a stop-and-restart instead (a PS's KILL_RESTART whose
+        policy priced the pause below training on at the slow PS's pace):
+        the same phases, but training stops at once.
         """
         if ej.migration is not MigrationPhase.NONE:
             raise Conflict(f"job {ej.job!r}: a PS migration is already under way ({ej.migration.value})")
@@ -805,6 +809,7 @@ class ExecutorService:
         new = self.backend.cluster(ej.job, len(ps), len(old.workers))
         ej.migration, ej.next_cluster, ej.migration_at, ej.checkpoint = (
             MigrationPhase.STARTING_PS, new.to_json(), self.clock(), "")
+        ej.migration_stop_first = stop_first
         ej.reason = f"migrating PS: {reason}"
         by_index = {n.index: n for n in ej.nodes if n.role == Role.PS}
         live = {i: p.name for i, n in by_index.items()
@@ -838,7 +843,7 @@ class ExecutorService:
                          and (p := self.fx.current(ej, n)) is not None and p.phase is not PodPhase.EXITED)
         step = core.migration_step(core.MigrationView(
             ej.migration, all(n.running_at for n in ps), tuple(n.node for n in workers), draining,
-            ej.checkpoint, tuple(ej.retiring)))
+            ej.checkpoint, tuple(ej.retiring), ej.migration_stop_first))
         if step.stuck:
             raise Conflict(f"job {ej.job!r}: {step.stuck}")
         if not step.effects:
@@ -944,18 +949,21 @@ class ExecutorService:
         if cmd.kind is CommandKind.STOP:
             move(n, NodeState.REMOVED)
             detail = "stopping"
-        elif cmd.kind is CommandKind.MIGRATE and n.role == Role.PS:
+        elif n.role == Role.PS:
+            # A PS is never restarted alone (its workers would lose what it holds since the last
+            # checkpoint): MIGRATE moves it seamlessly, RESTART stops training first (core.migration).
             ps = {x.index: (x.cpu, x.memory_mb) for x in ej.nodes
                   if x.role == Role.PS and x.state is not NodeState.REMOVED}
             ps[n.index] = (cmd.cpu if cmd.cpu is not None else n.cpu,
                            cmd.memory_mb if cmd.memory_mb is not None else n.memory_mb)
+            stop_first = cmd.kind is CommandKind.RESTART
             await self.start_migration(ej, ps, f"{n.node} to {ps[n.index][0]:g} CPU / "
-                                               f"{ps[n.index][1]} MiB: {cmd.reason}")
+                                               f"{ps[n.index][1]} MiB: {cmd.reason}", stop_first=stop_first)
             if cmd.command_id:
                 ej.commands = [*ej.commands[-63:], cmd.command_id]
                 await self.fx.save(ej)
             return CommandResult(job, n.node, cmd.command_id, True, launch.pod_name(job, n.node, n.generation),
-                                 "migration started")
+                                 "stop-and-restart started" if stop_first else "migration started")
         else:  # RESTART, or MIGRATE of a worker: stop it, start it again (with new resources)
             if cmd.kind is CommandKind.MIGRATE:
                 n.cpu = cmd.cpu if cmd.cpu is not None else n.cpu

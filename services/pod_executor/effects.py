@@ -301,6 +301,7 @@ class Effects:
                 case fx.DeletePods(pods=pods):
                     for pod in pods:
                         await self.delete_pod(ej, pod)
+                    ej.retiring = [p for p in ej.retiring if p not in pods]  # stopped: no longer to retire
                 case fx.SetIntent(nodes=names, intent=intent):
                     for name in names:
                         move(nodes[name], NodeState.STOPPING, intent)
@@ -318,6 +319,7 @@ class Effects:
                     await ShardAdmin(self.bus, timeout=10.0).restore(ej.job, rec.spec.dataset.name, ckpt)
                 case fx.SwitchCluster():
                     ej.cluster, ej.next_cluster, ej.migration = ej.next_cluster, "", MigrationPhase.NONE
+                    ej.migration_stop_first = False
                     ej.plan_at, ej.applied = ej.migration_at, False
                     ej.retiring = []
                 case fx.RestartNodes(nodes=names, restore=restore):

@@ -168,6 +168,22 @@ async def test_a_custom_policy_service_receives_the_window_and_its_actions_run(e
         await s.unsubscribe()
 
 
+async def test_a_ps_restart_goes_to_the_executor_as_the_policy_chose_it(env: Doubles, bus: Bus) -> None:
+    """``migration: restart`` is the executor's stop-and-restart, ``seamless`` its migration (AntDT §V-E2)."""
+    for job, how, kind in (("j6", "restart", CommandKind.RESTART), ("j7", "seamless", CommandKind.MIGRATE)):
+        def decide(req: PolicyRequest, how: str = how) -> PolicyDecision:
+            return PolicyDecision(req.job, f"ps-{how}", [PolicyAction(
+                ActionKind.KILL_RESTART, node="ps-1", payload={"migration": how}, reason="slow PS")])
+
+        subs = await serve_policies(bus, {f"ps-{how}": decide})
+        await add_job(bus, job, f"ps-{how}")
+        await publish(bus, stats(job, [node("worker-0", 0.1), node("ps-0", 0.1, "ps"), node("ps-1", 0.4, "ps")]))
+        cmd = await env.wait(lambda job=job: [c for c in env.commands if c.job == job])
+        assert cmd[0].node == "ps-1" and cmd[0].kind is kind, how
+        for s in subs:
+            await s.unsubscribe()
+
+
 async def test_malformed_or_missing_policy_replies_fall_back_to_none(env: Doubles, bus: Bus) -> None:
     async def garbage(msg: Msg) -> None:
         await bus.nc.publish(msg.reply, b"\x93not a decision")

@@ -354,8 +354,9 @@ WORKERS = ("worker-0", "worker-1", "worker-2")
 
 
 def mig(phase: MigrationPhase, ps_running: bool = True, workers: tuple[str, ...] = WORKERS,
-        draining: tuple[str, ...] = (), checkpoint: str = "") -> MigrationView:
-    return MigrationView(phase, ps_running, workers, draining, checkpoint, retiring=("j-ps-0-g0",))
+        draining: tuple[str, ...] = (), checkpoint: str = "", stop_first: bool = False,
+        retiring: tuple[str, ...] = ("j-ps-0-g0",)) -> MigrationView:
+    return MigrationView(phase, ps_running, workers, draining, checkpoint, retiring=retiring, stop_first=stop_first)
 
 
 def test_no_migration_is_no_step() -> None:
@@ -392,6 +393,27 @@ def test_draining_waits_for_every_worker_then_restores_and_restarts_them_on_the_
         RestoreShards("ck-7"), SwitchCluster(), RestartNodes(WORKERS, ("worker-0",)), SaveRecord(),
         CreatePod("worker-0"), CreatePod("worker-1"), CreatePod("worker-2"), DeletePods(("j-ps-0-g0",)),
         SaveRecord())
+
+
+def test_a_stop_and_restart_drains_at_once_stops_the_old_ps_then_waits_for_the_new() -> None:
+    """AntDT §V-E2's stop-and-restart of a PS: no training on the slow PS while its replacement starts."""
+    seamless = migration_step(mig(MigrationPhase.STARTING_PS, ps_running=False))
+    assert seamless == MigrationStep(MigrationPhase.STARTING_PS, ())
+    now = migration_step(mig(MigrationPhase.STARTING_PS, ps_running=False, stop_first=True))
+    assert now == migration_step(mig(MigrationPhase.STARTING_PS))  # the drain a seamless move makes later
+    # drained, the new PS not yet running: the old PS serve nobody and stop now, once
+    drained = migration_step(mig(MigrationPhase.DRAINING, ps_running=False, checkpoint="ck-1", stop_first=True))
+    assert drained == MigrationStep(MigrationPhase.DRAINING, (DeletePods(("j-ps-0-g0",)), SaveRecord()))
+    waiting = migration_step(mig(MigrationPhase.DRAINING, ps_running=False, checkpoint="ck-1", stop_first=True,
+                                 retiring=()))
+    assert waiting == MigrationStep(MigrationPhase.DRAINING, ())
+    # the new PS run: restore and restart the workers as a seamless move does
+    done = migration_step(mig(MigrationPhase.DRAINING, checkpoint="ck-1", stop_first=True, retiring=()))
+    assert done.phase is MigrationPhase.NONE and done.effects[:3] == (
+        RestoreShards("ck-1"), SwitchCluster(), RestartNodes(WORKERS, ("worker-0",)))
+    # still draining: nothing stops before every worker has
+    assert migration_step(mig(MigrationPhase.DRAINING, ps_running=False, draining=("worker-1",),
+                              checkpoint="ck-1", stop_first=True)).effects == ()
 
 
 # ------------------------------------------------------------ answer_exit: what follows an exit in the executor

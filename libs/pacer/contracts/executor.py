@@ -167,8 +167,10 @@ class NodeState(str, enum.Enum):
 class CommandKind(str, enum.Enum):
     """Node actions the executor performs."""
 
-    RESTART = "restart"  # KILL_RESTART: stop the node's pod, start a fresh one (same slot, same resources)
-    MIGRATE = "migrate"  # start a replacement with new resources, then stop the old pod
+    # KILL_RESTART: stop the node's pod, start a fresh one (same slot, same resources); for a PS a
+    # stop-and-restart: checkpoint, stop training, a new PS, restore (no training on the old PS meanwhile)
+    RESTART = "restart"
+    MIGRATE = "migrate"  # start a replacement with new resources, then stop the old pod (a PS: seamlessly)
     STOP = "stop"  # stop the node for good (scale down a single node)
 
 
@@ -379,5 +381,7 @@ class ExecutorJob:
     retiring: list[str] = field(default_factory=list, metadata=doc("migration: old PS pods, stopped once the workers moved"))
     migration_at: float = 0.0
     checkpoint: str = field(default="", metadata=doc("migration: the shard checkpoint id the chief took on its way out"))
+    migration_stop_first: bool = field(default=False, metadata=doc(
+        "migration: a stop-and-restart (training stops at once) rather than a seamless move"))
     ps_lost_at: float = field(default=0.0, metadata=doc(
         "when a PS of the job last died unasked: workers that lose their PS right after are collateral, no budget"))

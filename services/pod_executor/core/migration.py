@@ -13,6 +13,15 @@ checkpoint and the stop are trained again, none is lost.
 pods retire; :func:`migration_step` looks at one observation and returns the phase after
 it with the effects that get there; the executor applies them in order and
 calls it again on every reconcile pass.  Pure: no IO, no clock.
+
+A stop-and-restart of a PS (AntDT §V-E2: KILL_RESTART of a server whose
+slowness costs more than the pause; ``ExecutorJob.migration_stop_first``)
+runs the same phases in another order: training stops at once (the chief
+checkpoints from the old PS and every worker stops without waiting for the
+new PS), the old PS pods stop as soon as the workers have, and the workers
+start again on the new cluster once its PS run.  The new PS pods are created
+at the start in both orders, so the pause is the longer of the drain and the
+new PS's start, not their sum.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ class MigrationView:
     draining: tuple[str, ...]  # workers stopped for the migration whose pod still lives
     checkpoint: str  # the checkpoint id the chief reported on its way out ("": none yet)
     retiring: tuple[str, ...] = ()  # the old PS pods
+    stop_first: bool = False  # a stop-and-restart: drain now, do not train on while the new PS start
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +74,7 @@ def migration_step(view: MigrationView) -> MigrationStep:
     if view.phase is MigrationPhase.NONE:
         return MigrationStep(view.phase, ())
     if view.phase is MigrationPhase.STARTING_PS:
-        if not view.ps_running:
+        if not view.ps_running and not view.stop_first:
             return MigrationStep(view.phase, ())  # the old cluster keeps training meanwhile
         chief = CHIEF in view.workers
         others = tuple(w for w in view.workers if w != CHIEF)
@@ -81,6 +91,12 @@ def migration_step(view: MigrationView) -> MigrationStep:
         return MigrationStep(view.phase, ())
     if not view.checkpoint:
         return MigrationStep(view.phase, (), stuck="the chief stopped without a checkpoint; migration stuck")
+    if not view.ps_running:
+        # stop-first: the workers have stopped, so the old PS serve nobody: stop them now (their
+        # resources may be what the new PS wait for) and wait for the new ones
+        if view.retiring:
+            return MigrationStep(view.phase, (DeletePods(view.retiring), SaveRecord()))
+        return MigrationStep(view.phase, ())
     restore = (CHIEF,) if CHIEF in view.workers else ()
     return MigrationStep(MigrationPhase.NONE, (
         RestoreShards(view.checkpoint),
