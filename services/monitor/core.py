@@ -183,6 +183,8 @@ class NodeWindow:
     pending_since: float | None = None  # monitor time the current pending interval began
     pending_s: float = 0.0  # length of the last finished pending interval
     restarts: int = 0
+    running_ts: float | None = None  # node-event time its pod last ran, until its trainer's first step is seen
+    init_s: float = 0.0  # the last measured start-up: pod running -> the trainer's first step (0: never measured)
 
     def evict(self, horizon: float) -> None:
         while self.samples and self.samples[0].t < horizon:
@@ -309,6 +311,11 @@ class JobWindows:
                 nw.samples = deque(sorted(nw.samples, key=lambda s: s.t))
             while len(nw.samples) > self.cfg.max_samples:
                 nw.samples.popleft()
+        if nw.running_ts is not None and m.steps > 0 and m.bpt_s > 0:
+            # The start-up a relaunch costs (AntDT §V-E2's "rebuilding"), measured on this job: from
+            # the pod running to the first step of this report's window (a PS: its first answer).
+            first = m.ts - (m.steps * m.bpt_s if nw.role != PS_ROLE else 0.0)
+            nw.init_s, nw.running_ts = max(0.0, first - nw.running_ts), None
         nw.samples_total = m.samples_total
         nw.cpu_percent = m.cpu_percent
         nw.rss_bytes = m.rss_bytes
@@ -352,11 +359,14 @@ class JobWindows:
             # until it reports (the brain would calibrate on them).
             nw.samples.clear()
             nw.cpu_percent, nw.rss_bytes = 0.0, 0
+            nw.running_ts = None
         elif kind in PENDING_KINDS:
             nw.revive()
             nw.begin_pending(now)
         else:  # running
             nw.revive()
+            if not (nw.samples and nw.samples[-1].t >= ev.ts):  # its trainer reported already (events raced)
+                nw.running_ts = ev.ts
             nw.end_pending(now)
             nw.lifecycle = NodeState.RUNNING
             nw.last_seen = max(nw.last_seen, now)
@@ -528,6 +538,7 @@ class JobWindows:
                     last_seen=nw.last_seen,
                     state=state,
                     pending_s=pending_s,
+                    init_s=nw.init_s,
                     restarts=nw.restarts,
                     slowdown_short=s_short,
                     slowdown_long=s_long,

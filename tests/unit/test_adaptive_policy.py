@@ -423,3 +423,21 @@ def test_the_time_left_in_bsp_is_paced_by_the_slowest_worker_not_the_sum_of_spee
     # So the 20x straggler of a two-worker job is relaunched: the time it would cost is worth a relaunch.
     d = adaptive.decide(replace(fast_req, params={"init_s": 30.0, "pending_s": 10.0}))
     assert [a.node for a in of(d, ActionKind.KILL_RESTART)] == ["worker-1"], d.reason
+
+
+def test_relaunch_costs_come_from_the_measured_start_up_unless_the_job_sets_them() -> None:
+    """init_s: the longest start-up the monitor measured on the workers (NodeStats.init_s), else the default."""
+    req = job({"worker-0": 0.0, "worker-1": 0.0}, {"ps-0": 0.0})
+    assert adaptive.costs(req) == adaptive.Costs(adaptive.DEFAULT_PENDING_S, adaptive.DEFAULT_INIT_S,
+                                                 adaptive.DEFAULT_PS_START_S)
+    started = {"worker-0": 7.0, "worker-1": 12.0, "ps-0": 4.0}
+    measured = replace(req, stats=replace(req.stats, nodes=[replace(n, init_s=started[n.node])
+                                                              for n in req.stats.nodes]))
+    assert adaptive.costs(measured) == adaptive.Costs(adaptive.DEFAULT_PENDING_S, 12.0, adaptive.DEFAULT_PS_START_S)
+    assert adaptive.costs(replace(measured, params={"init_s": 50.0})).init_s == 50.0
+    # A two-worker job held up by a 20x straggler, whose workers start in 12 s: worth a relaunch
+    # (priced at the default 100 s start-up it was not: bench-stragglers --real, 2026-11-26).
+    slow = job({"worker-0": 0.0, "worker-1": 8.0}, {"ps-0": 0.0}, batch=512, left=6e-5)  # R ~ 50 s
+    assert of(adaptive.decide(slow), ActionKind.KILL_RESTART) == []
+    quick = replace(slow, stats=replace(slow.stats, nodes=[replace(n, init_s=12.0) for n in slow.stats.nodes]))
+    assert [a.node for a in of(adaptive.decide(quick), ActionKind.KILL_RESTART)] == ["worker-1"]

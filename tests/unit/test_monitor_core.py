@@ -274,6 +274,31 @@ def test_died_relaunched_pending_running_counts_restarts_and_pending_time() -> N
     assert core.statistics(JOB, T0 + 250).pending_nodes == 0
 
 
+def test_a_nodes_start_up_is_measured_from_its_pod_running_to_its_first_step() -> None:
+    """What a relaunch costs this job (pacer-adaptive's init_s), measured instead of assumed."""
+    core = MonitorCore()
+    core.observe_node_event(NodeEvent(JOB, "w0", "running", T0, "", "worker"), T0)
+    core.observe_node_event(NodeEvent(JOB, "ps-0", "running", T0, "", "ps"), T0)
+    for t in (T0 + 5, T0 + 10, T0 + 15, T0 + 20):
+        core.observe_heartbeat(Heartbeat(JOB, "w0", "worker", t, "a", True, True), t)
+    assert by_node(core.statistics(JOB, T0 + 20))["w0"].init_s == 0.0  # no step yet: not measured
+    core.observe_metrics(metrics("w0", T0 + 40, 1.0), T0 + 40)  # 10 steps of 1 s: the first began at +30
+    core.observe_metrics(metrics("ps-0", T0 + 12, 0.01, role="ps"), T0 + 12)  # a PS: its first answer
+    core.observe_metrics(metrics("w0", T0 + 50, 1.0), T0 + 50)  # later reports change nothing
+    st = by_node(core.statistics(JOB, T0 + 50))
+    assert st["w0"].init_s == pytest.approx(30.0) and st["ps-0"].init_s == pytest.approx(12.0)
+    # relaunched: the next start-up replaces it; a report that beat the running event is not a start-up
+    core.observe_node_event(NodeEvent(JOB, "w0", "died", T0 + 60, "killed", "worker"), T0 + 60)
+    core.observe_node_event(NodeEvent(JOB, "w0", "running", T0 + 70, "", "worker"), T0 + 70)
+    core.observe_metrics(metrics("w0", T0 + 90, 1.0), T0 + 90)
+    assert by_node(core.statistics(JOB, T0 + 90))["w0"].init_s == pytest.approx(10.0)
+    core.observe_node_event(NodeEvent(JOB, "w0", "died", T0 + 100, "killed", "worker"), T0 + 100)
+    core.observe_metrics(metrics("w0", T0 + 130, 1.0), T0 + 130)
+    core.observe_node_event(NodeEvent(JOB, "w0", "running", T0 + 110, "", "worker"), T0 + 131)
+    core.observe_metrics(metrics("w0", T0 + 140, 1.0), T0 + 140)
+    assert by_node(core.statistics(JOB, T0 + 140))["w0"].init_s == pytest.approx(10.0)
+
+
 def test_metrics_after_a_death_mean_the_node_is_back() -> None:
     # The executor publishes only ``died`` today: a newer report is the relaunch.
     core = MonitorCore()

@@ -67,6 +67,8 @@ class NodeStats:
     slowdown_short: float = field(metadata=doc("bpt_short_s / median bpt_short_s of the live peers of the same role (0: no peers or no data)"))
     slowdown_long: float = field(metadata=doc("bpt_long_s / median bpt_long_s of the live peers of the same role (0: no peers or no data)"))
     straggler: StragglerKind = field(default=StragglerKind.NONE, metadata=doc("\"\" | transient | persistent (AntDT-ND)"))
+    init_s: float = field(default=0.0, metadata=doc(
+        "seconds from the node's pod running to its trainer's first step, the last start-up measured (0: never)"))
 
 
 @message("monitor.ShardSummary")

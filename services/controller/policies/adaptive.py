@@ -78,7 +78,11 @@ actions (AntDT Table II) and changes when and how they are taken:
 
    p, init and s: ``params.pending_s`` (default: the longest pending time
    the monitor saw on this job's nodes, else 20 s), ``params.init_s``
-   (default 100 s) and ``params.ps_start_s`` (default 30 s).
+   (default: the longest start-up the monitor measured on this job's
+   workers, pod running to first step, ``NodeStats.init_s``; else 100 s) and
+   ``params.ps_start_s`` (default 30 s).
+   Measured, not assumed: a 45-s job whose workers start in 5 s is not
+   priced like a large model that takes minutes to build.
 
 ASP: KILL_RESTART only (as AntDT-ND; dynamic sharding already moves work
 away from slow workers), with the same cost/gain rule; the gain of a worker
@@ -142,10 +146,13 @@ class Costs:
 
 
 def costs(req: PolicyRequest) -> Costs:
-    seen = max((n.pending_s for n in req.stats.nodes), default=0.0)
+    """p, init and s (module docstring, 4.): the job's params, else what the monitor measured, else defaults."""
+    nodes = req.stats.nodes
+    seen = max((n.pending_s for n in nodes), default=0.0)
+    init = max((n.init_s for n in nodes if is_worker(n)), default=0.0)
     return Costs(
         pending_s=param_float(req, "pending_s", seen if seen > 0 else DEFAULT_PENDING_S),
-        init_s=param_float(req, "init_s", DEFAULT_INIT_S),
+        init_s=param_float(req, "init_s", init if init > 0 else DEFAULT_INIT_S),
         ps_start_s=param_float(req, "ps_start_s", DEFAULT_PS_START_S),
     )
 

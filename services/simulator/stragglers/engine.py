@@ -71,8 +71,10 @@ The model (all times are simulated seconds from 0; no wall clock anywhere):
   nothing unless ``cluster.adjust_bs_s`` says so (BSP: every worker waits that long).
 * KILL_RESTART of a worker: the executor core's ``on_exit`` with exit code 75
   decides the relaunch; the shard core's ``node_died`` requeues its DOING
-  shard; the monitor sees ``died`` and ``created``; the worker is back after
-  ``pending_s + init_s`` (``running``) and asks for a shard.  Meanwhile the
+  shard; the monitor sees ``died`` and ``created``; the pod runs after
+  ``pending_s`` (``running``; its agent heartbeats from then on, as live), the
+  trainer is back after another ``init_s`` and asks for a shard (the monitor
+  measures that start-up, which ``pacer-adaptive`` prices a relaunch with).  Meanwhile the
   other workers go on with their own B_i (the step's batch is smaller).  The
   relaunched worker starts, like a live pod, with the job's B / n and C = 1,
   until the controller re-sends the current batch sizes.
@@ -197,6 +199,7 @@ class Simulation:
         self.C = np.ones(self.n, dtype=np.int64)
         self.speed = np.array(c.speeds(), dtype=np.float64)  # per worker (device groups, AntDT-DD)
         self.alive = np.ones(self.n, dtype=bool)
+        self.booting: set[int] = set()  # relaunched workers whose pod runs and whose trainer starts
         self.has = np.zeros(self.n, dtype=bool)
         self.sid = np.full(self.n, -1, dtype=np.int64)
         self.pos = np.zeros(self.n, dtype=np.int64)  # records of the held shard consumed (from its offset)
@@ -358,6 +361,8 @@ class Simulation:
         elif kind == "ps_report":
             self._ps_report()
             self.push(self.t + self.sc.cluster.report_span_s, "ps_report")
+        elif kind == "running":
+            self._running(payload)
         elif kind == "return":
             self._return(payload)
         elif kind == "ps_return":
@@ -384,7 +389,7 @@ class Simulation:
 
     def _tick(self) -> None:
         sc, t = self.sc, self.t
-        for i in np.flatnonzero(self.alive).tolist():
+        for i in sorted(set(np.flatnonzero(self.alive).tolist()) | self.booting):
             self.monitor.observe_heartbeat(Heartbeat(JOB, self.wnames[i], Role.WORKER, t, "sim", i == 0, True), t)
         for j in np.flatnonzero(self.ps_up).tolist():
             self.monitor.observe_heartbeat(Heartbeat(JOB, self.pnames[j], Role.PS, t, "sim", False, True), t)
@@ -470,17 +475,24 @@ class Simulation:
         self.B[i], self.C[i] = self.B0[i], 1  # the new pod's launch config: the spec's B / n
         back = self._relaunch(name, Role.WORKER, self.wpat[i])
         self._account(self.shards.node_died(name))
+        self.push(self.t + self.sc.cluster.pending_s, "running", i)  # the pod runs; the trainer starts
         self.push(back, "return", i)
         if self.sc.job.mode == "asp":
             self._wake_idle()
 
-    def _return(self, i: int) -> None:
+    def _running(self, i: int) -> None:
+        """A relaunched worker's pod runs (after ``pending_s``): its agent heartbeats while the trainer
+        starts (``init_s``), and the monitor measures that start-up from here to its first step."""
         name = self.wnames[i]
-        self.alive[i] = True
-        self.last_prog[i] = self.t
+        self.booting.add(i)
         self.nodes[name] = replace(self.nodes[name], state=PodState.RUNNING.value)
         self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.RUNNING, self.t, role=Role.WORKER,
                                                   pending_s=self.sc.cluster.pending_s), self.t)
+
+    def _return(self, i: int) -> None:
+        self.booting.discard(i)
+        self.alive[i] = True
+        self.last_prog[i] = self.t
         if self._get_shard(i) and self.sc.job.mode == "asp":
             self._start_leg(i)
 
