@@ -441,3 +441,22 @@ def test_relaunch_costs_come_from_the_measured_start_up_unless_the_job_sets_them
     assert of(adaptive.decide(slow), ActionKind.KILL_RESTART) == []
     quick = replace(slow, stats=replace(slow.stats, nodes=[replace(n, init_s=12.0) for n in slow.stats.nodes]))
     assert [a.node for a in of(adaptive.decide(quick), ActionKind.KILL_RESTART)] == ["worker-1"]
+
+
+def test_the_simulator_shows_the_monitor_a_relaunch_as_live_pending_then_start_up() -> None:
+    """A relaunched pod runs after pending_s and trains init_s later; the job's first start-up is measured too."""
+    sc = parse({"name": "startup", "seed": 0,
+                "cluster": {"workers": 4, "ps": 1, "worker_speed": 2560, "ps_time_s": 0.2, "comm_s": 0.2,
+                            "pending_s": 5, "init_s": 37},
+                "job": {"mode": "bsp", "global_batch": 4096, "records": 4_000_000, "batches_per_shard": 50}})
+    seen: list[dict[str, tuple[float, float]]] = []
+
+    def restart_once(req: PolicyRequest) -> PolicyDecision:
+        seen.append({n.node: (n.pending_s, n.init_s) for n in req.stats.nodes if n.role == "worker"})
+        acts = [PolicyAction(ActionKind.KILL_RESTART, node="worker-1")] if len(seen) == 1 else []
+        return PolicyDecision(req.job, "restart-once", acts)
+
+    run(sc, "restart-once", policy=restart_once, ideal=False)
+    first, last = seen[0], seen[-1]
+    assert first["worker-0"][1] == pytest.approx(37.0, abs=0.5)  # the job's own start-up, before any relaunch
+    assert last["worker-1"][0] == pytest.approx(5.0, abs=1.0) and last["worker-1"][1] == pytest.approx(37.0, abs=0.5)

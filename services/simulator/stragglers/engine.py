@@ -192,6 +192,11 @@ class Simulation:
         for spec in plan.start:
             node = Node(spec, state=PodState.RUNNING.value)
             self.nodes[node.name] = node
+        for name in self.wnames:
+            # Training starts at t = 0; the pods ran init_s before (as live, where the monitor measures
+            # the job's start-up from the executor's running events to the first steps).
+            self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.RUNNING, -c.init_s, role=Role.WORKER),
+                                            0.0)
         # ---- workers (numpy state; index i is worker-i)
         base, extra = divmod(j.global_batch, self.n)
         self.B = np.array([base + (1 if i < extra else 0) for i in range(self.n)], dtype=np.int64)
