@@ -105,12 +105,28 @@ class EmbeddedNats:
             f"{self.cluster}"
         )
 
-    def start(self, timeout: float = 15.0) -> EmbeddedNats:
+    def start(self, timeout: float = 15.0, attempts: int = 3) -> EmbeddedNats:
+        """Start the server and wait until it is healthy.
+
+        Ports this server chose itself (none given) are free when chosen and bound a moment later; if
+        another process took one in between ("address already in use"), new ones are chosen, up to
+        ``attempts`` times.  Ports the caller gave are never changed.
+        """
         if self.running:
             return self
-        self.spawn()
-        self._wait_healthy(timeout)
-        return self
+        chosen = (not self.port, not self.monitor_port)
+        for attempt in range(1, attempts + 1):
+            self.spawn()
+            try:
+                self._wait_healthy(timeout)
+                return self
+            except EmbeddedServerError:
+                if not any(chosen) or attempt == attempts or "address already in use" not in log_tail(self):
+                    raise
+                self.proc = None
+                self.port = 0 if chosen[0] else self.port
+                self.monitor_port = 0 if chosen[1] else self.monitor_port
+        raise AssertionError("unreachable")
 
     def spawn(self) -> None:
         """Write the config and start the process, without waiting for it to be healthy."""
@@ -279,19 +295,32 @@ class EmbeddedCluster:
             for i in range(self.size)
         ]
 
-    def start(self, timeout: float = 30.0) -> EmbeddedCluster:
-        """Start every server (all at once: a meta leader needs a quorum) and wait for the cluster."""
-        if not self.servers:
-            self._build()
-        for s in self.servers:
-            if not s.running:
-                s.spawn()
-        try:
-            self.wait_ready(timeout)
-        except EmbeddedServerError:
-            self.stop()
-            raise
-        return self
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> EmbeddedCluster:
+        """Start every server (all at once: a meta leader needs a quorum) and wait for the cluster.
+
+        A fresh cluster's ports are chosen free, then bound by the servers a
+        moment later; another process may take one in between (an outgoing
+        connection's local port, another test's server).  A fresh cluster that
+        meets "address already in use" is built again on new ports, up to
+        ``attempts`` times; a cluster restarted on its own store keeps its ports.
+        """
+        fresh = not self.servers
+        for attempt in range(1, attempts + 1):
+            if not self.servers:
+                self._build()
+            for s in self.servers:
+                if not s.running:
+                    s.spawn()
+            try:
+                self.wait_ready(timeout)
+                return self
+            except EmbeddedServerError:
+                clash = any("address already in use" in log_tail(s) for s in self.servers if not s.running)
+                self.stop()
+                if not (fresh and clash) or attempt == attempts:
+                    raise
+                self.servers = []  # new ports next time; the store dirs (same server names) are kept
+        raise AssertionError("unreachable")
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until every running server is healthy and sees a JetStream meta leader."""
