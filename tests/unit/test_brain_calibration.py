@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -88,6 +89,37 @@ def test_worker_parallelism_is_what_it_used_rounded_up_and_doubles_when_it_fille
     assert starved.worker_parallel == 4.0  # at least twice what it filled
     capped = calibrate([observe(10, 2, 20.0, 32.0, 60_000.0)], CFG)  # wants 24.8, has 20
     assert capped.worker_parallel == CFG.c_max
+
+
+def test_a_worker_paced_by_a_saturated_ps_is_not_taken_to_use_only_what_it_used() -> None:
+    # 45 workers of 3.4 CPUs behind 23 PS whose hottest fills its 2 CPUs: the PS sets the pace (the
+    # throughput is at the PS capacity), the workers wait for it and use 2.2 cores on average.  That
+    # says nothing of how many cores they could use (DLRover 2023's ceil(w-hat) = 3 would rate every
+    # larger worker no faster): nothing showed they cannot use their 3.4, rounded up to CPU steps.
+    paced = Observation(45, 23, 3.4, 2.0, 15_300.0, 2.2, (2.0,) + (1.6,) * 22)
+    cal = calibrate([paced], CFG)
+    assert float(cal.ps_capacity(23, 2.0)) <= 15_300.0 / 0.95  # the PS paced it
+    assert cal.worker_parallel == 4.0
+    # a configuration the PS did not pace says what the workers use (here the sample's 2.4 of 32)
+    assert calibrate([observe(1, 2, 32.0, 32.0, 400.0), replace(paced, worker_cpu=6.0)], CFG).worker_parallel == 3.0
+
+
+def test_where_the_ps_paced_every_configuration_sync_and_beta_are_the_priors() -> None:
+    # at the PS capacity the throughput says nothing of the iteration time (fitting.py): fitted on it,
+    # Eq. 4's sync absorbed the wait for the PS and the model saw every plan sync-bound
+    paced = Observation(45, 23, 3.4, 2.0, 15_300.0, 2.2, (2.0,) + (1.6,) * 22)
+    cal = calibrate([paced], CFG)
+    prior = Coefficients(alpha_grad=0.005, alpha_upd=0.001, alpha_sync=0.066, alpha_emb=0.0, beta=0.018)
+    fixed = {"alpha_grad": cal.worker_cost, "alpha_upd": cal.ps_cost, "alpha_emb": 0.0}
+    model = fit([Sample(Config(45, 23, 3.4, 2.0, 512), 15_300.0)], JobConstants(calibration=cal),
+                fixed=fixed, prior=prior)
+    c = model.coefficients
+    assert (c.alpha_sync, c.beta) == (prior.alpha_sync, prior.beta)
+    assert (c.alpha_grad, c.alpha_upd, c.alpha_emb) == (cal.worker_cost, cal.ps_cost, 0.0)
+    assert model.samples == 1 and model.rmsle < 0.1  # it still predicts the cap it ran at
+    # without a prior the configuration is fitted as before (nothing else to go by)
+    alone = fit([Sample(Config(45, 23, 3.4, 2.0, 512), 15_300.0)], JobConstants(calibration=cal), fixed=fixed)
+    assert alone.coefficients.alpha_sync + alone.coefficients.beta > 0.0
 
 
 def test_a_ps_is_credited_with_more_than_its_load() -> None:

@@ -19,7 +19,15 @@ per-node CPU readings can, from the first one.  This module reads them:
   CPUs: what it used when it had C_max.  We read that as the cores a worker
   can use in parallel, ``P_w``; a worker that used (nearly) all it had may
   be able to use more, so then ``P_w`` is at least twice that allocation
-  (the sample stage's doubling rule), at most C_max.  A PS's usage is its
+  (the sample stage's doubling rule), at most C_max.  Only configurations
+  the PS did not pace bound it: where the throughput reached the PS capacity
+  (below), the hottest PS set the step (:mod:`.fitting`: Psi = min(Eq. 1,
+  capacity)) and a worker waited for it, so its mean use (DLRover-RM Eq.
+  2's work ``a m`` over a step longer than Eq. 1-5's sum) is a floor of
+  ``P_w``, not its value; where every configuration was paced, nothing
+  showed that a worker cannot use the CPUs it had, so ``P_w`` is at least
+  that allocation (a warm start whose plan is PS-bound would else rate
+  every larger worker no faster).  A PS's usage is its
   load rather than its limit (below the capacity it serves what comes), so
   a PS is credited with ``usage / busy``.
   ``lambda_w(C) = min(C, P_w) - o_w`` (at least 5 % of ``min(C, P_w)``).
@@ -74,6 +82,7 @@ class CalibrationConfig:
     prior_overhead: float = 0.5  # cores a process spends on its runtime, until measured otherwise
     prior_weight: float = 0.3  # weight of that prior against one relative residual of a measurement
     busy: float = 0.9  # a node using this share of its CPUs is starved: it may be able to use more
+    at_capacity: float = 0.95  # throughput at this share of the PS capacity: the hottest PS paced the step
     min_spread: float = 0.15  # relative spread of speeds needed to separate overhead from cost
     cpu_step: float = 1.0
     c_max: float = 16.0  # C_max: the largest node
@@ -155,11 +164,12 @@ def _cost_and_overhead(used: np.ndarray, rate: np.ndarray, count: np.ndarray,
 
 
 def _parallelism(allocated: Sequence[float], used: Sequence[float], cfg: CalibrationConfig,
-                 *, slack: float = 1.0) -> float:
+                 *, slack: float = 1.0, filled: bool = True) -> float:
     """P: the most a process used without being starved (times ``slack``), rounded up to CPU steps;
-    at least twice an allocation it filled (it may be able to use more), at most C_max."""
-    unstarved = [u for c, u in zip(allocated, used, strict=True) if u < cfg.busy * c]
-    starved = [c for c, u in zip(allocated, used, strict=True) if u >= cfg.busy * c]
+    at least twice an allocation it filled (it may be able to use more), at most C_max.  With
+    ``filled`` False every reading is taken as not starved (``used`` is then a floor of P)."""
+    unstarved = [u for c, u in zip(allocated, used, strict=True) if not filled or u < cfg.busy * c]
+    starved = [c for c, u in zip(allocated, used, strict=True) if filled and u >= cfg.busy * c]
     p = 0.0
     if unstarved:
         p = max(cfg.cpu_step, math.ceil(max(unstarved) * slack / cfg.cpu_step - 1e-9) * cfg.cpu_step)
@@ -180,7 +190,6 @@ def calibrate(observations: Sequence[Observation], config: CalibrationConfig | N
     w_used = np.array([max(o.worker_used, 1e-6) for o in fed])
     w_rate = np.array([o.throughput / o.workers for o in fed])
     o_w, a = _cost_and_overhead(w_used, w_rate, np.ones_like(w_used), cfg)
-    p_w = _parallelism([o.worker_cpu for o in obs], [o.worker_used for o in obs], cfg)
     # PS: all of them together; the hottest for the skew and the parallelism.
     u_total = np.array([max(sum(o.ps_used), 1e-6) for o in obs])
     count = np.array([float(o.ps) for o in obs])
@@ -193,6 +202,14 @@ def calibrate(observations: Sequence[Observation], config: CalibrationConfig | N
     # like it ran at the PS capacity, which is then estimated from the very same reading).
     p_p = _parallelism([o.ps_cpu for o in obs if o.ps_used], [o.ps_used[0] for o in obs if o.ps_used], cfg,
                        slack=1.0 / cfg.busy)
+    # Workers: DLRover 2023's ceil(w-hat), where the PS paced every configuration at least the
+    # CPUs a worker had (module docstring).
+    ps_side = Calibration(worker_overhead=o_w, worker_cost=a, worker_parallel=cfg.c_max, ps_overhead=o_p,
+                          ps_cost=b, ps_skew=kappa, ps_parallel=p_p, memory_skew=1.0)
+    paced = [o.throughput >= cfg.at_capacity * float(ps_side.ps_capacity(o.ps, o.ps_cpu)) for o in obs]
+    p_w = _parallelism([o.worker_cpu for o in obs], [o.worker_used for o in obs], cfg)
+    if all(paced):  # each reading a floor: nothing showed that a worker cannot use the CPUs it had
+        p_w = max(p_w, _parallelism([o.worker_cpu for o in obs], [o.worker_cpu for o in obs], cfg, filled=False))
     mem_skews = [k for o in obs if len(o.ps_rss_mb) == o.ps
                  and (k := skew([max(0.0, r - cfg.process_base_mb) for r in o.ps_rss_mb])) is not None]
     kappa_mem = statistics.median(mem_skews) if mem_skews else kappa

@@ -52,8 +52,9 @@ constants (what the job's CPU readings say, :mod:`.calibration`):
 * what is left to fit is Eq. 4's sync (the network, ``w / p``) and beta;
 * the prediction is capped by what the hottest PS can serve,
   ``lambda_p / (h(p) b)``; configurations that ran at that cap say nothing
-  about the iteration time and are left out of the fit (unless nothing
-  else is left).
+  about the iteration time and are left out of the fit; where nothing
+  else is left, a prior (a warm start's similar jobs) gives the terms they
+  cannot tell (sync, beta), else they are fitted on the capped ones.
 
 RMSLE here is on ``log Psi`` rather than ``log(1 + Psi)``: throughputs are
 hundreds to thousands of samples per second, where the two differ by less
@@ -67,7 +68,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -320,6 +321,13 @@ def fit(
     if cal is not None:  # at the PS capacity the throughput says nothing about the iteration time
         free = [s for s in samples
                 if s.throughput < 0.95 * float(cal.ps_capacity(s.config.ps, s.config.ps_cpu))]
+        if not free and prior is not None:
+            # ... so where every configuration ran at it, the terms it cannot tell (Eq. 4's sync, beta)
+            # are the prior's (a warm start's similar jobs), the rest as fixed: no fit of noise to the cap
+            given = {**prior.to_dict(), **fixed}
+            model = Model(Coefficients.from_dict(given), constants)
+            return replace(model, rmsle=rmsle([model.predict(s.config) for s in samples],
+                                              [s.throughput for s in samples]), samples=len(samples))
         samples = free or list(samples)
     cfg = [s.config for s in samples]
     x = features(
