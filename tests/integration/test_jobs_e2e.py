@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import job_client, read_events, running_stack
+from pacer.contracts.executor import ExecutorCommand
 from pacer.contracts.jobs import JobRecord, JobState
 from pacer.contracts.nodes import NodeEvent
 from pacer.data.criteo import generate, heldout_path
@@ -213,23 +214,31 @@ async def test_dashboard_shows_the_running_job_and_stop_works(stack: Stack, clie
     assert rec.state is JobState.STOPPED and rec.torn_down
 
 
+async def ps_command_to_the_end(client: JobClient, data: Path, cmd: ExecutorCommand) -> str:
+    """Submit job ``cmd.job``, send it the executor command ``cmd`` once it trains, and check that it completes
+    with every record and a sane AUC; returns the command's answer (its ``detail``)."""
+    from pacer import subjects
+    from pacer.contracts.executor import CommandResult
+
+    await client.submit(cmd.job, spec_yaml(cmd.job, data))
+    await wait_for(client, cmd.job, lambda r: r.state is JobState.RUNNING and r.progress.shards_done >= 2,
+                   what="a running job")
+    res = await client.bus.request(subjects.executor_rpc(cmd.job, subjects.ExecutorOp.COMMAND), cmd,
+                                   CommandResult, timeout=20.0)
+    assert res.done, res.detail
+    rec = await wait_for(client, cmd.job, terminal, what="the end")
+    assert_complete(rec)
+    assert 0.5 < float(rec.result["auc"]) <= 1.0
+    return res.detail
+
+
 async def test_ps_migration_moves_a_ps_to_more_memory_without_losing_data(
         stack: Stack, client: JobClient, data: Path) -> None:
     """DLRover-RM §5.2: the new PS starts while training goes on; then checkpoint, move, restore."""
-    from pacer import subjects
-    from pacer.contracts.executor import CommandKind, CommandResult, ExecutorCommand
+    from pacer.contracts.executor import CommandKind
 
-    await client.submit("e2e-migrate", spec_yaml("e2e-migrate", data))
-    await wait_for(client, "e2e-migrate", lambda r: r.state is JobState.RUNNING and r.progress.shards_done >= 2,
-                   what="a running job")
-    res = await client.bus.request(
-        subjects.executor_rpc("e2e-migrate", subjects.ExecutorOp.COMMAND),
-        ExecutorCommand("e2e-migrate", "ps-1", CommandKind.MIGRATE, "hot PS", command_id="m1", memory_mb=3072),
-        CommandResult, timeout=20.0)
-    assert res.done and res.detail == "migration started"
-    rec = await wait_for(client, "e2e-migrate", terminal, what="the end")
-    assert_complete(rec)
-    assert 0.5 < float(rec.result["auc"]) <= 1.0
+    cmd = ExecutorCommand("e2e-migrate", "ps-1", CommandKind.MIGRATE, "hot PS", command_id="m1", memory_mb=3072)
+    assert await ps_command_to_the_end(client, data, cmd) == "migration started"
     events = await node_events(stack, "e2e-migrate")
     new_ps = [e for e in events if e.node == "ps-1" and e.generation == 1]
     assert [e.kind for e in new_ps][:2] == ["created", "running"] and new_ps[0].memory_mb == 3072
@@ -248,20 +257,10 @@ async def test_ps_migration_moves_a_ps_to_more_memory_without_losing_data(
 async def test_a_ps_stop_and_restart_stops_training_first_and_loses_no_data(
         stack: Stack, client: JobClient, data: Path) -> None:
     """AntDT §V-E2's stop-and-restart of a PS (a policy's ``migration: restart``): checkpoint, stop, new PS, restore."""
-    from pacer import subjects
-    from pacer.contracts.executor import CommandKind, CommandResult, ExecutorCommand
+    from pacer.contracts.executor import CommandKind
 
-    await client.submit("e2e-psrestart", spec_yaml("e2e-psrestart", data))
-    await wait_for(client, "e2e-psrestart", lambda r: r.state is JobState.RUNNING and r.progress.shards_done >= 2,
-                   what="a running job")
-    res = await client.bus.request(
-        subjects.executor_rpc("e2e-psrestart", subjects.ExecutorOp.COMMAND),
-        ExecutorCommand("e2e-psrestart", "ps-1", CommandKind.RESTART, "slow PS", command_id="r1"),
-        CommandResult, timeout=20.0)
-    assert res.done and res.detail == "stop-and-restart started"
-    rec = await wait_for(client, "e2e-psrestart", terminal, what="the end")
-    assert_complete(rec)
-    assert 0.5 < float(rec.result["auc"]) <= 1.0
+    cmd = ExecutorCommand("e2e-psrestart", "ps-1", CommandKind.RESTART, "slow PS", command_id="r1")
+    assert await ps_command_to_the_end(client, data, cmd) == "stop-and-restart started"
     events = await node_events(stack, "e2e-psrestart")
     moved = [e for e in events if e.kind == "died" and e.reason == "migrating"]
     assert {e.node for e in moved} == {"worker-0", "worker-1"}

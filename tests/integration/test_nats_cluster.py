@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -216,61 +216,52 @@ async def test_a_secured_cluster_admits_only_its_users_over_tls(tmp_path: Path, 
         cluster.stop()
 
 
-def test_a_fresh_cluster_whose_port_was_taken_meanwhile_starts_on_new_ports(tmp_path: Path, monkeypatch) -> None:
-    """Ports are chosen free and bound a moment later: a port taken in between (seen as a setup error
-    in a loaded test run) is not the cluster's failure."""
+@pytest.fixture
+def taken_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[int, list[int]]]:
+    """A listening port that ``pacer.embedded.free_port`` hands out first, as if another process had
+    bound it between choosing and binding; yields (port, the ports handed out so far)."""
     import socket
 
     from pacer import embedded
 
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    port = taken.getsockname()[1]
-    real, calls = embedded.free_port, []
+    real, given = embedded.free_port, []
 
     def first_taken() -> int:
-        calls.append(1)
-        return port if len(calls) == 1 else real()
+        given.append(port if not given else real())
+        return given[-1]
 
-    monkeypatch.setattr(embedded, "free_port", first_taken)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(embedded, "free_port", first_taken)
+        yield port, given
+
+
+def test_a_fresh_cluster_whose_port_was_taken_meanwhile_starts_on_new_ports(
+        tmp_path: Path, taken_port: tuple[int, list[int]]) -> None:
+    """Ports are chosen free and bound a moment later: a port taken in between (seen as a setup error
+    in a loaded test run) is not the cluster's failure."""
     cluster = EmbeddedCluster(store_dir=tmp_path / "c", size=3)
     try:
         cluster.start(timeout=20.0)
         assert cluster.meta_leader() is not None
-        assert len(calls) > 9  # built twice: 3 route ports + 3 x (client, monitor) each time
+        assert len(taken_port[1]) > 9  # built twice: 3 route ports + 3 x (client, monitor) each time
     finally:
         cluster.stop()
-        taken.close()
 
 
-def test_a_single_server_whose_chosen_port_was_taken_meanwhile_takes_another(tmp_path: Path, monkeypatch) -> None:
-    import socket
-
+def test_a_single_server_whose_chosen_port_was_taken_meanwhile_takes_another(
+        tmp_path: Path, taken_port: tuple[int, list[int]]) -> None:
     from pacer import embedded
 
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    port = taken.getsockname()[1]
-    real, calls = embedded.free_port, []
-
-    def first_taken() -> int:
-        calls.append(1)
-        return port if len(calls) == 1 else real()
-
-    monkeypatch.setattr(embedded, "free_port", first_taken)
+    port = taken_port[0]
     server = embedded.EmbeddedNats(store_dir=tmp_path / "one")
     try:
         server.start(timeout=10.0)
         assert server.running and server.port != port
     finally:
         server.stop()
-        taken.close()
     # a port the caller gave is never changed: the clash is the caller's to see
-    fixed = embedded.EmbeddedNats(store_dir=tmp_path / "fixed", port=port)
-    with socket.socket() as again:
-        again.bind(("127.0.0.1", port))
-        again.listen()
-        with pytest.raises(embedded.EmbeddedServerError):
-            fixed.start(timeout=5.0)
+    with pytest.raises(embedded.EmbeddedServerError):
+        embedded.EmbeddedNats(store_dir=tmp_path / "fixed", port=port).start(timeout=5.0)
