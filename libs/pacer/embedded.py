@@ -121,7 +121,7 @@ class EmbeddedNats:
                 self._wait_healthy(timeout)
                 return self
             except EmbeddedServerError:
-                if not any(chosen) or attempt == attempts or "address already in use" not in log_tail(self):
+                if not any(chosen) or attempt == attempts or not port_clash(self):
                     raise
                 self.proc = None
                 self.port = 0 if chosen[0] else self.port
@@ -206,6 +206,11 @@ def log_tail(s: EmbeddedNats, lines: int = 5) -> str:
     except OSError:
         return ""
     return " | ".join(text.strip().splitlines()[-lines:])
+
+
+def port_clash(s: EmbeddedNats) -> bool:
+    """The server exited because one of its ports was taken (its log says so)."""
+    return "address already in use" in log_tail(s)
 
 
 def http_json(url: str, timeout: float = 0.5) -> tuple[int, dict[str, object]]:
@@ -315,7 +320,7 @@ class EmbeddedCluster:
                 self.wait_ready(timeout)
                 return self
             except EmbeddedServerError:
-                clash = any("address already in use" in log_tail(s) for s in self.servers if not s.running)
+                clash = any(port_clash(s) for s in self.servers if not s.running)
                 self.stop()
                 if not (fresh and clash) or attempt == attempts:
                     raise
@@ -386,7 +391,7 @@ class EmbeddedCluster:
             except EmbeddedServerError:
                 # Its ports were chosen free once; while it was down another process may have been given one
                 # of them for a moment (an outgoing connection's local port): try again until the deadline.
-                if s.running or "address already in use" not in log_tail(s) or time.monotonic() > deadline:
+                if s.running or not port_clash(s) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
 

@@ -61,6 +61,11 @@ from scipy.optimize import nnls  # type: ignore[import-untyped]
 __all__ = ["Calibration", "CalibrationConfig", "Observation", "calibrate", "skew"]
 
 
+# A configuration whose throughput reached this share of the PS capacity ran at it: the hottest PS set
+# the step (Psi = min(Eq. 1, capacity)), so its throughput says nothing of the iteration time.
+AT_CAPACITY = 0.95
+
+
 @dataclass(frozen=True, slots=True)
 class Observation:
     """One configuration as measured: the plan's CPUs and the mean of its valid statistics windows."""
@@ -82,7 +87,6 @@ class CalibrationConfig:
     prior_overhead: float = 0.5  # cores a process spends on its runtime, until measured otherwise
     prior_weight: float = 0.3  # weight of that prior against one relative residual of a measurement
     busy: float = 0.9  # a node using this share of its CPUs is starved: it may be able to use more
-    at_capacity: float = 0.95  # throughput at this share of the PS capacity: the hottest PS paced the step
     min_spread: float = 0.15  # relative spread of speeds needed to separate overhead from cost
     cpu_step: float = 1.0
     c_max: float = 16.0  # C_max: the largest node
@@ -119,6 +123,10 @@ class Calibration:
         if self.ps_cost <= 0.0:
             return np.full(np.broadcast(np.asarray(ps), np.asarray(ps_cpu)).shape, math.inf)
         return self.lambda_p(ps_cpu) / (self.hot_share(ps) * self.ps_cost)
+
+    def paced(self, ps: float, ps_cpu: float, throughput: float) -> bool:
+        """The hottest PS set the step: ``throughput`` reached ``AT_CAPACITY`` of what the PS can serve."""
+        return throughput >= AT_CAPACITY * float(self.ps_capacity(ps, ps_cpu))
 
 
 def skew(shares: Sequence[float]) -> float | None:
@@ -206,9 +214,8 @@ def calibrate(observations: Sequence[Observation], config: CalibrationConfig | N
     # CPUs a worker had (module docstring).
     ps_side = Calibration(worker_overhead=o_w, worker_cost=a, worker_parallel=cfg.c_max, ps_overhead=o_p,
                           ps_cost=b, ps_skew=kappa, ps_parallel=p_p, memory_skew=1.0)
-    paced = [o.throughput >= cfg.at_capacity * float(ps_side.ps_capacity(o.ps, o.ps_cpu)) for o in obs]
     p_w = _parallelism([o.worker_cpu for o in obs], [o.worker_used for o in obs], cfg)
-    if all(paced):  # each reading a floor: nothing showed that a worker cannot use the CPUs it had
+    if all(ps_side.paced(o.ps, o.ps_cpu, o.throughput) for o in obs):  # each reading a floor: nothing showed that a worker cannot use the CPUs it had
         p_w = max(p_w, _parallelism([o.worker_cpu for o in obs], [o.worker_cpu for o in obs], cfg, filled=False))
     mem_skews = [k for o in obs if len(o.ps_rss_mb) == o.ps
                  and (k := skew([max(0.0, r - cfg.process_base_mb) for r in o.ps_rss_mb])) is not None]

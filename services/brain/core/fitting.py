@@ -319,8 +319,7 @@ def fit(
             raise FitError(f"fixed: {name} must be finite and >= 0, got {value}")
     cal = constants.calibration
     if cal is not None:  # at the PS capacity the throughput says nothing about the iteration time
-        free = [s for s in samples
-                if s.throughput < 0.95 * float(cal.ps_capacity(s.config.ps, s.config.ps_cpu))]
+        free = [s for s in samples if not cal.paced(s.config.ps, s.config.ps_cpu, s.throughput)]
         if not free and prior is not None:
             # ... so where every configuration ran at it, the terms it cannot tell (Eq. 4's sync, beta)
             # are the prior's (a warm start's similar jobs), the rest as fixed: no fit of noise to the cap
