@@ -24,7 +24,7 @@ import pytest
 from conftest import InProcess, connect_cluster, eventually
 from nats.aio.msg import Msg
 from pacer import subjects
-from pacer.bus import NO_RETRY, Bus
+from pacer.bus import NO_RETRY, Bus, RetryPolicy
 from pacer.codec import decode, encode
 from pacer.contracts.agent import ActionKind, AgentMetrics
 from pacer.contracts.executor import CommandResult, ExecutorCommand
@@ -250,11 +250,17 @@ async def test_two_monitors_one_publishes_requests_reach_the_owner_and_a_stop_ha
         await rpc_sub.unsubscribe()
         await svcs[first].bus.nc.flush()
         before = svcs[first].counters.values.get("requests", 0)
+        # A request can time out on a loaded machine (CI once saw 5 s pass with no reply) or,
+        # for a moment, reach the owner's server over a route before the unsubscription did,
+        # and be dropped there.  So the requests retry, and the counters are compared with
+        # each other: every request the standby forwarded, the owner answered.
         for _ in range(3):
-            st = await stats(cbus, "hm1")
+            st = await cbus.request(subjects.monitor_stats("hm1"), StatsQuery("hm1"), JobStatistics, timeout=5.0,
+                                    retry=RetryPolicy(attempts=4))
             assert st.job == "hm1" and {x.node for x in st.nodes} == set(BPT)
-        assert svcs[other].counters.values.get("requests_forwarded", 0) == 3
-        assert svcs[first].counters.values.get("requests", 0) == before + 3  # the owner answered
+        forwarded = svcs[other].counters.values.get("requests_forwarded", 0)
+        assert forwarded >= 3
+        assert svcs[first].counters.values.get("requests", 0) == before + forwarded  # the owner answered each
         # Bad input still gets a clear error reply, through the owner too; an unknown job: not_found.
         with pytest.raises(ValidationError):
             await stats(cbus, "hm1", StatsQuery("another-job"))

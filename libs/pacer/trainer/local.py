@@ -30,6 +30,18 @@ from pacer.trainer.straggler import StragglerSpec
 from pacer.trainer.worker import EXIT_RESTART, WorkerConfig
 
 
+def log_tail(path: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of a process log (what a failed run's error shows; "" if unreadable)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
 @dataclass
 class LocalJobSpec:
     job: str
@@ -179,7 +191,8 @@ class LocalJob:
                     self.start_worker(i, self.configs.get(i))
                     running = True
                 elif rc != 0:
-                    raise RuntimeError(f"worker {i} exited with {rc}; see {self.work / (self.node(i) + '.log')}")
+                    log_file = self.work / (self.node(i) + ".log")
+                    raise RuntimeError(f"worker {i} exited with {rc}; see {log_file}; it ends:\n{log_tail(log_file)}")
             if not running:
                 break
             if time.monotonic() > deadline:
