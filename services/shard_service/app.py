@@ -116,6 +116,7 @@ class ShardService:
         self.jobs: dict[str, JobRuntime] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._sub: Subscription | None = None
+        self._node_sub: Any = None  # the node-death consumer made at start, taken over by its loop
         self._draining = False
         self.rpc = handlers.build(self)
         self.own = Ownership(bus, self.name, self._acquired, self._lost, instance=self.cfg.instance,
@@ -135,6 +136,10 @@ class ShardService:
         log.info("shard state rebuilt", extra={"fields": {"jobs": len(self.jobs), "known": len(known),
                                                           "instance": self.own.instance,
                                                           "s": round(time.perf_counter() - t0, 3)}})
+        # The node-death consumer exists before the first lease is served: made by the loop's task
+        # instead, a death published between a grant and the consumer's creation was skipped (its
+        # deliver policy is "new") and the dead node's shards waited for their lease to run out.
+        self._node_sub = await self._node_events_subscribe()
         self._sub = await self.bus.nc.subscribe(
             subjects.rpc_wildcard(self.name), queue="shard-service", cb=self._on_rpc, pending_msgs_limit=-1,
             pending_bytes_limit=-1,
@@ -448,10 +453,10 @@ class ShardService:
                             ProgressEvent(now, rt.core.status(name)),
                         )
 
-    async def _node_events_loop(self) -> None:
-        """Node deaths from the durable events stream: a restart misses none."""
+    async def _node_events_subscribe(self) -> Any:
+        """The pull subscription of the shared durable node-death consumer (created if new)."""
         filt = subjects.events_of("node", kind=subjects.NodeEventKind.DIED)
-        sub = await self.bus.js.pull_subscribe(
+        return await self.bus.js.pull_subscribe(
             filt,
             durable=self.cfg.node_events_durable,
             stream=subjects.EVENTS_STREAM,
@@ -464,6 +469,10 @@ class ShardService:
                 filter_subject=filt,
             ),
         )
+
+    async def _node_events_loop(self) -> None:
+        """Node deaths from the durable events stream: a restart misses none."""
+        sub, self._node_sub = self._node_sub or await self._node_events_subscribe(), None
         try:
             while not self._draining:
                 try:

@@ -50,6 +50,15 @@ MAX_WANT = 64
 MAX_SHARDS = 1_000_000
 # Record counts (records * epochs, a stream's total) must fit the wire's int64.
 MAX_RECORDS = 2**63 - 1
+# The end of a finite dataset (``DatasetSpec.tail_split``), weighted factoring (Hummel,
+# Schmidt, Uma and Wein, "Load-sharing in heterogeneous systems via weighted factoring",
+# SPAA 1996): a grant is at most the requester's share of the records left (its rate over
+# the sum of the active nodes' rates) divided by TAIL_FACTOR, so the pieces shrink
+# geometrically and every node runs out of data within about one smallest piece of the
+# others.  The smallest piece is 1 / TAIL_MIN_PIECES of a shard at the mean rate, and never
+# less than one batch (a batch does not span two shards).
+TAIL_FACTOR = 2
+TAIL_MIN_PIECES = 32
 
 
 class ShardState(str, enum.Enum):
@@ -150,11 +159,17 @@ class Dataset:
         self.node_records: dict[str, int] = {}
         self.node_done: dict[str, int] = {}
         self.was_finished = False
+        self.todo_records = 0  # records not yet consumed of the TODO shards (kept by add_shards and move)
 
     # ------------------------------------------------------------ queries
     @property
     def doing_count(self) -> int:
         return sum(len(s) for s in self.doing.values())
+
+    def records_left(self) -> int:
+        """Records not yet handed out: the TODO shards' and, finite, the epochs still to come."""
+        later = max(0, self.spec.epochs - 1 - self.epoch) * self.spec.records if self.spec.mode is DatasetMode.FINITE else 0
+        return self.todo_records + later
 
     def finished(self) -> bool:
         last_epoch = self.spec.epochs - 1 if self.spec.mode is DatasetMode.FINITE else 0
@@ -211,6 +226,10 @@ class Dataset:
         if (sh.state, to) not in TRANSITIONS:
             raise IllegalTransition(f"shard {sh.id}: {sh.state.value} -> {to.value} is not a legal transition")
         frm = sh.state
+        if frm is S.TODO:
+            self.todo_records -= sh.length - sh.consumed
+        elif to is S.TODO:
+            self.todo_records += sh.length - sh.consumed
         if frm is S.DOING:
             held = self.doing.get(sh.node)
             if held is not None:
@@ -239,9 +258,56 @@ class Dataset:
             self.shards[sid] = Shard(sid, epoch, off, min(size, start + count - off), seed)
             ids.append(sid)
         self.next_id += n
+        self.todo_records += count
         if shuffle:
             random.Random(base_seed).shuffle(ids)
         self.todo.extend(ids)
+
+
+class NodeRates:
+    """The last rate (records/s) of each node with a live lease on one dataset, with running sums."""
+
+    __slots__ = ("known", "of", "total")
+
+    def __init__(self) -> None:
+        self.of: dict[str, float] = {}
+        self.total = 0.0  # sum of the known (> 0) rates
+        self.known = 0  # how many are known
+
+    def set(self, node: str, rate: float) -> None:
+        self.drop(node)
+        self.of[node] = rate
+        if rate > 0:
+            self.total += rate
+            self.known += 1
+
+    def drop(self, node: str) -> None:
+        old = self.of.pop(node, None)
+        if old:
+            self.total -= old
+            self.known -= 1
+        if not self.known:
+            self.total = 0.0  # no drift left behind by the float sums
+
+    def share(self, node: str) -> tuple[float, float]:
+        """``node``'s share of the summed rates and its rate over the mean; a node without a
+        rate counts as the mean of the known ones (every node equal when none is known)."""
+        mean = self.total / self.known if self.known else 1.0
+        mine = self.of.get(node) or mean
+        total = self.total + (len(self.of) - self.known) * mean
+        return mine / total, mine / mean
+
+
+def tail_cap(ds: Dataset, rates: NodeRates, node: str) -> int:
+    """The longest piece ``node`` may be granted now (0: no limit): weighted factoring near the
+    end of a finite dataset (see :data:`TAIL_FACTOR`), never below the smallest piece."""
+    if not ds.spec.tail_split or ds.spec.mode is not DatasetMode.FINITE or len(rates.of) < 2:
+        return 0  # a node alone has nobody to wait for
+    share, relative = rates.share(node)
+    cap = max(ds.records_left() * share / TAIL_FACTOR, ds.shard_records * relative / TAIL_MIN_PIECES)
+    b = ds.spec.batch_size
+    cap_batches = -(-int(cap) // b) * b  # whole batches: a piece ends where a step of the nominal batch does
+    return cap_batches if cap_batches < ds.shard_records else 0
 
 
 def validate_spec(spec: DatasetSpec) -> None:
@@ -282,6 +348,9 @@ class JobShards:
         # Lease deadline per (dataset, node), renewed by any request of the node for
         # that dataset: datasets may have different lease_s.
         self.deadlines: dict[tuple[str, str], float] = {}
+        # Per dataset, the rate (records/s) each node with a live lease last reported (0: not
+        # known); not logged either: relearnt from the next heartbeats after a rebuild.
+        self.rates: dict[str, NodeRates] = {}
         self.transitions = 0  # records applied since start (live + replay)
 
     # ================================================================ the fold
@@ -412,9 +481,13 @@ class JobShards:
             raise ValidationError(f"want: must be in [0, {MAX_WANT}], got {req.want}")
         if req.max_records < 0:
             raise ValidationError(f"max_records: must be >= 0, got {req.max_records}")
+        if not 0 <= req.rate < float("inf"):
+            raise ValidationError(f"rate: must be a finite number >= 0, got {req.rate}")
         out = Outcome()
         rejected: list[Rejected] = []
         self.deadlines[(req.dataset, node)] = now + ds.spec.lease_s
+        rates = self.rates.setdefault(req.dataset, NodeRates())
+        rates.set(node, req.rate)
         shards = ds.shards
 
         def holder_check(sid: int) -> Shard | None:
@@ -457,8 +530,9 @@ class JobShards:
             if not ds.todo and not self._next_epoch(out, ds, req.dataset):
                 break
             sh = shards[ds.todo[0]]
-            if req.max_records and sh.length - sh.consumed > req.max_records:
-                self._do(out, ["split", req.dataset, sh.id, sh.consumed + req.max_records, ds.next_id])
+            cap = min((c for c in (req.max_records, tail_cap(ds, rates, node)) if c > 0), default=0)
+            if cap and sh.length - sh.consumed > cap:
+                self._do(out, ["split", req.dataset, sh.id, sh.consumed + cap, ds.next_id])
             self._do(out, ["grant", req.dataset, sh.id, node])
             granted.append(ds.lease_of(sh))
             want -= 1
@@ -506,6 +580,8 @@ class JobShards:
         for key in [k for k, t in self.deadlines.items() if t < now]:
             del self.deadlines[key]
             name, node = key
+            if name in self.rates:
+                self.rates[name].drop(node)
             ds = self.datasets[name]
             for sid in sorted(ds.doing.get(node, ())):
                 self._lose(out, ds, name, sid, "expired")
@@ -517,6 +593,8 @@ class JobShards:
         out = Outcome()
         for name, ds in self.datasets.items():
             self.deadlines.pop((name, node), None)
+            if name in self.rates:
+                self.rates[name].drop(node)
             for sid in sorted(ds.doing.get(node, ())):
                 self._lose(out, ds, name, sid, "died")
             self._check_finished(out, ds, name)
@@ -662,6 +740,7 @@ def dataset_from_snapshot(d: dict[str, Any]) -> Dataset:
         elif sh.state is S.FAILED:
             ds.failed.add(sid)
     ds.todo = deque(d["todo"])
+    ds.todo_records = sum(ds.shards[sid].length - ds.shards[sid].consumed for sid in ds.todo)
     ds.was_finished = ds.finished()
     return ds
 

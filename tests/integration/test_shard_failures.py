@@ -46,7 +46,9 @@ PATIENT = RetryPolicy(attempts=40, first_delay=0.05, max_delay=0.5)
 
 
 def spec(records: int, **kw: Any) -> DatasetSpec:
-    base: dict[str, Any] = dict(job=JOB, dataset=DS, records=records, batch_size=10, batches_per_shard=10)
+    # Whole shards (tail_split off): these tests count shards and replay their order exactly.
+    base: dict[str, Any] = dict(job=JOB, dataset=DS, records=records, batch_size=10, batches_per_shard=10,
+                                tail_split=False)
     base.update(kw)
     return DatasetSpec(**base)
 

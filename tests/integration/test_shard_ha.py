@@ -76,7 +76,9 @@ def cfg(instance: str) -> ShardServiceConfig:
 
 
 def spec(job: str, records: int, **kw: object) -> DatasetSpec:
-    return DatasetSpec(job=job, dataset=DS, records=records, batch_size=10, batches_per_shard=10, **kw)  # type: ignore[arg-type]
+    """Whole shards (tail_split off): these tests count shards exactly."""
+    return DatasetSpec(job=job, dataset=DS, records=records, batch_size=10, batches_per_shard=10,  # type: ignore[arg-type]
+                       tail_split=False, **kw)
 
 
 async def owner(bus: Bus, job: str) -> str | None:
@@ -219,8 +221,7 @@ async def test_a_killed_owner_loses_no_shard_and_none_is_done_twice(
         a.start()
         await wait_ready(cbus, timeout=30)
         admin = ShardAdmin(cbus, retry=PATIENT)
-        await admin.register(DatasetSpec(job=JOB, dataset=DS, records=records, batch_size=10, batches_per_shard=10,
-                                         epochs=epochs, lease_s=5.0))
+        await admin.register(spec(JOB, records, epochs=epochs, lease_s=5.0))
         assert await owner(cbus, JOB) == "shard-a"
         b.start()  # competes for the job from its start, as a standby
         await eventually(b.started, 30, "shard-b never started")
@@ -312,8 +313,7 @@ async def test_a_graceful_stop_of_the_owner_hands_the_job_over_without_re_servin
     stopped: list[str] = []
     try:
         admin = ShardAdmin(bus, retry=PATIENT)
-        await admin.register(DatasetSpec(job=JOB, dataset=DS, records=records, batch_size=10, batches_per_shard=10,
-                                         epochs=epochs))
+        await admin.register(spec(JOB, records, epochs=epochs))
         first = await owner(bus, JOB)
         assert first in svcs
         workers = [Worker(bus, f"w{i}", delay=0.03) for i in range(3)]

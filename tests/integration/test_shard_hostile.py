@@ -66,7 +66,8 @@ NODE = "w0"  # the honest worker
 RECORDS = 20_000
 SHARD_LEN = 100  # batch_size 10 * batches_per_shard 10
 N_SHARDS = RECORDS // SHARD_LEN
-SPEC = DatasetSpec(JOB, DS, RECORDS, batch_size=10, batches_per_shard=10, lease_s=600.0)
+SPEC = DatasetSpec(JOB, DS, RECORDS, batch_size=10, batches_per_shard=10, lease_s=600.0,
+                   tail_split=False)  # whole shards: the counts below are exact
 STREAM = "stream"  # streaming datasets of JOB used by the append tests
 STREAM_BIG = "stream-big"
 

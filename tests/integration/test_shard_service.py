@@ -47,7 +47,8 @@ async def test_several_clients_cover_every_record_exactly_once(bus: Bus, shard_s
     await asyncio.gather(*(consume(bus, f"w{i}", got) for i in range(4)))
     assert_exact_cover(got, 30_000, epochs=2)
     st = await admin.status(JOB, "train")
-    assert st.finished and st.done == 600 and st.records_done == 60_000 and st.records_duplicated == 0
+    # 600 shards, the last ones of the last epoch cut into pieces for the four clients (tail_split).
+    assert st.finished and st.done == len(got) > 600 and st.records_done == 60_000 and st.records_duplicated == 0
     assert {n.node for n in st.nodes} == {f"w{i}" for i in range(4)}
     assert sum(n.records for n in st.nodes) == 60_000
 

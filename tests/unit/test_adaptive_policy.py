@@ -460,3 +460,32 @@ def test_the_simulator_shows_the_monitor_a_relaunch_as_live_pending_then_start_u
     first, last = seen[0], seen[-1]
     assert first["worker-0"][1] == pytest.approx(37.0, abs=0.5)  # the job's own start-up, before any relaunch
     assert last["worker-1"][0] == pytest.approx(5.0, abs=1.0) and last["worker-1"][1] == pytest.approx(37.0, abs=0.5)
+
+
+# ------------------------------------------------------------------ unequal batches are not noise
+def test_recovered_workers_on_small_batches_get_their_share_back() -> None:
+    """Five workers were slow and got small batches; their delay is gone.  Their BPTs now sit well below
+    the others' for want of work, not from noise: lambda and the hysteresis must not read that spread as
+    noise (it once did, sigma 0.38 here, and the batches stayed cut for the rest of the job)."""
+    names = [f"worker-{i}" for i in range(20)]
+    sizes = {n: (1792 if i < 5 else 4864) for i, n in enumerate(names)}
+    req = job(dict.fromkeys(names, 0.0), {"ps-0": 0.0, "ps-1": 0.0}, sizes=sizes)
+    line = adaptive.fit_line(req, adaptive.live_workers(req.stats))
+    assert line is not None
+    noise = adaptive.noise_lambda(req, adaptive.live_workers(req.stats), adaptive.batch_neutral_slowdowns(line))
+    assert noise.sigma < 0.01
+    (bs,) = of(adaptive.decide(req), ActionKind.ADJUST_BS)
+    got = bs.payload["batch_sizes"]
+    assert sum(got.values()) == 81920 and max(got.values()) - min(got.values()) <= 1  # equal again
+    assert true_step(got, dict.fromkeys(names, 0.0)) < true_step(sizes, dict.fromkeys(names, 0.0))
+
+
+def test_no_spare_backup_worker_when_rounds_come_every_short_window() -> None:
+    delays = {f"worker-{i}": (1.2 if i < 3 else 0.0) for i in range(20)}
+    slow = job(delays, {"ps-0": 0.0})  # L_trans 300 s: rounds minutes apart, a spare hedges in between
+    assert [a.payload["backup"] for a in of(adaptive.decide(slow), ActionKind.BACKUP_WORKERS)] == [1]
+    fast = replace(slow, stats=replace(slow.stats, window_short_s=40.0))
+    assert of(adaptive.decide(fast), ActionKind.BACKUP_WORKERS) == []
+    assert of(adaptive.decide(fast), ActionKind.ADJUST_BS)  # the batches do the work
+    again = replace(fast, params={"backup_window_s": 30.0})
+    assert [a.payload["backup"] for a in of(adaptive.decide(again), ActionKind.BACKUP_WORKERS)] == [1]

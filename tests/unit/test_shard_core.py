@@ -30,6 +30,8 @@ from pacer.contracts.shards import (
 from pacer.errors import Conflict, NotFound, ValidationError
 from pacer_services.shard_service.core import (
     MAX_WANT,
+    TAIL_FACTOR,
+    TAIL_MIN_PIECES,
     TRANSITIONS,
     Dataset,
     IllegalTransition,
@@ -105,6 +107,7 @@ def check_invariants(js: JobShards) -> None:
         }
         assert all(ds.doing.values()), "an empty holder set was left behind"
         assert ds.failed == {i for i, sh in shards.items() if sh.state is S.FAILED}
+        assert ds.todo_records == sum(shards[i].length - shards[i].consumed for i in todo), "todo_records drifted"
         assert ds.next_id == len(shards) and set(shards) == set(range(len(shards)))
         for sid, sh in shards.items():
             assert sh.id == sid
@@ -1078,6 +1081,81 @@ def test_splits_keep_coverage_exact(
     check_invariants(js)
     for e in range(epochs):
         covered_exactly(granted[e], records)
+
+
+# =========================================================================== the tail (weighted factoring)
+def _drain(js: JobShards, rates: dict[str, float], now: float = 0.0) -> dict[str, list[tuple[int, int]]]:
+    """Every node in turn finishes what it holds and asks for one more piece, until nothing is left;
+    returns the ranges each node was granted, in order."""
+    got: dict[str, list[tuple[int, int]]] = {n: [] for n in rates}
+    held: dict[str, list[int]] = {n: [] for n in rates}
+    for n, r in rates.items():  # every node is known (a heartbeat) before the first grant
+        js.lease(req(n, rate=r), now)
+    while True:
+        granted = 0
+        for n, r in rates.items():
+            out = js.lease(req(n, done=held[n], want=1, rate=r), now)
+            held[n] = [le.shard for le in out.reply.shards]
+            got[n] += [(le.start, le.end) for le in out.reply.shards]
+            granted += len(out.reply.shards)
+        if not granted:
+            return got
+
+
+def test_near_the_end_pieces_shrink_and_follow_each_nodes_rate() -> None:
+    # 100 shards of 320 records, two nodes, one three times as fast.
+    js, _ = new_job(spec(records=32_000, batch_size=10, batches_per_shard=32, shuffle=False))
+    got = _drain(js, {"fast": 300.0, "slow": 100.0})
+    covered_exactly(sorted(got["fast"] + got["slow"]), 32_000)
+    check_invariants(js)
+    assert js.status(DS).finished
+    sizes = {n: [b - a for a, b in r] for n, r in got.items()}
+    # Early on whole shards; at the end pieces, never longer than the node's share of what was left / 2.
+    assert sizes["fast"][0] == sizes["slow"][0] == 320
+    assert min(sizes["fast"]) < 320 and min(sizes["slow"]) < 320
+    # The slow node's last pieces are a third of the fast node's (to the batch).
+    tail_fast, tail_slow = sizes["fast"][-4:], sizes["slow"][-4:]
+    assert max(tail_slow) < max(tail_fast)
+    # No piece is shorter than a batch or than the smallest piece at the mean rate x the node's share.
+    assert min(sizes["slow"]) >= max(10, 320 * 0.5 // TAIL_MIN_PIECES)
+
+
+def test_a_piece_is_the_requesters_share_of_what_is_left_over_the_factor() -> None:
+    js, _ = new_job(spec(records=4_000, batch_size=10, batches_per_shard=100, shuffle=False))  # 4 shards of 1000
+    js.lease(req("b", rate=100.0), 0.0)
+    # a: 300/s of 400/s in all; 4000 left -> 3000 / TAIL_FACTOR = 1500 >= a shard: a whole one.
+    first = js.lease(req("a", want=1, rate=300.0), 0.0).reply.shards[0]
+    assert lease_len(first) == 1000
+    # b: 100/400 of the 3000 left / 2 = 375 -> 380 (whole batches).
+    le = js.lease(req("b", want=1, rate=100.0), 0.0).reply.shards[0]
+    assert lease_len(le) == -(-3000 * 100 // (400 * TAIL_FACTOR) // 10) * 10 == 380
+
+
+def test_one_node_alone_or_tail_split_off_gets_whole_shards() -> None:
+    for sp, rates in ((spec(records=3_200, batch_size=10, batches_per_shard=32), {"a": 50.0}),
+                      (spec(records=3_200, batch_size=10, batches_per_shard=32, tail_split=False),
+                       {"a": 50.0, "b": 5.0})):
+        js, _ = new_job(sp)
+        got = _drain(js, rates)
+        assert all(b - a == 320 for r in got.values() for a, b in r), got
+        assert js.status(DS).todo == 0 and js.status(DS).finished
+
+
+def test_nodes_without_a_rate_count_as_the_mean_and_expired_nodes_not_at_all() -> None:
+    js, _ = new_job(spec(records=2_000, batch_size=10, batches_per_shard=100, lease_s=5.0, shuffle=False))
+    js.lease(req("gone", rate=1000.0), 0.0)
+    js.expire(10.0)  # its lease ran out: no longer one of the nodes that share the rest
+    js.lease(req("new"), 10.0)  # no rate yet: counts as the mean of the known ones
+    le = js.lease(req("a", want=1, rate=100.0), 10.0).reply.shards[0]
+    assert lease_len(le) == 500  # half of 2000 / TAIL_FACTOR, not a tenth of it
+
+
+def test_a_bad_rate_is_refused() -> None:
+    js, _ = new_job(spec())
+    for bad in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValidationError, match="rate"):
+            js.lease(req("a", want=1, rate=bad), 0.0)
+    assert js.status(DS).doing == 0
 
 
 # =========================================================================== streaming

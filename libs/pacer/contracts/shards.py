@@ -42,6 +42,9 @@ class DatasetSpec:
         default=5, metadata=doc("failures (holder died, lease expired, read failed) before a shard is parked FAILED")
     )
     lease_s: float = field(default=30.0, metadata=doc("lease of a DOING shard, renewed by any request of its holder"))
+    tail_split: bool = field(default=True, metadata=doc(
+        "near the end of a finite dataset, grant ever smaller pieces, sized by each node's rate (weighted "
+        "factoring), so that all nodes run out of data together instead of waiting for the last shard"))
 
 
 @message("shard.ShardProgress")
@@ -77,6 +80,10 @@ class LeaseRequest:
     released: list[int] = field(default_factory=list, metadata=doc("shards handed back unread (scale-down)"))
     max_records: int = field(
         default=0, metadata=doc("if > 0, split shards so that none granted is longer (straggler-sized shards)")
+    )
+    rate: float = field(
+        default=0.0, metadata=doc("records per second the node trains now (0: not known yet); its share of the "
+                                  "data left near the end of a dataset (``DatasetSpec.tail_split``)")
     )
 
 

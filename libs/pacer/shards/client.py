@@ -57,6 +57,8 @@ from pacer.subjects import ShardOp
 log = logging.getLogger("pacer.shards.client")
 T = TypeVar("T")
 
+# The rate a client reports (LeaseRequest.rate) is measured over at least this long.
+RATE_EVERY_S = 2.0
 # Workers ride out a shard-service restart: retry for about a minute.
 WORKER_RETRY = RetryPolicy(attempts=60, first_delay=0.05, max_delay=1.0)
 
@@ -129,6 +131,9 @@ class ShardClient:
         self.finished = False
         self.requests = 0
         self.rejected = 0
+        self.rate = 0.0  # records/s trained, as last measured (0: not yet)
+        self._trained = 0  # records trained so far (``trained``)
+        self._rate_mark: tuple[float, int] | None = None  # (when, _trained) the rate is measured from
         # Optional per-request timings (seconds, shards reported, shards granted),
         # filled only when a caller sets it to a list (benchmarks).
         self.timings: list[tuple[float, int, int]] | None = None
@@ -184,6 +189,24 @@ class ShardClient:
         """Records of ``shard`` consumed so far, counted from ``shard.offset``."""
         self._progress[shard.shard] = consumed
 
+    def trained(self, records: int) -> None:
+        """A step trained ``records`` records: the rate this node reports with its requests, which
+        sizes its pieces near the end of the data (``DatasetSpec.tail_split``)."""
+        self._trained += records
+
+    def _measure_rate(self) -> float:
+        """Records/s since the last measurement at least :data:`RATE_EVERY_S` ago, averaged with the
+        one before (an idle node's rate decays towards 0, i.e. "not known", the mean)."""
+        now = time.monotonic()
+        if self._rate_mark is None:
+            self._rate_mark = (now, self._trained)
+        elif now - self._rate_mark[0] >= RATE_EVERY_S:
+            at, n = self._rate_mark
+            now_rate = (self._trained - n) / (now - at)
+            self.rate = now_rate if not self.rate else (self.rate + now_rate) / 2
+            self._rate_mark = (now, self._trained)
+        return self.rate
+
     def failed(self, shard: ShardLease) -> None:
         """The shard could not be read: it goes back (and counts one failure)."""
         self._held.pop(shard.shard, None)
@@ -234,6 +257,7 @@ class ShardClient:
                 failed=failed,
                 released=released or [],
                 max_records=self.max_records,
+                rate=self._measure_rate(),
             )
             t0 = time.perf_counter()
             try:
@@ -295,6 +319,9 @@ class BlockingShardClient:
 
     def failed(self, shard: ShardLease) -> None:
         self._loop.call_soon_threadsafe(self._client.failed, shard)
+
+    def trained(self, records: int) -> None:
+        self._loop.call_soon_threadsafe(self._client.trained, records)
 
     @property
     def finished(self) -> bool:

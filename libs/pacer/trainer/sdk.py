@@ -366,6 +366,8 @@ class Worker:
         """
         self.step += 1
         self.samples += samples
+        if self._client is not None:
+            self._client.trained(samples)  # the rate that sizes this node's pieces near the end
         if self._ipc is not None:
             bpt = time.perf_counter() - self._t_check if bpt_s is None else bpt_s
             self._ipc.record_step(self.step, self.step if iteration is None else iteration, bpt,

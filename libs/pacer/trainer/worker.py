@@ -111,6 +111,7 @@ class ShardFeed:
         self._arr: np.ndarray | None = None
         self._pos = 0
         self.pending: list[tuple[Any, int, bool]] = []  # (shard, consumed, done) after the next step
+        self._taken = 0  # records in the batches since the last commit
 
     def batch(self, size: int, wait: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The next batch; None when the dataset is finished (or, with ``wait=False``,
@@ -123,6 +124,7 @@ class ShardFeed:
             self._arr = self._shuffle(self.records.read(shard.start, shard.end), shard.seed)
         take = self._arr[self._pos:self._pos + size]
         self._pos += len(take)
+        self._taken += len(take)
         consumed = self._cur.start - self._cur.offset + self._pos
         self.pending.append((self._cur, consumed, self._pos >= len(self._arr)))
         return self._features(take, self.hash_buckets)
@@ -135,6 +137,9 @@ class ShardFeed:
             elif report_progress:
                 self.client.progress(shard, consumed)
         self.pending.clear()
+        if self._taken:
+            self.client.trained(self._taken)
+            self._taken = 0
 
 
 class MemoryFeed:

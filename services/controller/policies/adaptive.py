@@ -7,7 +7,9 @@ actions (AntDT Table II) and changes when and how they are taken:
    slowness ratio instead of a fixed 1.5: with sigma = 1.4826 x the median
    absolute deviation of the faster half of the live workers'
    ``slowdown_short`` (stragglers only add time, so the spread of the faster
-   half is the noise even when a wave slows up to half of them),
+   half is the noise even when a wave slows up to half of them; a worker's
+   BPT is first moved to the median batch along the fitted line of 2., so
+   the unequal batches of an earlier ADJUST_BS do not read as noise),
    ``lambda = 1 + max(lambda_floor - 1, k x sigma)``
    (``params.lambda_floor``, default 1.05; ``params.noise_k``, default 4),
    never above ``params.lambda`` / the monitor's lambda.  Quiet clusters get
@@ -27,7 +29,9 @@ actions (AntDT Table II) and changes when and how they are taken:
    step until the next round.  With b = 1 backup worker (Sync-OPT) each step
    drops the slowest gradient at once, so one fresh straggler costs one
    worker's share instead of the whole step.  b is set to
-   ``params.backup`` (default 1) while any worker is slow over L_trans or
+   ``params.backup`` (default 1; only while the short window, and so the
+   time between rounds, is at least ``params.backup_window_s``, default
+   120 s) while any worker is slow over L_trans or
    a relaunched worker has not reported yet (it may bring its slowness
    back, at B / n), and back to 0 when no worker is slow, and in the end
    game (the dropped samples are trained again later: the shard service
@@ -120,11 +124,13 @@ class Noise:
     samples: int
 
 
-def noise_lambda(req: PolicyRequest, nodes: list[NodeStats]) -> Noise:
-    """lambda from the robust spread of ``nodes``' short-window slowdowns (see the module docstring, 1.)."""
+def noise_lambda(req: PolicyRequest, nodes: list[NodeStats], slowdowns: list[float] | None = None) -> Noise:
+    """lambda from the robust spread of ``nodes``' short-window slowdowns (see the module docstring, 1.);
+    ``slowdowns``: use these instead (the workers' at one batch size, :func:`batch_neutral_slowdowns`)."""
     cap = param_float(req, "lambda", req.stats.slowness_ratio)
     floor = min(cap, max(1.0, param_float(req, "lambda_floor", 1.05)))
-    vals = sorted(n.slowdown_short for n in nodes if n.slowdown_short > 0)
+    raw = slowdowns if slowdowns is not None else [n.slowdown_short for n in nodes]
+    vals = sorted(v for v in raw if v > 0)
     if len(vals) < 3:
         return Noise(cap, 0.0, len(vals))
     # Stragglers only add time: the spread is read off the faster half alone, so a wave that slows
@@ -201,17 +207,19 @@ class WorkerModel:
     noise_s: float  # delays up to this are noise
 
 
-def worker_model(req: PolicyRequest, workers: list[NodeStats], lam: float) -> WorkerModel | None:
-    """Fit the additive step model to the short window: p, T_s + T_m and each worker's extra delay d_i.
+@dataclass(frozen=True, slots=True)
+class LineFit:
+    """The healthy workers' line BPT = shared + p x samples, and the assignment it was read at."""
 
-    The per-sample time p is the lower quartile of (BPT_i - T_s) / (B_i C_i)
-    over the workers: stragglers only add time, so the fastest quarter are
-    healthy even when a wave slows many workers at once.  d_i is what is
-    left of BPT_i after the model's compute and T_s; it is kept whether or
-    not the worker *looks* slow (a straggler whose batch was already cut
-    runs as fast as its peers, but its delay is still there), and taken as 0
-    below the noise: (lambda - 1) x the typical BPT.
-    """
+    sizes: dict[str, int]
+    accs: dict[str, int]
+    have: list[NodeStats]  # the workers with a BPT and a batch
+    per_sample: float
+    shared_s: float
+
+
+def fit_line(req: PolicyRequest, workers: list[NodeStats]) -> LineFit | None:
+    """p and T_s + T_m of the additive model (see :func:`worker_model`); None without data."""
     sizes, accs = current_assignment(req, workers)
     have = [w for w in workers if w.bpt_short_s > 0 and sizes[w.node] > 0]
     if not have:
@@ -229,6 +237,39 @@ def worker_model(req: PolicyRequest, workers: list[NodeStats], lam: float) -> Wo
     # it: a nearly flat envelope means the small batches are still slow, not that compute is free.
     if fit is not None and 0.5 * p <= fit[0] <= 1.5 * p:
         p, shared = fit
+    return LineFit(sizes, accs, have, p, shared)
+
+
+def batch_neutral_slowdowns(line: LineFit) -> list[float]:
+    """Each worker's BPT as if it ran the median batch, over the median of those.
+
+    After an ADJUST_BS the workers run different batches, so their BPTs differ by p x (S_i - S_j) with
+    nobody slow: read as noise, that spread would blind lambda to the very stragglers the batches were
+    cut for (a wave of recovered workers on small batches once read as sigma 0.17).  With equal batches
+    these are the monitor's ``slowdown_short``."""
+    samples = {w.node: line.sizes[w.node] * line.accs[w.node] for w in line.have}
+    mid = statistics.median(samples.values())
+    adj = [w.bpt_short_s - line.per_sample * (samples[w.node] - mid) for w in line.have]
+    med = statistics.median(adj)
+    return [a / med for a in adj] if med > 0 else []
+
+
+def worker_model(req: PolicyRequest, workers: list[NodeStats], lam: float,
+                 line: LineFit | None = None) -> WorkerModel | None:
+    """Fit the additive step model to the short window: p, T_s + T_m and each worker's extra delay d_i.
+
+    The per-sample time p is the lower quartile of (BPT_i - T_s) / (B_i C_i)
+    over the workers: stragglers only add time, so the fastest quarter are
+    healthy even when a wave slows many workers at once.  d_i is what is
+    left of BPT_i after the model's compute and T_s; it is kept whether or
+    not the worker *looks* slow (a straggler whose batch was already cut
+    runs as fast as its peers, but its delay is still there), and taken as 0
+    below the noise: (lambda - 1) x the typical BPT.
+    """
+    line = line or fit_line(req, workers)
+    if line is None:
+        return None
+    sizes, accs, have, p, shared = line.sizes, line.accs, line.have, line.per_sample, line.shared_s
     typical = statistics.median(w.bpt_short_s for w in have)
     noise = (lam - 1.0) * typical
     delays: dict[str, float] = {}
@@ -275,7 +316,8 @@ def decide(req: PolicyRequest) -> PolicyDecision:
     stats = req.stats
     workers = live_workers(stats)
     servers = live_servers(stats)
-    wn = noise_lambda(req, workers)
+    line = fit_line(req, workers) if workers else None
+    wn = noise_lambda(req, workers, batch_neutral_slowdowns(line) if line is not None else None)
     sn = noise_lambda(req, servers)
     c = costs(req)
     r = remaining_s(req)
@@ -306,7 +348,7 @@ def decide(req: PolicyRequest) -> PolicyDecision:
         break  # one PS per round: the controller allows one relaunch per window anyway
 
     # ---- workers
-    model = worker_model(req, workers, wn.lam) if workers else None
+    model = worker_model(req, workers, wn.lam, line) if workers else None
     restarting: set[str] = set()
     outlier = param_float(req, "restart_outlier", 2.0)
     if model is not None and not actions:
@@ -420,6 +462,11 @@ def decide(req: PolicyRequest) -> PolicyDecision:
             returning = [n.node for n in stats.nodes if is_worker(n) and n.restarts > 0 and (
                 n.state is NodeState.PENDING or (n.state is NodeState.RUNNING and n.bpt_short_s <= 0))]
             spare = max(0, int(param_float(req, "backup", 1)))
+            if stats.window_short_s < param_float(req, "backup_window_s", 120.0):
+                # Rounds come every short window: a fresh straggler is balanced out within one, and a spare
+                # would drop one worker's share of every step meanwhile (measured: worker side, BSP, SI 0.8,
+                # 10 seeds, 30-60 s windows: +16.0 % with the spare, +13.5 % without).
+                spare = 0
             if (not (slow_now or returning) or len(slow_now) - len(hopeless) > len(workers) * param_float(req, "wave_fraction", 0.25)
                     or endgame):
                 # None left, or they come in waves (above a quarter of the workers): one dropped gradient

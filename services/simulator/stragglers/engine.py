@@ -234,6 +234,7 @@ class Simulation:
         # ---- bookkeeping
         self.unleased = 0  # records in TODO shards (kept from the core's log records)
         self.steps = 0
+        self.last_step = 0.0  # BSP: the last global step's time (what a worker's measured rate divides by)
         self.restarts = 0
         self.recomputed = 0
         self.dropped = 0
@@ -272,13 +273,23 @@ class Simulation:
     def _lease(self, i: int, *, done: Sequence[int] = (), progress: Sequence[ShardProgress] = (), want: int = 0) -> LeaseReply:
         req = LeaseRequest(job=JOB, dataset=DATASET, node=self.wnames[i], want=want,
                            held=[] if done or not self.has[i] else [int(self.sid[i])],
-                           done=list(done), progress=list(progress))
+                           done=list(done), progress=list(progress), rate=self._rate(i))
         out = self.shards.lease(req, self.t)
         self._account(out)
         reply: LeaseReply = out.reply
         if reply.finished and self.finished_at is None:
             self.finished_at = self.t
         return reply
+
+    def _rate(self, i: int) -> float:
+        """The records/s worker i trains now, as its live client reports it (``LeaseRequest.rate``;
+        the client measures it, here it is exact): a BSP worker's batch per global step, an ASP
+        worker's batch per own step; 0 (not known) before its first step."""
+        per_step = float(self.C[i] * self.B[i])
+        if self.sc.job.mode == "bsp":
+            return per_step / self.last_step if self.last_step > 0 else 0.0
+        bpt = float(self._bpt()[i])
+        return per_step / bpt if bpt > 0 and self.local_steps[i] > 0 else 0.0
 
     def _take(self, i: int, lease: ShardLease, carry: int = 0) -> None:
         self.has[i] = True
@@ -585,6 +596,7 @@ class Simulation:
             else:
                 kept, dropped = act, act[:0]
             step = float(bpt[kept].max())
+            self.last_step = step
             limit = min(self.heap[0][0] if self.heap else math.inf, self.next_change)
             s = max(1, min(int((limit - self.t) / step) if limit < math.inf else 1 << 30,
                            max(c.report_steps, int(c.report_span_s / step))))
@@ -672,7 +684,8 @@ class Simulation:
         sc = self.sc
         wall = time.perf_counter()
         spec = DatasetSpec(job=JOB, dataset=DATASET, records=sc.job.records, batch_size=int(sc.job.global_batch // self.n),
-                           batches_per_shard=sc.job.batches_per_shard, epochs=sc.job.epochs, shuffle=True, seed=sc.seed)
+                           batches_per_shard=sc.job.batches_per_shard, epochs=sc.job.epochs, shuffle=True, seed=sc.seed,
+                           tail_split=sc.job.tail_split)
         self._account(self.shards.register(spec))
         self.push(sc.monitor.tick_s, "tick")
         self.push(sc.cluster.report_span_s, "ps_report")

@@ -75,6 +75,9 @@ iterations, monitor every 5 min, lambda 1.5, L_trans 5 min, L_per 10 min):
                         gradients of each step are dropped).
   ``min_batch``         (int >= 1, default 1) / ``max_batch`` (int >= 0, default 0 =
                         unbounded): bounds on B_i passed to the policy.
+  ``tail_split``        (bool, default true) the shard service cuts the last
+                        shards into pieces by each worker's rate
+                        (``DatasetSpec.tail_split``); false: whole shards.
 
 ``stragglers``: a list of (AntDT §VII-A4, T_delay = sleep_s x intensity):
   ``node``        (str, required) ``worker-<i>`` or ``ps-<j>``, must exist.
@@ -193,6 +196,7 @@ class Workload:
     backup_workers: int = 0
     min_batch: int = 1
     max_batch: int = 0
+    tail_split: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +317,7 @@ def _job(raw: Any, workers: int) -> Workload:
         backup_workers=f.int_("backup_workers", 0, lo=0),
         min_batch=f.int_("min_batch", 1, lo=1),
         max_batch=f.int_("max_batch", 0, lo=0),
+        tail_split=f.bool_("tail_split", True),
     )
     f.done()
     if j.global_batch < workers:
