@@ -33,8 +33,8 @@ ideal_jct_s, speedup_vs_native_pct}``), ``decision_ms_1000_workers``,
     (even static data partition, see below), ASP-DDS (dynamic sharding,
     policy ``none``), AntDT-ND, pacer-adaptive.  Both modes also run
     ``pacer-adaptive+aw``: the same policy with the monitor's noise-adapted
-    short window (``AW_MONITOR``: statistics every 10 s, the window as short
-    as the measured BPT noise allows, from 30 s to L_trans, and one controller
+    short window (``AW_MONITOR``: statistics every 4 s, the window as short
+    as the measured BPT noise allows, from 8 s to L_trans, and one controller
     round per fresh window); every other method keeps the paper's settings
     (``MONITOR``), so AntDT-ND stays the paper's reference.  ``speedup_vs_native_pct = (JCT_native / JCT_method - 1) * 100``
     against native BSP or native ASP of the same side, mode and intensity.
@@ -168,14 +168,17 @@ TARGET_OVERHEAD_PCT = 0.5
 ASSUMED_SHARD_RTT_MS = 1.0  # without --real: docs/design.md measures ~0.4 ms p50 per shard RPC; rounded up
 
 # Table III setup (AntDT §VII-A); worker_speed / ps_time_s / comm_s are our assumption (2 s healthy step).
+# Agent reports at the live cadence throughout (PACER_AGENT_WORKER_REPORT_S = 4: every 2 steps of 2 s), never
+# merged over longer spans: the monitor's adapted window is a number of reports x their spacing.
 CLUSTER = {"workers": 20, "ps": 8, "worker_speed": 2560, "ps_time_s": 0.2, "comm_s": 0.2, "pending_s": 20,
-           "init_s": 100}
+           "init_s": 100, "worker_report_s": 4.0, "report_span_s": 4.0}
 JOB = {"global_batch": 81920, "records": 45_840_617, "epochs": 3, "batches_per_shard": 100}
 MONITOR = {"interval_s": 300, "window_short_s": 300, "window_long_s": 600, "lambda": 1.5}
-# The same, with the live monitor's statistics every 10 s (PACER_MONITOR_INTERVAL_S) and its noise-adapted short
-# window (PACER_MONITOR_WINDOW_SHORT_MIN_S = 30 s, relative error 3.5 %); the controller decides once per fresh short
-# window (at most every interval_s when the window stays at L_trans).  L_per and lambda stay the paper's.
-AW_MONITOR = {**MONITOR, "stats_s": 10, "window_short_min_s": 30, "window_short_rel_error": 0.035}
+# The same, with the live monitor's statistics every 4 s (PACER_MONITOR_INTERVAL_S) and its noise-adapted short
+# window (PACER_MONITOR_WINDOW_SHORT_MIN_S = 8 s, relative error 3.5 %), as deploy/base/monitor.yaml sets them; the
+# controller decides once per fresh short window (at most every interval_s when the window stays at L_trans).
+# L_per and lambda stay the paper's.
+AW_MONITOR = {**MONITOR, "stats_s": 4, "window_short_min_s": 8, "window_short_rel_error": 0.035}
 METHOD_MONITOR = {AW: AW_MONITOR}  # every other method: MONITOR
 ADJUST_COSTS_S = (0.0, 2.0, 10.0)  # what one ADJUST_BS costs (0, one healthy step, five), for the sensitivity rows
 PERSISTENT_SLEEP_S = 5.0  # x SI: 4 s at SI 0.8, the paper's persistent T_delay

@@ -266,6 +266,21 @@ async def test_metrics_every_k_steps_with_sane_bpt(cluster: Cluster) -> None:
     assert len(primaries) == 1
 
 
+async def test_slow_steps_are_reported_after_fewer_than_k_steps(cluster: Cluster) -> None:
+    # 0.3 s steps: K of them take longer than the 1 s asked for, so windows of 3 steps follow the first.
+    await cluster.setup({"w0": 0.3}, env={"PACER_AGENT_WORKER_REPORT_S": "1"})
+    for n in cluster.nodes.values():
+        n.start()
+    await cluster.wait_ready()
+    await until(lambda: sum(1 for m in cluster.watch.metrics if m.steps < K) >= 3, 30, "three short windows")
+    mine = cluster.watch.metrics
+    short = [m for m in mine if m.steps < K]
+    assert {m.steps for m in short} == {3}, [(m.steps, round(m.bpt_s, 3)) for m in mine]
+    # Windows still tile the steps: each report starts where the one before ended.
+    assert all(b.steps_total - a.steps_total == b.steps for a, b in itertools.pairwise(mine)), \
+        [(m.steps_total, m.steps) for m in mine]
+
+
 async def test_global_action_is_applied_by_all_trainers_at_the_same_iteration(cluster: Cluster) -> None:
     await cluster.setup({"w0": 0.005, "w1": 0.008, "w2": 0.02})
     for n in cluster.nodes.values():

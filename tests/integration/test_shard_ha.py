@@ -361,7 +361,17 @@ async def test_a_node_death_is_applied_by_the_owner_whichever_instance_receives_
             await bus.publish_durable(subjects.event("node", j, subjects.NodeEventKind.DIED),
                                       NodeEvent(j, "victim", subjects.NodeEventKind.DIED, time.time(), "killed"))
         for j in jobs:
-            st = await poll(functools.partial(admin.status, j, DS), lambda s: s.doing == 0, 20, f"{j}'s shards back")
+            try:
+                st = await poll(functools.partial(admin.status, j, DS), lambda s: s.doing == 0, 20,
+                                f"{j}'s shards back")
+            except AssertionError as exc:  # what the consumer and each instance saw, for the report
+                info = await bus.js.consumer_info(subjects.EVENTS_STREAM, cfg("x").node_events_durable)
+                seen = {n: {k: v for k, v in s.svc.counters.values.items() if "node" in k}
+                        for n, s in svcs.items() if s.svc is not None}
+                owners = {n: sorted(s.svc.jobs) for n, s in svcs.items() if s.svc is not None}
+                raise AssertionError(f"{exc}; consumer: delivered {info.delivered}, ack pending "
+                                     f"{info.num_ack_pending}, pending {info.num_pending}, redelivered "
+                                     f"{info.num_redelivered}; counters {seen}; jobs {owners}") from None
             assert st.todo == 10 and st.done == 0
         applied = {n: s.svc.counters.values["node_deaths"] for n, s in svcs.items() if s.svc is not None}
         owned = {n: sum(1 for j in jobs if s.svc is not None and j in s.svc.jobs) for n, s in svcs.items()}

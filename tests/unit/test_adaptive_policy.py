@@ -225,13 +225,19 @@ def test_the_core_refuses_an_unknown_migration() -> None:
 
 # ------------------------------------------------------------------ in the simulator
 def test_beats_antdt_nd_on_transient_worker_stragglers() -> None:
-    """examples/sim/transient-workers.yaml (not tuned on), two seeds: shorter JCT than the paper's policy."""
+    """examples/sim/transient-workers.yaml (not tuned on), six seeds: a shorter mean JCT than the paper's policy.
+
+    One seed is a chaotic draw (a report landing a step earlier moves a round, and the rest of the run with
+    it): on 2 of 10 seeds antdt-nd is ahead, so the comparison is of the mean."""
     sc = load(EXAMPLES / "transient-workers.yaml")
-    for seed in (3, 4):
+    nd, mine = [], []
+    for seed in range(6):
         s = replace(sc, seed=seed)
-        nd, mine = run(s, "antdt-nd", ideal=False), run(s, "pacer-adaptive", ideal=False)
-        assert mine.shards_done == mine.shards_total
-        assert mine.jct_s < nd.jct_s, (seed, mine.jct_s, nd.jct_s)
+        nd.append(run(s, "antdt-nd", ideal=False).jct_s)
+        r = run(s, "pacer-adaptive", ideal=False)
+        assert r.shards_done == r.shards_total
+        mine.append(r.jct_s)
+    assert sum(mine) < sum(nd), (mine, nd)
 
 
 def _ps_scenario(delay: float, seed: int = 0) -> Any:
@@ -374,12 +380,20 @@ def test_statistics_ticks_alone_do_not_change_the_rounds_of_a_fixed_window() -> 
 
 
 def test_an_adjust_bs_cost_is_charged_in_bsp() -> None:
-    sc = _fast(load(EXAMPLES / "transient-workers.yaml"))
+    # One worker slow every other 10 min: the same decisions with and without the charge, only later.
+    sc = parse({"name": "adj", "seed": 0,
+                "cluster": {"workers": 4, "ps": 2, "worker_speed": 2560, "ps_time_s": 0.2, "comm_s": 0.2},
+                "job": {"mode": "bsp", "global_batch": 16384, "records": 12_000_000, "batches_per_shard": 50},
+                "monitor": {"interval_s": 300, "window_short_s": 300, "window_long_s": 600, "stats_s": 10,
+                            "window_short_min_s": 30},
+                "stragglers": [{"node": "worker-1", "pattern": "transient", "sleep_s": 1.0, "intensity": 0.8,
+                                "period_s": 1200, "on_s": 600, "probability": 1.0}]})
     free = run(sc, "pacer-adaptive", ideal=False)
     n = free.actions.get("ADJUST_BS", 0)
     assert n > 0
     costly = run(replace(sc, cluster=replace(sc.cluster, adjust_bs_s=10.0)), "pacer-adaptive", ideal=False)
-    assert costly.jct_s > free.jct_s + 10.0
+    assert costly.actions == free.actions
+    assert costly.jct_s >= free.jct_s + 0.9 * 10.0 * n  # every worker waits 10 s at each of them
 
 
 @pytest.mark.parametrize(("over", "field"), [

@@ -81,6 +81,7 @@ from opentelemetry.trace import SpanKind
 
 from pacer import subjects, tracing
 from pacer.agent.ipc import PAYLOAD_CAP, AgentIPC, IPCError, StepRecord
+from pacer.agent.reporting import window_steps
 from pacer.bus import Bus
 from pacer.codec import decode, encode
 from pacer.contracts.agent import (
@@ -251,7 +252,8 @@ class AgentConfig:
     node: str
     ipc_path: Path
     role: str = "worker"
-    k: int = 10  # publish AgentMetrics every k trainer steps (AntDT: every 10 iterations)
+    k: int = 10  # publish AgentMetrics every k trainer steps (AntDT: every 10 iterations) ...
+    worker_report_s: float = 4.0  # ... or fewer steps when k take longer than this (at least one)
     election_ttl_s: float = 3.0
     heartbeat_s: float = 1.0
     member_ttl_s: float = 3.0  # an agent not heard for this long leaves the barrier membership
@@ -276,6 +278,8 @@ class AgentConfig:
         subjects.agent_command(self.job, self.node)  # validates both ids
         if self.k < 1:
             raise ValueError("k must be >= 1")
+        if self.worker_report_s <= 0:
+            raise ValueError("worker_report_s must be > 0")
         if self.election_ttl_s < 1.0:
             raise ValueError("election TTL must be >= 1 s (JetStream per-message TTL granularity)")
         if self.probe_every_s <= 0 or self.probe_timeout_s <= 0 or self.report_every_s <= 0:
@@ -320,6 +324,7 @@ class AgentService:
         self._results: OrderedDict[str, ActionResult] = OrderedDict()
         self._seq_ids: dict[int, str] = {}
         self._next_boundary = 0
+        self._window = self.cfg.k  # steps in the metrics window that ends at _next_boundary
         self._incarnation = -1
         self._proc: psutil.Process | None = None
         self._last_open_try = 0.0
@@ -442,16 +447,19 @@ class AgentService:
             # New trainer (or first look): start at the newest full window still in the ring.
             self._incarnation = snap.incarnation
             self._next_boundary = max(k, (snap.steps_total // k) * k)
+            self._window = k
         first = snap.steps[0].number if snap.steps else 0
-        if self._next_boundary - k < first:  # fell behind the ring: skip to what is there
+        if self._next_boundary - self._window < first:  # fell behind the ring: skip to what is there
             self._next_boundary = ((first + k - 1) // k) * k + k
+            self._window = k
         by_index = {r.number: r for r in snap.steps}
         cpu, rss = -1.0, -1
         while snap.steps_total >= self._next_boundary:
-            lo = self._next_boundary - k
+            w = self._window
+            lo = self._next_boundary - w
             window = [by_index[i] for i in range(lo, self._next_boundary) if i in by_index]
-            self._next_boundary += k
-            if len(window) != k:
+            if len(window) != w:
+                self._next_boundary += w
                 continue
             if cpu < 0:
                 cpu, rss = self._proc_usage(snap.pid)
@@ -474,13 +482,15 @@ class AgentService:
                 last_action_iteration=snap.applied_iteration,
                 primary=self.is_primary,
                 last_action_id=self._seq_ids.get(snap.applied_seq, ""),
-                steps=k,
+                steps=w,
                 steps_total=last.number + 1,
                 incarnation=snap.incarnation,
                 exiting=snap.exiting,
             )
             await self.bus.publish(subjects.agent_metrics(self.cfg.job), m)
             self.counters.inc("agent_metrics_published")
+            self._window = window_steps(k, bpt, self.cfg.worker_report_s) if self.cfg.role != "ps" else k
+            self._next_boundary += self._window
 
     # ------------------------------------------------------------ servers (role ps)
     def _start_probe(self) -> None:

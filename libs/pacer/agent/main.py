@@ -36,6 +36,9 @@ def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig
     p.add_argument("--ipc", type=Path, default=None, help="IPC file shared with the trainer (default /dev/shm/pacer-<job>-<node>.ipc)")
     p.add_argument("--nats", default=os.environ.get("PACER_NATS_URL", DEFAULT_URL))
     p.add_argument("--k", type=int, default=10, help="publish metrics every k trainer steps")
+    p.add_argument("--worker-report", type=float, default=os.environ.get("PACER_AGENT_WORKER_REPORT_S", "4"),
+                   help="a worker reports after fewer than k steps when k take longer than this many seconds "
+                        "($PACER_AGENT_WORKER_REPORT_S)")
     p.add_argument("--election-ttl", type=float, default=3.0, help="seconds; the primary refreshes every ttl/3")
     p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats")
     p.add_argument("--member-ttl", type=float, default=3.0, help="an agent not heard for this long leaves the barrier")
@@ -57,6 +60,7 @@ def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig
             role=a.role,
             ipc_path=a.ipc or default_path(a.job, a.node),
             k=a.k,
+            worker_report_s=a.worker_report,
             election_ttl_s=a.election_ttl,
             heartbeat_s=a.heartbeat,
             member_ttl_s=a.member_ttl,

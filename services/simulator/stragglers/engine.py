@@ -99,6 +99,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from pacer.agent.reporting import window_steps
 from pacer.contracts.agent import ActionKind, AgentMetrics, Heartbeat
 from pacer.contracts.common import Role
 from pacer.contracts.executor import NodeState as PodState
@@ -327,6 +328,12 @@ class Simulation:
                 arr[i] = d
         self.next_change = nxt
 
+    def _span(self, bpt: float) -> int:
+        """Steps one chunk (BSP) or leg (ASP) may run before a report is due: the live agent's window
+        (:func:`pacer.agent.reporting.window_steps`), or more, merged up to ``report_span_s``."""
+        c = self.sc.cluster
+        return max(window_steps(c.report_steps, bpt, c.worker_report_s), int(c.report_span_s / bpt))
+
     def _ts(self) -> float:
         """T_s: the slowest PS's time for this step (AntDT §III: max_j T_ij^s)."""
         return float((self.sc.cluster.ps_time_s + self.pd).max())
@@ -360,7 +367,10 @@ class Simulation:
     def _report_and_progress(self, idx: np.ndarray) -> None:
         """After workers ``idx`` stepped: agent reports (every k steps) and shard progress (every progress_s)."""
         c = self.sc.cluster
-        for i in idx[self.acc_steps[idx] >= c.report_steps].tolist():
+        steps = self.acc_steps[idx]
+        own = np.where(steps > 0, self.acc_busy[idx] / np.maximum(steps, 1), 0.0)
+        due = np.clip(np.floor(c.worker_report_s / np.maximum(own, 1e-9)), 1, c.report_steps)  # window_steps
+        for i in idx[(steps >= due) & (steps > 0)].tolist():
             self.monitor.observe_metrics(self._metrics(i), self.t)
         due = idx[self.has[idx] & (self.t - self.last_prog[idx] >= c.progress_s) & (self.pos[idx] > self.reported[idx])]
         for i in due.tolist():
@@ -569,7 +579,6 @@ class Simulation:
 
     # ================================================================ BSP
     def _run_bsp(self) -> None:
-        c = self.sc.cluster
         while self.finished_at is None:
             if self.t > MAX_SIM_S:
                 raise SimulationError(f"not finished after {MAX_SIM_S} simulated seconds")
@@ -598,8 +607,7 @@ class Simulation:
             step = float(bpt[kept].max())
             self.last_step = step
             limit = min(self.heap[0][0] if self.heap else math.inf, self.next_change)
-            s = max(1, min(int((limit - self.t) / step) if limit < math.inf else 1 << 30,
-                           max(c.report_steps, int(c.report_span_s / step))))
+            s = max(1, min(int((limit - self.t) / step) if limit < math.inf else 1 << 30, self._span(step)))
             per_step = self.C[kept] * self.B[kept]
             left = self.length[kept] - self.pos[kept]
             need = int(np.maximum(0, per_step * s - left).sum())
@@ -631,7 +639,7 @@ class Simulation:
         bpt = float(self.C[i] * self.B[i] / self.speed[i] + self.wd[i] + self._ts() + c.comm_s)
         per = int(self.C[i] * self.B[i])
         steps = -(-int(self.length[i] - self.pos[i]) // per)
-        steps = min(steps, max(c.report_steps, int(c.report_span_s / bpt)))
+        steps = min(steps, self._span(bpt))
         if self.next_change < math.inf:
             steps = min(steps, max(1, math.ceil((self.next_change - start) / bpt)))
         steps = max(1, steps)

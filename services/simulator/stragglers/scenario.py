@@ -51,11 +51,17 @@ iterations, monitor every 5 min, lambda 1.5, L_trans 5 min, L_per 10 min):
   ``busy``           (bool, default false) the cluster scheduler has pods queued:
                      the monitor's cluster-busy flag (AntDT-ND then does not
                      KILL_RESTART workers).
-  ``report_steps``   (int >= 1, default 10) k: the agent reports every k iterations.
+  ``report_steps``   (int >= 1, default 10) k: the agent reports every k iterations,
+  ``worker_report_s`` (s > 0, default 4) or after fewer when k take longer than
+                     this (at least one; the live agent's ``PACER_AGENT_WORKER_REPORT_S``).
   ``report_span_s``  (s > 0, default 30) consecutive k-step reports whose BPT did
                      not change are merged into one report covering at most this
                      long (speed; the monitor's windows are step-weighted, so
-                     the means are unchanged).
+                     the means are unchanged; but the monitor's adapted window
+                     is a number of reports x their spacing, and a change is
+                     seen one report later: set it to ``worker_report_s`` for
+                     the live cadence throughout, as ``make bench-stragglers``
+                     does).
   ``report_noise``   (>= 0, default 0) measurement noise: each worker report's BPT
                      is multiplied by 1 + N(0, report_noise) (seeded by the run's
                      seed); the steps themselves are not.  Live BPTs are never
@@ -167,6 +173,7 @@ class SimCluster:
     ps_start_s: float = 30.0
     adjust_bs_s: float = 0.0
     report_steps: int = 10
+    worker_report_s: float = 4.0
     report_span_s: float = 30.0
     report_noise: float = 0.0
     progress_s: float = 30.0
@@ -280,6 +287,7 @@ def _cluster(raw: Any) -> SimCluster:
         ps_start_s=f.float_("ps_start_s", 30.0, lo=0.0),
         adjust_bs_s=f.float_("adjust_bs_s", 0.0, lo=0.0),
         report_steps=f.int_("report_steps", 10, lo=1),
+        worker_report_s=f.float_("worker_report_s", 4.0, lo=0.0, strict=True),
         report_span_s=f.float_("report_span_s", 30.0, lo=0.0, strict=True),
         report_noise=f.float_("report_noise", 0.0, lo=0.0),
         progress_s=f.float_("progress_s", 30.0, lo=0.0, strict=True),
