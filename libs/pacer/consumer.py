@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Awaitable, Callable
 
 import nats.errors
@@ -52,6 +53,14 @@ TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 log = logging.getLogger("pacer.consumer")
+
+
+def jittered(delay_s: float) -> float:
+    """A redelivery delay of 0.5-1.5 x ``delay_s``.  Instances sharing one durable consumer that each nak
+    what is not theirs, all with the same delay, can livelock: the redelivered messages come back in
+    stream order to the pull requests in their same order, and each lands on the wrong instance again
+    (seen: a node death bounced 99 times between two shard services for 20 s)."""
+    return delay_s * (0.5 + random.random())
 
 
 async def dead_letter(bus: Bus, service: str, msg: Msg, why: str) -> None:
@@ -167,7 +176,7 @@ class DurableConsumer:
             tracing.fail(exc, exc.message)
             if exc.temporary:
                 self.counters.inc("events_retried")
-                await m.nak(delay=self.retry_delay_s)
+                await m.nak(delay=jittered(self.retry_delay_s))
                 return
             self.counters.inc("bad_events", code=exc.code)
             log.warning("event refused", extra={"fields": {"subject": m.subject, "error": exc.message}})
@@ -181,7 +190,7 @@ class DurableConsumer:
             self.counters.inc("events_retried")
             log.warning("event retried", extra={"fields": {"subject": m.subject, "error": type(exc).__name__}})
             with contextlib.suppress(Exception):
-                await m.nak(delay=self.retry_delay_s)
+                await m.nak(delay=jittered(self.retry_delay_s))
             return
         except Exception as exc:  # loop boundary: a bug must not stop the service
             tracing.fail(exc)

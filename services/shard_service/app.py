@@ -50,6 +50,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from pacer import subjects
 from pacer.bus import Bus
 from pacer.codec import decode
+from pacer.consumer import jittered
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import ProgressEvent, ShardEvent
 from pacer.errors import DecodeError, NotFound, PacerError, Unavailable, ValidationError
@@ -507,13 +508,13 @@ class ShardService:
         rt = self.jobs.get(ev.job)
         if rt is None or not rt.ready or rt.closed:
             if rt is not None:
-                await m.nak(delay=0.5)  # being rebuilt, or no longer ours: later, or the owner
+                await m.nak(delay=jittered(0.5))  # being rebuilt, or no longer ours: later, or the owner
             elif self.own.owns(ev.job) or not await self._has_owner_or_log(ev.job):
                 await m.ack()  # no shards of that job anywhere: nothing to return
             else:
                 self.own.want(ev.job)  # nobody may own it yet; the owner (maybe we) gets it again
                 self.counters.inc("node_events_passed")
-                await m.nak(delay=0.2)
+                await m.nak(delay=jittered(0.2))  # jittered: see pacer.consumer.jittered
             return
         out = rt.core.node_died(ev.node)
         self.counters.inc("node_deaths")
@@ -522,7 +523,7 @@ class ShardService:
             if err is None:
                 await m.ack()
             else:
-                await m.nak(delay=0.5)
+                await m.nak(delay=jittered(0.5))
 
         self.submit(rt, out, ack)
 
