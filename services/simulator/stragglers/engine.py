@@ -367,10 +367,10 @@ class Simulation:
     def _report_and_progress(self, idx: np.ndarray) -> None:
         """After workers ``idx`` stepped: agent reports (every k steps) and shard progress (every progress_s)."""
         c = self.sc.cluster
-        steps = self.acc_steps[idx]
-        own = np.where(steps > 0, self.acc_busy[idx] / np.maximum(steps, 1), 0.0)
-        due = np.clip(np.floor(c.worker_report_s / np.maximum(own, 1e-9)), 1, c.report_steps)  # window_steps
-        for i in idx[(steps >= due) & (steps > 0)].tolist():
+        for i in idx.tolist():
+            steps = int(self.acc_steps[i])
+            if not steps or steps < window_steps(c.report_steps, float(self.acc_busy[i]) / steps, c.worker_report_s):
+                continue
             self.monitor.observe_metrics(self._metrics(i), self.t)
         due = idx[self.has[idx] & (self.t - self.last_prog[idx] >= c.progress_s) & (self.pos[idx] > self.reported[idx])]
         for i in due.tolist():
