@@ -201,7 +201,11 @@ async def test_dashboard_shows_the_running_job_and_stop_works(stack: Stack, clie
         await b.wait_for("document.querySelector('#job-state')?.dataset.state === 'running'"
                          " && document.querySelectorAll('#nodes-body tr[data-node]').length === 4"
                          " && Number(document.querySelector('#throughput')?.dataset.value) > 0"
-                         " && Number(document.querySelector('#shards-done')?.textContent) > 0", timeout=60.0)
+                         " && Number(document.querySelector('#shards-done')?.textContent) > 0"
+                         # the timeline fills from the event replay, a request of its own that may come later
+                         " && document.querySelector('#timeline li[data-kind=\"job.running\"]') !== null"
+                         " && document.querySelectorAll('#timeline li[data-kind=\"node.running\"]').length >= 4",
+                         timeout=60.0)
         page = parse_dom(await b.dom())
         for node in ("ps-0", "ps-1", "worker-0", "worker-1"):
             assert page.find(tag="tr", data_node=node).find(data_field="state").text == "running", node
