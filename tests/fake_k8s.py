@@ -9,6 +9,20 @@ real HTTP, with the official ``kubernetes`` client.  It implements only:
   replays history after a given ``resourceVersion``, ends after
   ``timeoutSeconds``, answers a compacted version with a 410 ``ERROR`` event),
 * ``GET/DELETE /api/v1/namespaces/{ns}/pods/{name}`` and ``.../log``,
+* ``PATCH /api/v1/namespaces/{ns}/pods/{name}/resize`` (in-place pod
+  vertical scaling, Kubernetes >= 1.33): a strategic merge patch of
+  ``spec.containers[].resources`` (cpu and memory only) is merged into the
+  container of the same name, and into its status if it is running, as if
+  a kubelet applied it at once (:meth:`FakeK8s.set_running` fills
+  ``containerStatuses[].resources`` as a 1.33 kubelet does).  Anything else
+  in the patch, or a memory limit lowered under a ``NotRequired`` resize
+  policy (1.33 refuses that), is a 422; another patch type is a 415.
+  :attr:`FakeK8s.kubelet_resizes` off leaves the statuses alone (a pending
+  resize, though without the ``PodResizePending`` condition);
+  ``"pods/resize"`` in :attr:`FakeK8s.forbidden` makes it a 403 (no RBAC);
+  :attr:`FakeK8s.resize_subresource` off makes the fake a server before
+  1.33: ``.../resize`` is a 404 for every pod and statuses carry no
+  ``resources``,
 * ``POST/GET/DELETE /api/v1/namespaces/{ns}/services[/{name}]``,
 * ``GET /api/v1/nodes`` (a ``NodeList`` shaped as the real API returns it:
   labels with ``kubernetes.io/hostname``, ``spec.unschedulable`` and
@@ -28,7 +42,7 @@ non-DNS-1123 names, duplicate names -> 409 ``AlreadyExists``, unknown
 names -> 404 ``NotFound``, ownerReferences without apiVersion, kind, name
 or uid, or with more than one controller -> 422), assigns ``resourceVersion``, ``uid`` and
 ``creationTimestamp``, and records every request for assertions.  There is
-no kubelet: tests move pods through phases with :meth:`FakeK8s.set_running`,
+no kubelet (but a resize is applied at once, above): tests move pods through phases with :meth:`FakeK8s.set_running`,
 :meth:`FakeK8s.terminate`, :meth:`FakeK8s.evict` and
 :meth:`FakeK8s.image_pull_error`.  Deletion removes the pod at once (as the
 API server does for a pod whose kubelet confirmed the kill).
@@ -61,6 +75,7 @@ T = TypeVar("T")
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 
 
 @dataclass
@@ -93,6 +108,27 @@ def _error(code: int, reason: str, message: str) -> web.Response:
     return web.json_response(_status(code, reason, message), status=code)
 
 
+def _merge(into: dict[str, Any], patch: dict[str, Any]) -> None:
+    """Merge ``patch`` into ``into`` as a (strategic) merge patch merges maps: recursively, null deletes."""
+    for k, v in patch.items():
+        if v is None:
+            into.pop(k, None)
+        elif isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = copy.deepcopy(v)
+
+
+def _bytes(quantity: str) -> float:
+    """A memory quantity (``512Mi``, ``2G``, ``1073741824``) in bytes (enough of Kubernetes' syntax)."""
+    m = re.fullmatch(r"([0-9.]+)([KMGTE]i|[kMGTE])?", str(quantity))
+    if m is None:
+        raise ValueError(f"quantity {quantity!r} not understood by the fake")
+    powers = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "E": 10**18,
+              "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Ei": 2**60}
+    return float(m.group(1)) * powers.get(m.group(2) or "", 1)
+
+
 def _parse_selector(text: str) -> dict[str, str]:
     """Equality-based label selectors only (``a=b,c==d``): all the backend sends."""
     out: dict[str, str] = {}
@@ -116,7 +152,9 @@ class FakeK8s:
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
         self.apps: dict[tuple[str, str, str], dict[str, Any]] = {}  # (resource, ns, name) -> Deployment/ReplicaSet
-        self.forbidden: set[str] = set()  # resources ("replicasets", ...) whose GET answers 403 Forbidden
+        self.forbidden: set[str] = set()  # resources ("replicasets", "pods/resize", ...) that answer 403 Forbidden
+        self.resize_subresource = True  # False: a server before 1.33, without pods/{name}/resize (404)
+        self.kubelet_resizes = True  # False: a resize stays pending (status keeps the old resources)
         self.logs: dict[tuple[str, str, str], str] = {}
         self.requests: list[Request] = []
         self.rv = 0
@@ -153,6 +191,7 @@ class FakeK8s:
         app.router.add_get(base + "/pods/{name}", self._get_pod)
         app.router.add_delete(base + "/pods/{name}", self._delete_pod)
         app.router.add_get(base + "/pods/{name}/log", self._pod_log)
+        app.router.add_patch(base + "/pods/{name}/resize", self._resize_pod)
         app.router.add_post(base + "/services", self._create_service)
         app.router.add_get(base + "/services", self._list_services)
         app.router.add_get(base + "/services/{name}", self._get_service)
@@ -335,6 +374,51 @@ class FakeK8s:
         pod["metadata"]["deletionGracePeriodSeconds"] = int(grace) if grace is not None else 30
         self._bump(pod)
         self._emit("DELETED", ns, pod)
+        return web.json_response(pod)
+
+    async def _resize_pod(self, request: web.Request) -> web.Response:
+        """``pods/{name}/resize``: a strategic merge patch of the containers' cpu and memory."""
+        body = await self._record(request)
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        if not self.resize_subresource:  # as an API server that has no such subresource answers
+            return _error(404, "NotFound", "the server could not find the requested resource")
+        if "pods/resize" in self.forbidden:
+            return _error(403, "Forbidden", f'pods "{name}" is forbidden: User "system:serviceaccount:{ns}:pod-executor" '
+                                            f'cannot patch resource "pods/resize" in API group "" in the namespace "{ns}"')
+        pod = self.pods.get((ns, name))
+        if pod is None:
+            return _error(404, "NotFound", f'pods "{name}" not found')
+        if request.content_type != STRATEGIC_MERGE:
+            return _error(415, "UnsupportedMediaType", f"the fake takes only {STRATEGIC_MERGE}, not {request.content_type}")
+        invalid = f'Pod "{name}" is invalid: '
+        spec = body.get("spec") if isinstance(body, dict) else None
+        if not isinstance(spec, dict) or set(body) != {"spec"} or set(spec) != {"containers"}:
+            return _error(422, "Invalid", invalid + "spec: Forbidden: only containers' resources can be resized")
+        stored = {c["name"]: c for c in pod["spec"]["containers"]}
+        for i, c in enumerate(spec["containers"] or []):
+            where = f"spec.containers[{i}]"
+            if not isinstance(c, dict) or c.get("name") not in stored:
+                return _error(422, "Invalid", invalid + f"{where}: Forbidden: containers cannot be added")
+            res = c.get("resources") or {}
+            if set(c) - {"name", "resources"} or not isinstance(res, dict) or set(res) - {"requests", "limits"} or any(
+                    not isinstance(res[k] or {}, dict) or set(res[k] or {}) - {"cpu", "memory"} for k in res):
+                return _error(422, "Invalid", invalid + f"{where}: Forbidden: only cpu and memory resources are mutable")
+            old = stored[c["name"]].get("resources", {}).get("limits", {}).get("memory")
+            new = (res.get("limits") or {}).get("memory", old)
+            policy = {p.get("resourceName"): p.get("restartPolicy") for p in stored[c["name"]].get("resizePolicy") or []}
+            if old and new and _bytes(new) < _bytes(old) and policy.get("memory") != "RestartContainer":
+                return _error(422, "Invalid", invalid + f"{where}.resources.limits[memory]: Forbidden: memory limits "
+                                                        "cannot be decreased unless resizePolicy is RestartContainer")
+
+        def change(pod: dict[str, Any]) -> None:
+            for c in spec["containers"] or []:
+                resources = stored[c["name"]].setdefault("resources", {})
+                _merge(resources, c.get("resources") or {})
+                for st in pod["status"].get("containerStatuses") or []:
+                    if self.kubelet_resizes and st["name"] == c["name"] and "running" in st.get("state", {}):
+                        st["resources"] = copy.deepcopy(resources)
+
+        self._update(ns, name, change)
         return web.json_response(pod)
 
     async def _pod_log(self, request: web.Request) -> web.Response:
@@ -527,14 +611,13 @@ class FakeK8s:
         def change(pod: dict[str, Any]) -> None:
             now = _now()
             pod["spec"]["nodeName"] = node
-            pod["status"].update(
-                phase="Running", hostIP="10.0.0.1", podIP="10.1.0.7", startTime=now,
-                containerStatuses=[
-                    {"name": c, "ready": True, "restartCount": 0, "image": "pacer", "imageID": "",
-                     "state": {"running": {"startedAt": now}}}
-                    for c in self._container_names(pod)
-                ],
-            )
+            statuses = [{"name": c["name"], "ready": True, "restartCount": 0, "image": "pacer", "imageID": "",
+                         "state": {"running": {"startedAt": now}}} for c in pod["spec"]["containers"]]
+            if self.resize_subresource:  # a 1.33 kubelet reports what each running container has
+                for st, c in zip(statuses, pod["spec"]["containers"], strict=True):
+                    st["resources"] = copy.deepcopy(c.get("resources") or {})
+            pod["status"].update(phase="Running", hostIP="10.0.0.1", podIP="10.1.0.7", startTime=now,
+                                 containerStatuses=statuses)
         self._run(self._update, ns, name, change)
 
     def terminate(self, name: str, exit_code: int, reason: str = "", ns: str = "", agent_alive: bool = False) -> None:

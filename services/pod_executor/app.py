@@ -130,6 +130,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 import nats.errors
@@ -469,6 +470,13 @@ class ExecutorService:
                           core.NodeSpec(Role.PS, 0, plan.ps_cpu, plan.ps_memory_mb))
         change = core.plan_change(before, after, {n.node: node_view(n) for n in ej.nodes}, self.cfg.policy,
                                   migrating=ej.migration is not MigrationPhase.NONE)
+        if change.grow:
+            if await self._grow(ej, change.grow):
+                reasons.append(f"memory raised in place on {len(change.grow)} running node(s)")
+            else:  # the backend cannot: the same plan the way that needs no in-place resize
+                change = core.plan_change(before, after, {n.node: node_view(n) for n in ej.nodes},
+                                          replace(self.cfg.policy, memory_in_place=False),
+                                          migrating=ej.migration is not MigrationPhase.NONE)
         if change.ps_deferred:
             reasons.append("PS changes wait: a migration is under way")
         ej.plan, ej.plan_at, ej.applied = plan, now, False
@@ -506,6 +514,26 @@ class ExecutorService:
                                                     "started": started, "stopped": list(change.stop),
                                                     "resizing": len(change.resize),
                                                     "migrate_ps": change.migrate_ps}})
+
+    async def _grow(self, ej: ExecutorJob, grow: tuple[core.NodeSpec, ...]) -> bool:
+        """Raise running nodes' memory in place (``plan_change``'s ``grow``); False when the backend
+        refuses one (a Kubernetes older than 1.33, a pod that just ended): the caller then applies
+        the plan by a migration or a replacement.  Before the plan's intent is saved: a crash in
+        between leaves bigger pods than the record says, and the plan's redelivery grows them again
+        (a resize to the same size is a no-op)."""
+        nodes = {n.node: n for n in ej.nodes}
+        for spec in grow:
+            n = nodes.get(f"{spec.role}-{spec.index}")
+            if n is None:
+                continue
+            try:
+                await self.fx.grow(ej, n, spec.memory_mb)
+            except (Conflict, NotFound) as exc:
+                self.counters.inc("memory_grow_refused")
+                log.warning("in-place memory resize refused; applying the plan without it",
+                            extra={"fields": {"job": ej.job, "node": n.node, "error": exc.message}})
+                return False
+        return True
 
     # ================================================================ rolling worker replacement
     def _queue_resize(self, ej: ExecutorJob, due: tuple[core.NodeSpec, ...]) -> None:

@@ -57,6 +57,7 @@ class ExecutorConfig:
                 relaunch_budget=int(env.get("PACER_RELAUNCH_BUDGET", "3")),
                 oom_memory_factor=float(env.get("PACER_OOM_MEMORY_FACTOR", "2.0")),
                 resize_fraction=float(env.get("PACER_WORKER_RESIZE_FRACTION", "0.25")),
+                memory_in_place=env.get("PACER_MEMORY_IN_PLACE", "1").strip().lower() not in ("0", "false", "no"),
             ),
         )
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 import nats.js.errors
 from nats.js.kv import KeyValue
@@ -277,6 +278,18 @@ class Effects:
         await self.backend.delete(st.name, self.delete_grace_s)
         self.stops_sent.add(st.name)
         self.counters.inc("pods_deleted")
+
+    async def grow(self, ej: ExecutorJob, n: NodeRecord, memory_mb: int) -> None:
+        """Raise the node's memory to ``memory_mb`` in place (its running pod's limit, fenced by
+        :meth:`check`); a node without a live pod just gets it in its record, for its next pod.
+        The backend's refusal (:class:`~pacer.errors.Conflict`, ``NotFound``) propagates."""
+        st = self.current(ej, n)
+        if st is not None and st.phase is not PodPhase.EXITED:
+            await self.check(ej)
+            await self.backend.resize(st.name, memory_mb)
+            self.pods[st.name] = replace(st, memory_mb=memory_mb)
+        n.memory_mb = memory_mb
+        self.counters.inc("memory_grown", role=n.role)
 
     async def delete_pod(self, ej: ExecutorJob, name: str) -> None:
         """Stop a pod the record names by name only (a migration's retired PS), fenced by :meth:`check`."""

@@ -77,6 +77,22 @@ class GatedBackend:
         return getattr(self.inner, attr)
 
 
+class RefusingBackend:
+    """The local backend on a cluster that cannot resize pods in place (Kubernetes before 1.33)."""
+
+    def __init__(self, inner: LocalBackend) -> None:
+        self.inner = inner
+        self.name, self.reserves_capacity = inner.name, inner.reserves_capacity
+        self.refused = 0
+
+    async def resize(self, name: str, memory_mb: int) -> None:
+        self.refused += 1
+        raise Conflict(f"pod {name}: the server could not find the requested resource (pods/resize)")
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+
 class Harness:
     def __init__(self, url: str, root: Path, ctrl: Path) -> None:
         self.url, self.root, self.ctrl = url, root, ctrl
@@ -85,6 +101,7 @@ class Harness:
                                   orphan_grace_s=1.0)
         self.proc: InProcess[ExecutorService] | None = None
         self.gated: GatedBackend | None = None  # set: the executor's backend hangs on this job's stops
+        self.refusing: RefusingBackend | None = None  # set (any value): pods cannot grow in place
 
     def build(self, rec: JobRecord, plan: ResourcePlan, cluster: Any, role: str, index: int, generation: int,
               cpu: float, memory_mb: int, port: int, cfg: launch.LaunchConfig, restore: bool = False) -> PodSpec:
@@ -99,6 +116,9 @@ class Harness:
             if self.gated is not None:
                 self.gated = GatedBackend(local, self.gated.job)
                 return self.gated
+            if self.refusing is not None:
+                self.refusing = RefusingBackend(local)
+                return self.refusing
             return local
 
         self.proc = InProcess(self.url, lambda b: ExecutorService(b, backend(), self.cfg, pod_builder=self.build))
@@ -313,10 +333,11 @@ def down_at_once(ev: Events, generation: int) -> int:
 
 async def test_new_worker_memory_replaces_the_running_workers_a_batch_at_a_time(
         env: tuple[Harness, Events, Bus]) -> None:
-    """A plan with more worker memory: every running worker is replaced by a pod with the new memory, two of
-    the four at a time (fraction 0.5), highest slot first; the PS stays; ``applied`` once the last one runs."""
+    """A plan with more worker memory, where pods cannot grow in place: every running worker is replaced
+    by a pod with the new memory, two of the four at a time (fraction 0.5), highest slot first; the PS
+    stays; ``applied`` once the last one runs."""
     h, ev, bus = env
-    h.cfg.policy = ExecutorPolicy(relaunch_budget=2, resize_fraction=0.5)
+    h.cfg.policy = ExecutorPolicy(relaunch_budget=2, resize_fraction=0.5, memory_in_place=False)
     await publish_plan(bus, plan(workers=4))
     await ev.wait(lambda: ev.of("executor.applied"))
     t0 = time.time()
@@ -343,6 +364,47 @@ async def test_new_worker_memory_replaces_the_running_workers_a_batch_at_a_time(
     assert ev.items.index(("executor.applied", applied[0])) > last_running
     assert 0 < applied[0].overhead_s <= time.time() - t0 + 1.0
     assert applied[0].plan.worker_memory_mb == 384
+
+
+async def test_more_memory_alone_grows_the_running_pods_in_place(env: tuple[Harness, Events, Bus]) -> None:
+    """A plan that only raises the PS's and the workers' memory (what OOM prevention asks for): no pod
+    stops, no migration; the running pods report the new limit and ``applied`` follows at once."""
+    h, ev, bus = env
+    await publish_plan(bus, plan(workers=2))
+    await ev.wait(lambda: ev.of("executor.applied"))
+    await publish_plan(bus, replace(plan(workers=2), worker_memory_mb=384, ps_memory_mb=512))
+    applied = await ev.wait(lambda: ev.of("executor.applied")[1:])
+    assert applied[0].plan.ps_memory_mb == 512 and applied[0].overhead_s < 30.0
+    assert not ev.of("node.died")  # nothing stopped (a migration would retire ps-0 and restart the workers)
+    assert [e.generation for e in ev.of("node.created")] == [0, 0, 0]
+    live = {p.node: p for p in await LocalBackend(h.root).list(JOB) if p.phase.value != "exited"}
+    assert {n: (p.generation, p.memory_mb) for n, p in live.items()} == {
+        "ps-0": (0, 512), "worker-0": (0, 384), "worker-1": (0, 384)}
+    st = {n.node: n for n in (await status(bus)).nodes}
+    assert {n: (x.generation, x.memory_mb) for n, x in st.items()} == {
+        "ps-0": (0, 512), "worker-0": (0, 384), "worker-1": (0, 384)}
+    assert h.proc is not None and h.proc.svc is not None
+    counts = h.proc.svc.counters.snapshot()
+    assert sum(v for k, v in counts.items() if k.startswith("memory_grown")) == 3, counts
+
+
+async def test_a_cluster_that_cannot_grow_pods_gets_the_plan_by_replacement(
+        env: tuple[Harness, Events, Bus]) -> None:
+    """The backend refuses the in-place resize: the refusal is counted and the workers' new memory comes
+    the way it did before, by the rolling replacement (a new pod with 384 MiB each)."""
+    h, ev, bus = env
+    await h.stop()
+    h.refusing = RefusingBackend(LocalBackend(h.root))
+    await h.start()
+    await publish_plan(bus, plan(workers=2))
+    await ev.wait(lambda: ev.of("executor.applied"))
+    await publish_plan(bus, replace(plan(workers=2), worker_memory_mb=384))
+    await ev.wait(lambda: ev.of("executor.applied")[1:])
+    created = {(e.node, e.generation): e.memory_mb for e in ev.of("node.created")}
+    assert created[("worker-0", 1)] == created[("worker-1", 1)] == 384 and ("ps-0", 1) not in created
+    assert h.refusing is not None and h.refusing.refused >= 1
+    assert h.proc is not None and h.proc.svc is not None
+    assert h.proc.svc.counters.snapshot().get("memory_grow_refused", 0) >= 1
 
 
 async def test_a_replacement_decided_before_a_crash_is_carried_out_after_restart(

@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 from pacer.contracts.executor import PodPhase, PodSpec, PodStatus
-from pacer.errors import Conflict
+from pacer.errors import Conflict, NotFound
 from pacer_services.pod_executor.backends import Backend
 from pacer_services.pod_executor.backends.local import LocalBackend
 from pacer_services.pod_executor.core import ExitInfo, ExitReason, classify
@@ -192,6 +192,30 @@ async def test_memory_over_the_limit_is_oom_killed(backend: LocalBackend) -> Non
     assert st.oom and st.reason == "OOMKilled" and st.signal == signal.SIGKILL
     assert st.peak_rss_bytes > 64 << 20
     assert classify(info(st)) is ExitReason.OOM
+
+
+async def test_a_limit_raised_in_place_lets_the_pod_grow_past_its_old_one(backend: LocalBackend,
+                                                                          tmp_path: Path) -> None:
+    """Kubernetes' in-place pod resize, locally: the same trainer, never restarted, may now use more."""
+    go = tmp_path / "go"
+    hog = (f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+           "b = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('grew', flush=True)")
+    await backend.create(spec("grow", hog, memory_mb=96))
+    await wait_status(backend, "grow", lambda st: st.phase is PodPhase.RUNNING)
+    pid = pod_meta(tmp_path / "pods", "grow")["trainer_pid"]
+    await backend.resize("grow", 512)
+    listed = {st.name: st for st in await backend.list()}
+    assert listed["grow"].memory_mb == 512 and listed["grow"].phase is PodPhase.RUNNING
+    go.write_text("")
+    st = await wait_exit(backend, "grow")
+    assert st.exit_code == 0 and not st.oom and st.peak_rss_bytes > 96 << 20
+    assert pod_meta(tmp_path / "pods", "grow")["trainer_pid"] == pid  # the same process: no restart
+    assert "grew" in await backend.logs("grow")
+    # an exited pod cannot grow, an unknown one is not found
+    with pytest.raises(Conflict):
+        await backend.resize("grow", 1024)
+    with pytest.raises(NotFound):
+        await backend.resize("nobody", 1024)
 
 
 async def test_memory_under_the_limit_is_not_killed(backend: LocalBackend) -> None:

@@ -157,6 +157,31 @@ def test_added_workers_join_ps_changes_migrate_and_new_worker_sizes_roll() -> No
     assert run.scalings == 3 and run.pause_s == 2 * restart  # the first start and the migration's restart
 
 
+def test_more_memory_alone_grows_in_place_without_a_pause() -> None:
+    """The executor's plan_change grows running nodes' memory in place: the job never stops, and the
+    simulated nodes hold the new limit (an OOM then comes later or not at all)."""
+    cfg = SimConfig(noise=0.0)
+    a = plan(4, 2, 4, 8, pm=10**6)
+    b = replace(a, ps_memory_mb=2 * 10**6, worker_memory_mb=a.worker_memory_mb * 2)
+    sc = Scripted(a, {540.0: b})
+    run = run_job("wide_deep", sc, seed=0, samples_total=200_000_000, config=cfg)
+    restart = cfg.pending_s + cfg.init_s
+    assert [(t, r.kind, r.pause_s) for t, r in sc.records] == [(0.0, ScalingKind.PS, restart),
+                                                               (540.0, ScalingKind.MEMORY, 0.0)]
+    psi = [p for t, p, _ in run.timeline if t >= restart]
+    assert min(psi) > 0.0 and run.pause_s == restart  # only the first start paused the job
+    truth = replace(WD, growth_mb_per_hour=20_000.0)
+    job = sim_job("job", truth, 10**12, cfg)
+    sim = JobSim(job, truth, cfg, np.random.default_rng(0))
+    small = plan(8, 2, 4, 8, pm=8192)
+    sim.apply(small, 0.0)
+    sim.step(0.0, restart + 10.0)
+    rec = sim.apply(replace(small, ps_memory_mb=4 * 8192), restart + 10.0)
+    assert rec is not None and rec.kind is ScalingKind.MEMORY and rec.pause_s == 0.0
+    assert all(n.spec.memory_mb == 4 * 8192 for name, n in sim.nodes(restart + 10.0).items() if name.startswith("ps-"))
+    assert sim.migration is None
+
+
 def test_oom_loses_progress_since_the_checkpoint_and_doubles_memory() -> None:
     truth = replace(WD, growth_mb_per_hour=20_000.0)
     cfg = SimConfig(noise=0.0, checkpoint_s=600.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from pacer.contracts.jobs import PlanSource, ResourcePlan
@@ -144,6 +146,22 @@ def test_overhead_model_takes_medians_from_history() -> None:
     assert model.pause_s(base, _plan("a", 2, ps=2)) == 90.0
     assert model.pause_s(None, base) == 90.0
     assert OverheadModel.from_history([]).ps_pause_s == OverheadModel().ps_pause_s
+
+
+def test_more_memory_alone_is_its_own_kind_and_costs_what_its_history_says() -> None:
+    base = replace(_plan("a", 2, ps=2), ps_cpu=2.0, ps_memory_mb=2048, worker_memory_mb=1024)
+    grown = replace(base, ps_memory_mb=base.ps_memory_mb * 2, worker_memory_mb=base.worker_memory_mb + 512)
+    assert ScalingKind.between(base, grown) is ScalingKind.MEMORY
+    # less memory, or more memory with anything else, is not an in-place growth
+    assert ScalingKind.between(grown, base) is ScalingKind.PS
+    assert ScalingKind.between(base, replace(grown, ps=3)) is ScalingKind.PS
+    assert ScalingKind.between(base, replace(base, worker_memory_mb=base.worker_memory_mb * 2, workers=3)) \
+        is ScalingKind.WORKERS
+    assert OverheadModel().pause_s(base, grown) == 0.0  # in place: nothing restarts
+    # a cluster that cannot grow pods in place shows it in the executor's pauses, and the model learns it
+    learnt = OverheadModel.from_history([ScalingRecord(ScalingKind.MEMORY, 115.0),
+                                         ScalingRecord(ScalingKind.MEMORY, 125.0)])
+    assert learnt.pause_s(base, grown) == 120.0 and learnt.ps_pause_s == OverheadModel().ps_pause_s
 
 
 def test_a_cheaper_and_faster_candidate_is_taken_first() -> None:

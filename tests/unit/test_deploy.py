@@ -514,7 +514,7 @@ def test_k8s_calls_are_read_from_the_backend() -> None:
     """The parser above sees what kubernetes.py does (or this test would pass vacuously)."""
     assert k8s_calls() >= {
         ("pods", "create"), ("pods", "list"), ("pods", "watch"), ("pods", "delete"),
-        ("pods/log", "get"), ("services", "create"),
+        ("pods/log", "get"), ("pods/resize", "patch"), ("services", "create"),
     }
     assert k8s_cluster_calls() == {("nodes", "list"), ("pods", "list")}
 
@@ -542,8 +542,9 @@ def test_pod_executor_rbac(overlay: str) -> None:
     assert not missing, f"Role pod-executor lacks {sorted(missing)}"
     assert POD_VERBS <= grants["pods"] and {"create", "get"} <= grants["services"]
     assert grants["pods/log"] == {"get"}
+    assert grants["pods/resize"] == {"patch"}  # in-place memory resize, nothing else of it
     # ... and nothing outside the few resources it has a reason to touch (no secrets, no wildcards).
-    assert set(grants) <= {"pods", "pods/log", "events", "services"}
+    assert set(grants) <= {"pods", "pods/log", "pods/resize", "events", "services"}
     assert not any("*" in verbs for verbs in grants.values())
     binding = one(docs, "RoleBinding", "pod-executor")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-executor"}

@@ -311,10 +311,16 @@ def test_scaling_workers_starts_the_lowest_free_slots_and_stops_the_highest() ->
 
 
 def test_new_worker_size_is_a_rolling_replacement_chief_last() -> None:
-    ch = plan_change(P(8), P(8, memory_mb=2048), job(8))
+    ch = plan_change(P(8), P(8, cpu=2.0, memory_mb=2048), job(8))
     assert ch.resize_batches == ((7, 6), (5, 4), (3, 2), (1, 0)) and not ch.migrate_ps
-    assert ch.start == () and ch.stop == ()
-    assert [s.memory_mb for s in ch.resize] == [2048] * 8
+    assert ch.start == () and ch.stop == () and ch.grow == ()
+    assert [(s.cpu, s.memory_mb) for s in ch.resize] == [(2.0, 2048)] * 8
+    # less memory cannot be given in place: a replacement too
+    less = plan_change(P(8, memory_mb=2048), P(8), job(8, memory_mb=2048))
+    assert less.resize_batches == ((7, 6), (5, 4), (3, 2), (1, 0)) and less.grow == ()
+    # without in-place growth (a cluster that cannot), more memory is a replacement as well
+    off = plan_change(P(8), P(8, memory_mb=2048), job(8), ExecutorPolicy(memory_in_place=False))
+    assert off.resize_batches == ((7, 6), (5, 4), (3, 2), (1, 0)) and off.grow == ()
     # scaled down and resized: only the workers that stay are replaced, in batches of the new count
     down = plan_change(P(8), P(4, cpu=2.0), job(8))
     assert down.stop == ("worker-4", "worker-5", "worker-6", "worker-7")
@@ -327,12 +333,38 @@ def test_new_worker_size_is_a_rolling_replacement_chief_last() -> None:
 def test_a_ps_change_is_a_migration_that_carries_the_worker_resize() -> None:
     more_ps = plan_change(P(4), P(4, ps=2), job(4))
     assert more_ps.migrate_ps and more_ps.start == () and more_ps.stop == () and more_ps.resize_batches == ()
-    bigger = plan_change(P(4), P(4, ps_memory_mb=4096, memory_mb=2048), job(4))
+    bigger = plan_change(P(4), P(4, ps_cpu=2.0, memory_mb=2048), job(4))
     assert bigger.migrate_ps and bigger.resize_batches == ()  # every worker restarts once, with its new size
-    assert [s.memory_mb for s in bigger.resize] == [2048] * 4
+    assert [s.memory_mb for s in bigger.resize] == [2048] * 4 and bigger.grow == ()
     waits = plan_change(P(4), P(4, ps=3), job(4), migrating=True)
     assert not waits.migrate_ps and waits.ps_deferred
     assert not plan_change(P(4), P(4), job(4)).migrate_ps
+
+
+def test_more_memory_alone_grows_the_running_nodes_in_place() -> None:
+    # the PS: no migration, every live PS grows; the workers: no replacement
+    ch = plan_change(P(4, ps=2), P(4, ps=2, ps_memory_mb=4096, memory_mb=2048), job(4, ps=2))
+    assert not ch.migrate_ps and ch.resize_batches == () and ch.resize == () and not ch.ps_deferred
+    assert sorted((s.role, s.index, s.cpu, s.memory_mb) for s in ch.grow) == [
+        ("ps", 0, 1.0, 4096), ("ps", 1, 1.0, 4096),
+        *(("worker", i, 1.0, 2048) for i in range(4))]
+    # new workers of the same plan start with the new size; only the running ones grow
+    up = plan_change(P(2), P(3, memory_mb=2048), job(2))
+    assert [(s.index, s.memory_mb) for s in up.start] == [(2, 2048)]
+    assert sorted(s.index for s in up.grow if s.role == "worker") == [0, 1]
+    # a PS the executor already gave more (an OOM relaunch) does not shrink nor grow
+    big = {**job(2, ps=2), "ps-1": Node(NodeSpec("ps", 1, 1.0, 8192), state="running")}
+    some = plan_change(P(2, ps=2), P(2, ps=2, ps_memory_mb=4096), big)
+    assert [(s.role, s.index) for s in some.grow] == [("ps", 0)] and not some.migrate_ps
+    # more PS memory and another PS count: a migration, nothing grows in place
+    moved = plan_change(P(2), P(2, ps=2, ps_memory_mb=4096), job(2))
+    assert moved.migrate_ps and moved.grow == ()
+    # during a migration the new PS start with the old size: the growth waits for it
+    waits = plan_change(P(2), P(2, ps_memory_mb=4096), job(2), migrating=True)
+    assert waits.ps_deferred and not waits.migrate_ps and all(s.role == "worker" for s in waits.grow)
+    # policy off: the PS migrate as before
+    off = plan_change(P(2), P(2, ps_memory_mb=4096), job(2), ExecutorPolicy(memory_in_place=False))
+    assert off.migrate_ps and off.grow == ()
 
 
 def test_an_oom_raised_worker_keeps_its_memory_in_a_plan_change() -> None:

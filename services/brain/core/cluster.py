@@ -112,12 +112,15 @@ def resource_cost(extra: Resources, prices: Prices) -> float:
 class ScalingKind(str, enum.Enum):
     """What a re-plan has to restart, which decides how long training pauses.
 
-    ``none``: the plan does not change.  ``workers``: only workers are added,
+    ``none``: the plan does not change.  ``memory``: only memory grows, same
+    counts and CPU (the executor raises the running pods' limits in place:
+    no pause where the cluster can).  ``workers``: only workers are added,
     removed or resized; the PS keep the model.  ``ps``: the PS set changes,
     so the model is checkpointed and restored (DLRover-RM §5.2 migration).
     """
 
     NONE = "none"
+    MEMORY = "memory"
     WORKERS = "workers"
     PS = "ps"
 
@@ -125,6 +128,11 @@ class ScalingKind(str, enum.Enum):
     def between(cls, current: ResourcePlan | None, new: ResourcePlan) -> ScalingKind:
         if current is None:
             return cls.PS  # a first start brings up everything
+        if ((current.ps, current.ps_cpu, current.workers, current.worker_cpu)
+                == (new.ps, new.ps_cpu, new.workers, new.worker_cpu)
+                and new.ps_memory_mb >= current.ps_memory_mb and new.worker_memory_mb >= current.worker_memory_mb
+                and (new.ps_memory_mb, new.worker_memory_mb) != (current.ps_memory_mb, current.worker_memory_mb)):
+            return cls.MEMORY
         if (current.ps, current.ps_cpu, current.ps_memory_mb) != (new.ps, new.ps_cpu, new.ps_memory_mb):
             return cls.PS
         if (current.workers, current.worker_cpu, current.worker_memory_mb) != (
@@ -152,26 +160,32 @@ class OverheadModel:
 
     worker_pause_s: float = 30.0
     ps_pause_s: float = 120.0
+    # memory raised in place: nothing restarts (a cluster that cannot shows a pause in the history)
+    memory_pause_s: float = 0.0
 
     @classmethod
     def from_history(
         cls, records: Iterable[ScalingRecord], default: OverheadModel | None = None
     ) -> OverheadModel:
         base = default or cls()
-        by_kind: dict[ScalingKind, list[float]] = {ScalingKind.WORKERS: [], ScalingKind.PS: []}
+        by_kind: dict[ScalingKind, list[float]] = {ScalingKind.WORKERS: [], ScalingKind.PS: [],
+                                                   ScalingKind.MEMORY: []}
         for r in records:
             if r.kind in by_kind and r.pause_s >= 0.0 and math.isfinite(r.pause_s):
                 by_kind[r.kind].append(r.pause_s)
-        w, p = by_kind[ScalingKind.WORKERS], by_kind[ScalingKind.PS]
+        w, p, m = by_kind[ScalingKind.WORKERS], by_kind[ScalingKind.PS], by_kind[ScalingKind.MEMORY]
         return cls(
             worker_pause_s=statistics.median(w) if w else base.worker_pause_s,
             ps_pause_s=statistics.median(p) if p else base.ps_pause_s,
+            memory_pause_s=statistics.median(m) if m else base.memory_pause_s,
         )
 
     def pause_s(self, current: ResourcePlan | None, new: ResourcePlan) -> float:
         kind = ScalingKind.between(current, new)
         if kind is ScalingKind.NONE:
             return 0.0
+        if kind is ScalingKind.MEMORY:
+            return self.memory_pause_s
         return self.worker_pause_s if kind is ScalingKind.WORKERS else self.ps_pause_s
 
 

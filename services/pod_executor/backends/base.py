@@ -22,6 +22,11 @@ Contract
 * ``watch`` yields a status every time a pod's phase changes (and once for
   every known pod when it starts), forever; it survives backend errors by
   reconnecting / re-listing.  Statuses of one pod arrive in order.
+* ``resize`` raises a running pod's memory limit (its trainer's) in place,
+  without a restart; an unknown pod raises
+  :class:`~pacer.errors.NotFound`, a backend or cluster that cannot
+  (Kubernetes before 1.33) :class:`~pacer.errors.Conflict`.  The pod's
+  statuses report the new ``memory_mb`` from then on.
 * ``cluster`` gives the TF addresses a job's PS and worker slots will have.
 * ``machines`` lists the machines pods can run on with what is free on each
   (the brain places nodes on them, Dike); ``[]`` when the backend cannot
@@ -53,6 +58,9 @@ class Backend(Protocol):
 
     async def delete(self, name: str, grace_s: float = 10.0) -> None:
         """Stop the pod (SIGTERM, then SIGKILL after ``grace_s``); unknown names are ignored."""
+
+    async def resize(self, name: str, memory_mb: int) -> None:
+        """Raise the running pod's memory limit to ``memory_mb`` MiB in place (no restart)."""
 
     async def list(self, job: str | None = None) -> list[PodStatus]:
         """Every pod the backend knows (of ``job``), live or exited."""

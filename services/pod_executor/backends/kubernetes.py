@@ -21,6 +21,23 @@ A PodSpec's ``machine`` (the brain's Dike placement) becomes a *preferred*
 node affinity on ``kubernetes.io/hostname``; :meth:`KubernetesBackend.machines`
 reports the ready, schedulable nodes with what is free on each.
 
+In-place memory resize (:meth:`KubernetesBackend.resize`): Kubernetes >= 1.33,
+where in-place pod vertical scaling is on by default (1.32 with its
+``InPlacePodVerticalScaling`` feature gate).  A strategic merge PATCH of the
+pod's ``resize`` subresource sets the trainer container's memory request and
+limit; the agent sidecar is not touched.  The trainer container declares
+``resizePolicy`` memory ``NotRequired`` (unless its template sets a policy),
+so the kubelet raises the limit without restarting the container.  The call
+returns once the API server accepted the new spec; the kubelet applies it
+later (or leaves it pending while the node has no room), and
+:func:`pod_status` reports the memory the container has once the kubelet
+says so (``status.containerStatuses[].resources``).  Errors: no such pod ->
+``NotFound``; the API refuses -> ``Conflict`` with the API's reason (a 404 on
+the subresource of a pod that exists: a server before 1.33; 403: no RBAC for
+``pods/resize``; 422: an invalid resize, e.g. a lower memory limit, which
+1.33 refuses under ``NotRequired``; any other 4xx): the caller's cue to
+migrate the pod instead; connection errors, 429 and 5xx -> ``Unavailable``.
+
 Concurrency: the client is blocking, so every call runs in a thread
 (``asyncio.to_thread``); a watch runs in a daemon thread of its own that
 feeds an ``asyncio.Queue`` and is stopped (its socket shut down) when the
@@ -51,7 +68,7 @@ import kubernetes.watch as k8s_watch
 import yaml
 from kubernetes.client import ApiException
 from pacer.contracts.executor import MachineInfo, PodPhase, PodSpec, PodStatus
-from pacer.errors import Conflict, Unavailable
+from pacer.errors import Conflict, NotFound, Unavailable
 from pacer.metrics import REGISTRY
 from pacer.trainer.cluster import ClusterDesc
 from prometheus_client import Counter
@@ -75,6 +92,9 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DEAD_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError", "InvalidImageName"})
 DELETED_REASON = "Deleted"
 _SIGTERM = 15
+# The trainer's memory limit is raised in place (resize) without restarting it.
+TRAINER_RESIZE_POLICY = [{"resourceName": "memory", "restartPolicy": "NotRequired"}]
+_STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 _Statuses = list[PodStatus]  # `list` is a method name of the backend
 _Json = list[dict[str, Any]]  # objects of an API list, as plain JSON
 _Item = tuple[str, Any] | str | BaseException  # a watch event, the last version (clean end) or the error
@@ -197,6 +217,37 @@ class KubernetesBackend:
             raise _unavailable("delete pod " + name, e) from e
         if isinstance(obj, k8s.V1Pod) and _is_pacer(obj):
             self._gone[name] = deleted(pod_status(obj))
+
+    async def resize(self, name: str, memory_mb: int) -> None:
+        """Set the trainer container's memory request and limit to ``memory_mb`` MiB, in place.
+
+        A strategic merge PATCH of ``pods/{name}/resize`` (Kubernetes >= 1.33);
+        returns once the API server accepted it, before the kubelet applied
+        it.  Raises ``NotFound`` (no such pod), ``Conflict`` (the API refuses:
+        a server before 1.33, no RBAC, an invalid resize; the API's reason is
+        in the message) or ``Unavailable`` (connection errors, 429, 5xx).
+        """
+        if memory_mb < 1:
+            raise ValueError(f"memory_mb must be positive, not {memory_mb}")
+        mem = f"{memory_mb}Mi"
+        body: Any = {"spec": {"containers": [
+            {"name": "trainer", "resources": {"requests": {"memory": mem}, "limits": {"memory": mem}}},
+        ]}}
+        try:
+            await asyncio.to_thread(
+                self.api.patch_namespaced_pod_resize, name, self.namespace, body, _content_type=_STRATEGIC_MERGE,
+            )
+        except ApiException as e:
+            if e.status == 404:
+                if not await self._exists(name):
+                    raise NotFound(f"kubernetes: resize pod {name}: no such pod") from e
+                raise Conflict(f"kubernetes: resize pod {name}: the API server has no pods/resize "
+                               f"(Kubernetes before 1.33?): {_api_reason(e)}") from e
+            if e.status is not None and 400 <= e.status < 500 and e.status != 429:
+                raise Conflict(f"kubernetes: resize pod {name} refused: {_api_reason(e)}") from e
+            raise _unavailable("resize pod " + name, e) from e
+        except Exception as e:
+            raise _unavailable("resize pod " + name, e) from e
 
     async def list(self, job: str | None = None) -> list[PodStatus]:
         pods, _ = await self._list(job)
@@ -370,6 +421,8 @@ class KubernetesBackend:
                                                      "limits": {"cpu": cpu, "memory": mem}}, pod.image)
         if pod.port > 0:
             trainer["ports"] = [{"name": "tf-grpc", "containerPort": pod.port}]
+        if not trainer.get("resizePolicy"):  # a template's own policy wins
+            trainer["resizePolicy"] = copy.deepcopy(TRAINER_RESIZE_POLICY)
         containers = [trainer]
         if pod.agent:
             containers.append(container("agent", pod.agent, copy.deepcopy(AGENT_RESOURCES)))
@@ -417,6 +470,18 @@ class KubernetesBackend:
             else:
                 log.info("kubernetes: pods and Services are owned by Deployment %s (uid %s)",
                          self.owner["name"], self.owner["uid"])
+
+    async def _exists(self, name: str) -> bool:
+        """Whether the API server has pod ``name`` (Unavailable if it cannot tell)."""
+        try:
+            await asyncio.to_thread(self.api.read_namespaced_pod, name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise _unavailable("get pod " + name, e) from e
+        except Exception as e:
+            raise _unavailable("get pod " + name, e) from e
+        return True
 
     async def _ensure_service(self, job: str) -> None:
         try:
@@ -800,6 +865,9 @@ def pod_status(pod: Any) -> PodStatus:
         if c.name == "trainer" and c.resources is not None:
             limits = c.resources.limits or c.resources.requests or {}
             cpu, mem = _quantity(limits.get("cpu")), _quantity(limits.get("memory"))
+    actual = trainer.resources if trainer is not None else None  # k8s >= 1.33: what the kubelet applied
+    if actual is not None and (actual.limits or {}).get("memory"):
+        mem = _quantity(actual.limits["memory"])
     try:
         generation = int(labels.get(L_GEN, "0"))
     except ValueError:
@@ -819,6 +887,18 @@ def deleted(status: PodStatus, now: Callable[[], float] = time.time) -> PodStatu
     if status.phase is PodPhase.EXITED:
         return status
     return replace(status, phase=PodPhase.EXITED, reason=DELETED_REASON, signal=_SIGTERM, finished_at=now())
+
+
+def _api_reason(e: ApiException) -> str:
+    """``<status> <reason>: <message>`` of the API's Status in an error response (else the HTTP reason)."""
+    try:
+        st = json.loads(e.body or "")
+    except (TypeError, ValueError):
+        st = None
+    if not isinstance(st, dict):
+        return f"{e.status} {e.reason}"
+    reason, message = st.get("reason") or e.reason, st.get("message")
+    return f"{e.status} {reason}: {message}" if message else f"{e.status} {reason}"
 
 
 def _unavailable(what: str, e: BaseException) -> Unavailable:

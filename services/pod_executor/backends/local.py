@@ -38,11 +38,12 @@ from typing import Any
 import psutil
 from pacer.codec import from_dict, to_dict
 from pacer.contracts.executor import MachineInfo, PodPhase, PodSpec, PodStatus
-from pacer.errors import Conflict, DecodeError, PacerError, Unavailable
+from pacer.errors import Conflict, DecodeError, NotFound, PacerError, Unavailable
 from pacer.trainer.cluster import ClusterDesc
 from pacer_services.pod_executor.backends.pod import (
     DELETE_FILE,
     POD_FILE,
+    RESIZE_FILE,
     STATUS_FILE,
     read_json,
     write_json,
@@ -112,6 +113,31 @@ class LocalBackend:
         _write_text(d / DELETE_FILE, str(grace_s))
         with contextlib.suppress(psutil.Error):
             sup.send_signal(signal.SIGTERM)
+
+    async def resize(self, name: str, memory_mb: int) -> None:
+        """Write the new limit to ``<pod dir>/resize`` and wait until the supervisor applied it.
+
+        The supervisor reads it at its next tick, as a kubelet applies a pod
+        resize (:mod:`.pod`); an exited pod (or one whose supervisor is gone)
+        cannot grow: :class:`~pacer.errors.Conflict`.
+        """
+        if memory_mb <= 0:
+            raise Conflict(f"pod {name}: memory must be positive, not {memory_mb} MiB")
+        d = self._find(name)
+        if d is None:
+            raise NotFound(f"pod {name} does not exist")
+        deadline = time.monotonic() + START_TIMEOUT_S
+        _write_text(d / RESIZE_FILE, str(int(memory_mb)))
+        while True:
+            st = await asyncio.to_thread(self._status, d)
+            if st is None or st.phase is PodPhase.EXITED:
+                raise Conflict(f"pod {name} has exited: its memory cannot grow")
+            if st.memory_mb == memory_mb and st.phase is PodPhase.RUNNING:
+                return
+            if time.monotonic() > deadline:
+                raise Unavailable(f"pod {name}: the resize to {memory_mb} MiB was not applied "
+                                  f"within {START_TIMEOUT_S}s")
+            await asyncio.sleep(0.05)
 
     async def list(self, job: str | None = None) -> builtins.list[PodStatus]:
         return await asyncio.to_thread(self._scan, job)

@@ -11,7 +11,10 @@ every pod, in a session of its own so that it outlives the executor.  It
   node looks locally;
 * enforces the memory limit the way a cgroup would: every tick the RSS of the
   trainer's process tree is summed, and over ``memory_mb`` the tree is
-  SIGKILLed and the exit recorded as ``OOMKilled``;
+  SIGKILLed and the exit recorded as ``OOMKilled``.  The limit can be raised
+  while the pod runs, as Kubernetes' in-place pod resize does: the backend
+  writes the new MiB to ``<dir>/resize`` and the supervisor applies it at
+  its next tick (``status.json``'s ``memory_mb`` then says so);
 * enforces the CPU limit like a CFS quota: per period (100 ms, env
   ``PACER_CPU_PERIOD_MS``) the tree may use ``cpu * period`` of CPU time; the
   excess is a debt, repaid with the tree SIGSTOPped (``PACER_CPU_LIMITS=0``
@@ -65,6 +68,7 @@ THROTTLE_ENV = "PACER_POD_CPU_THROTTLE"  # {"cpu": c, "start_s": t}: an injected
 POD_FILE = "pod.json"
 STATUS_FILE = "status.json"
 DELETE_FILE = "delete"  # holds the grace period (s) of a pending delete
+RESIZE_FILE = "resize"  # holds the memory limit (MiB) an in-place resize raised the pod to
 DEFAULT_GRACE_S = 10.0
 AGENT_GRACE_S = 5.0  # after the trainer ended on its own
 OOM_REASON = "OOMKilled"
@@ -355,6 +359,7 @@ class Supervisor:
                    quota: CpuQuota | None) -> tuple[int, bool, int]:
         """Until the trainer ends: memory and CPU limits, deletion.  -> (returncode, oom, peak RSS)."""
         limit = self.spec.memory_mb * 1024 * 1024
+        resized = 0.0  # mtime of the resize file last applied
         oom = False
         peak = 0
         kill_at: float | None = None
@@ -387,6 +392,12 @@ class Supervisor:
                 if self.agent is not None and self.agent.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
                         self.agent.send_signal(signal.SIGTERM)
+            grown = self._resized(resized)
+            if grown is not None:
+                resized, mb = grown
+                limit = mb * 1024 * 1024
+                if self.status is not None:
+                    self._set_status(replace(self.status, memory_mb=mb))
             tree.refresh()
             if kill_at is not None and now >= kill_at:
                 tree.kill()
@@ -410,6 +421,21 @@ class Supervisor:
                     tree.signal(signal.SIGCONT)
                 self._publish_throttled(quota, now)
             time.sleep(tick)
+
+    def _resized(self, seen: float) -> tuple[float, int] | None:
+        """(mtime, MiB) of an in-place resize newer than ``seen`` (:data:`RESIZE_FILE`), or None."""
+        path = self.dir / RESIZE_FILE
+        try:
+            mtime = path.stat().st_mtime
+            if mtime == seen:
+                return None
+            mb = int(path.read_text().strip())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            print(f"pod: ignoring a bad {RESIZE_FILE} file: {exc}", file=sys.stderr, flush=True)
+            return None
+        return (mtime, mb) if mb > 0 else None
 
     def _publish_throttled(self, quota: CpuQuota, now: float) -> None:
         """Update status.json when the throttled time grew by a second (observability while running)."""

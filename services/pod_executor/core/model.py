@@ -63,6 +63,10 @@ class ExecutorPolicy:
     oom_memory_factor: float = 2.0  # DLRover: relaunch an OOM-killed node with x2 memory
     max_memory_mb: int = 64 * 1024  # never ask for more than this per node
     resize_fraction: float = 0.25  # rolling worker replacement: at most this share of the workers down at once
+    # A plan that only raises a role's memory raises its running nodes' limits in place (Kubernetes
+    # >= 1.33's pod resize; the local supervisor reads the new limit) instead of replacing them:
+    # no pause.  Off for a backend or cluster that cannot (the executor also falls back by itself).
+    memory_in_place: bool = True
 
 
 DEFAULT_POLICY = ExecutorPolicy()

@@ -5,7 +5,11 @@
 the lowest free slots, scale-down stops the highest, workers of another
 size are replaced a batch at a time (:mod:`.resize`, DLRover-RM §5.1), and a
 change of the PS set or size is a seamless migration (:mod:`.migration`,
-DLRover-RM §5.2) rather than a restart of the job.  Pure: no IO, no clock.
+DLRover-RM §5.2) rather than a restart of the job.  A change that only
+raises a role's memory (the brain's OOM prevention, DLRover-RM §5.3, asks
+for little else) grows the running nodes' limits in place
+(``ExecutorPolicy.memory_in_place``): neither a migration nor a
+replacement, so no pause at all.  Pure: no IO, no clock.
 """
 
 from __future__ import annotations
@@ -65,6 +69,13 @@ class PlanChange:
     migrate_ps: bool
     resize: tuple[NodeSpec, ...] = ()  # the workers due a replacement, each with the size it gets
     ps_deferred: bool = False  # the PS change waits: a migration is already under way
+    # running nodes whose memory limit grows in place (same CPU, more memory): no restart, no pause
+    grow: tuple[NodeSpec, ...] = ()
+
+
+def _grows(before: NodeSpec, after: NodeSpec) -> bool:
+    """Only the memory changes, and it grows: a limit the running node can be given in place."""
+    return bool(after.cpu == before.cpu and after.memory_mb > before.memory_mb)
 
 
 def _ps_changed(before: Plan, after: Plan) -> bool:
@@ -86,9 +97,15 @@ def plan_change(before: Plan, after: Plan, nodes: Mapping[str, Node],
     that stay and differ from ``after.worker`` are replaced in
     ``resize_batches`` (:func:`.resize.resize_rounds`), unless a migration
     restarts every worker anyway: then each takes its new size there.
+    With ``policy.memory_in_place``, nodes whose only change is more memory
+    are in ``grow`` instead (the PS too: then there is no migration).
     """
     first = not nodes
-    ps_change = not first and _ps_changed(before, after)
+    # More memory for the same PS (count and CPU): their limits grow in place, not a migration.  Not
+    # while one is under way: its new PS are starting with the old size (the change waits for it).
+    ps_grow = (policy.memory_in_place and not first and not migrating and after.ps == before.ps
+               and _grows(before.ps_spec, after.ps_spec))
+    ps_change = not first and _ps_changed(before, after) and not ps_grow
     migrate = ps_change and not migrating
     ps_count = after.ps if first else before.ps
     diff = reconcile(Plan(after.workers, ps_count, after.worker, after.ps_spec), nodes)
@@ -102,6 +119,16 @@ def plan_change(before: Plan, after: Plan, nodes: Mapping[str, Node],
     stopped = set(diff.stop)
     staying = [n for n in nodes.values() if n.spec.role == Role.WORKER and n.live and n.name not in stopped]
     resize = resize_targets(after.worker, staying)
+    grow: list[NodeSpec] = []
+    if policy.memory_in_place and not migrate:
+        current = {n.spec.index: n.spec for n in staying}
+        grow = [t for t in resize if _grows(current[t.index], t)]
+        resize = tuple(t for t in resize if t not in grow)
+    if ps_grow:
+        grow.extend(replace(n.spec, memory_mb=after.ps_spec.memory_mb) for n in sorted(
+            nodes.values(), key=lambda n: n.spec.index)
+            if n.spec.role == Role.PS and n.live and n.spec.memory_mb < after.ps_spec.memory_mb)
     workers = len(staying) + sum(1 for s in diff.start if s.role == Role.WORKER)
     batches = () if migrate else resize_rounds((s.index for s in resize), workers, policy)
-    return PlanChange(diff.start, diff.stop, batches, migrate, resize, ps_deferred=ps_change and migrating)
+    return PlanChange(diff.start, diff.stop, batches, migrate, resize, ps_deferred=ps_change and migrating,
+                      grow=tuple(grow))

@@ -14,7 +14,9 @@ the function behind the live executor's ``apply_plan``):
   replacement's batches (``resize_batches``, DLRover-RM §5.1: a quarter at a
   time, the chief last): each batch is down ``restart_s`` while the rest
   train, then the next batch goes;
-* a change of the PS (count, CPU or memory) is a seamless migration
+* a change that only raises a role's memory grows the running nodes' limits
+  in place (``grow``): no pause;
+* any other change of the PS (count, CPU or memory) is a seamless migration
   (DLRover-RM §5.2): the new PS start beside the old ones while training
   goes on (``restart_s``), then every worker restarts once from the chief's
   checkpoint (taken then, nothing lost) with its new size, and the job
@@ -254,6 +256,11 @@ class JobSim:
                 self.w_oom_mb[spec.index] = 0
                 self._down(spec.index, now)
                 done_at = max(done_at, now + cfg.restart_s)
+        for spec in ch.grow:  # more memory in place: no restart, no pause
+            if spec.role == Role.WORKER:
+                self.w_mem[spec.index] = spec.memory_mb
+            elif self.ps is not None:
+                self.ps = replace(self.ps, memory_mb=max(self.ps.memory_mb, spec.memory_mb))
         sizes = {s.index: s for s in ch.resize}
         # the rolling replacement: a batch at a time, each down restart_s while the others train
         for k, batch in enumerate(ch.resize_batches):
