@@ -83,6 +83,20 @@ def test_the_model_plan_is_taken_directly_only_when_sure(gain: float, model: flo
     assert takes_model_plan(gain, model, rule) is taken
 
 
+@pytest.mark.parametrize(("plan_ps", "sampled_ps", "taken"), [
+    (4, 2, True),  # near the PS count the sample measured: taken though Eq. 10-11 promise more
+    (10, 2, True),  # NEAR_PS_RATIO times the sample's, still near
+    (11, 2, False),  # beyond: the model's PS side is extrapolated, Eq. 10-11's plan is measured first
+    (1, 8, False),
+    (2, 8, True),
+    (4, 0, False),  # the sample's PS count unknown: only the throughput test
+])
+def test_a_model_plan_near_the_sampled_ps_count_is_taken_even_below_the_rule(plan_ps: int, sampled_ps: int,
+                                                                            taken: bool) -> None:
+    assert takes_model_plan(100.0, 900.0, 1000.0, plan_ps=plan_ps, sampled_ps=sampled_ps) is taken
+    assert not takes_model_plan(0.0, 900.0, 1000.0, plan_ps=plan_ps, sampled_ps=sampled_ps)  # Eq. 8 still rules
+
+
 def drive(auto: JobAutoscaler, truth: Truth, until_s: float, *, noise: tuple[float, ...] = (1.0,)) -> list[str]:
     """The service's loop; ``noise`` multiplies the throughput of successive windows. The rules decided."""
     auto.applied(auto.first_plan(), 0.0)
