@@ -480,7 +480,8 @@ def test_the_simulator_shows_the_monitor_a_relaunch_as_live_pending_then_start_u
 def test_recovered_workers_on_small_batches_get_their_share_back() -> None:
     """Five workers were slow and got small batches; their delay is gone.  Their BPTs now sit well below
     the others' for want of work, not from noise: lambda and the hysteresis must not read that spread as
-    noise (it once did, sigma 0.38 here, and the batches stayed cut for the rest of the job)."""
+    noise (read raw, sigma is 0.38 here; in a simulated run a spread like it, sigma 0.17, kept the batches
+    cut for the rest of the job)."""
     names = [f"worker-{i}" for i in range(20)]
     sizes = {n: (1792 if i < 5 else 4864) for i, n in enumerate(names)}
     req = job(dict.fromkeys(names, 0.0), {"ps-0": 0.0, "ps-1": 0.0}, sizes=sizes)
