@@ -511,8 +511,8 @@ class JobAutoscaler:
         model's), when the model is sure enough of it (:func:`.evidence.takes_model_plan`): its prediction,
         discounted by the model's error and anchored at the sample (:meth:`_model_candidates`), gains more
         than the pause costs (DLRover-RM Eq. 8, TG(A) = Delta Psi - Overhead(A) > 0, :func:`.cluster.best_for_job`)
-        and either more than Eq. 10-11's plan promises from the same sample or with a PS count near the
-        sample's.  Else the optimize plan, as before."""
+        and either more than Eq. 10-11's plan promises from the same sample or, with a PS count near the
+        sample's, within three model errors of it.  Else the optimize plan, as before."""
         candidates = self._model_candidates(sampled, profile)
         if not candidates:
             return None
@@ -523,7 +523,7 @@ class JobAutoscaler:
         if choice.scored is None or choice.plan is None or same_resources(choice.plan, sampled):
             return None
         if not takes_model_plan(choice.scored.gain, choice.scored.candidate.throughput, rule_throughput,
-                                plan_ps=choice.plan.ps, sampled_ps=sampled.ps):
+                                plan_ps=choice.plan.ps, sampled_ps=sampled.ps, model_error=self.model_error()):
             return None
         plan = fit_to_spec(replace(choice.plan, job=sampled.job,
                                    reason=f"optimize stage by the model: {choice.scored.candidate.throughput:.1f} "
