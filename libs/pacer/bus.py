@@ -220,7 +220,10 @@ class Bus:
         On a cluster a replicated bucket has no leader for a few seconds after it
         is created or its leader died (about 5 s measured here, docs/ha.md): the
         lookup times out or finds no responder.  That is retried for ``wait_s``
-        instead of failing a service's start.
+        instead of failing a service's start.  So is "stream not found"
+        (10059) right after the bucket was created or found: seen in CI when
+        two controllers started at once on the 3-server cluster and one's
+        leader check asked before the bucket was assigned.
         """
         deadline = asyncio.get_running_loop().time() + wait_s
         while True:
@@ -230,7 +233,7 @@ class Bus:
                     return kv
                 reason = "no leader"
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                    nats.js.errors.ServiceUnavailableError, Unavailable) as exc:
+                    nats.js.errors.ServiceUnavailableError, nats.js.errors.NotFoundError, Unavailable) as exc:
                 reason = type(exc).__name__
             if asyncio.get_running_loop().time() >= deadline:
                 raise Unavailable(f"KV {bucket}: not available after {wait_s:.0f} s ({reason})")

@@ -58,3 +58,33 @@ async def test_kv_items_starts_over_when_its_consumer_does_not_serve_yet(bus: Bu
     monkeypatch.setattr(Bus, "_kv_items_once", first_unavailable)
     assert await bus.kv_items("pacer-test-503") == {"job-a": b"a"}
     assert calls == 2
+
+
+async def test_kv_waits_when_a_bucket_being_created_is_not_found_for_a_moment(bus: Bus, monkeypatch) -> None:
+    """On a cluster a bucket a peer instance is creating can answer "stream not found" right after the
+    create (seen in CI: a controller's start failed on it); ``Bus.kv`` treats that as no leader yet."""
+    import nats.js.errors
+
+    made = await bus.kv("pacer-test-404")
+    real = bus.js.stream_info
+    calls = 0
+
+    async def first_not_found(name: str, *args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise nats.js.errors.NotFoundError(code=404, err_code=10059, description="stream not found")
+        return await real(name, *args, **kwargs)
+
+    async def found(self: Bus, bucket: str, description: str):
+        return made
+
+    # The leader check runs only for a replicated bucket, which one embedded server cannot hold:
+    # the bucket lookup is given the one made above and the bus believes it runs on a cluster.
+    monkeypatch.setattr(Bus, "_kv_once", found)
+    monkeypatch.setattr(bus, "replicas", 3)
+    monkeypatch.setattr(bus.js, "stream_info", first_not_found)
+    kv = await bus.kv("pacer-test-404")
+    assert calls == 2
+    await kv.put("job-a", b"a")
+    assert await bus.kv_items("pacer-test-404") == {"job-a": b"a"}
