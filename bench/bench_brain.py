@@ -174,7 +174,8 @@ def warm_starts(history: int, tests: int, cfg: SimConfig) -> dict[str, Any]:
             feats = replace(JobFeatures.from_spec(spec), dataset="criteo")
             db.append(JobHistory(job=f"hist-{seed}", features=feats, plans=(r.final_plan,),
                                  throughput=r.timeline[-1][1], finished_at=float(seed),
-                                 coefficients=sc.autoscaler.learnt()))
+                                 coefficients=sc.autoscaler.learnt(),
+                                 calibration=sc.autoscaler.learnt_calibration()))
         for seed in range(200, 200 + tests):
             truth = draw_truth(PROFILES[prof].truth, rngs(seed, 0)[0], cfg.sigma)
             probe = PacerScaler(autoscale_config(cfg))
@@ -187,7 +188,8 @@ def warm_starts(history: int, tests: int, cfg: SimConfig) -> dict[str, Any]:
             best = oracle_plan(truth, cfg.quota_cpu, cfg.max_pod_cpu)
             psi_best = float(throughput(truth, best.workers, best.ps, best.worker_cpu, best.ps_cpu))
             psi_warm = float(throughput(truth, plan.workers, plan.ps, plan.worker_cpu, plan.ps_cpu))
-            warm = run_job(truth, PacerScaler(autoscale_config(cfg), warm=plan, prior=ws.coefficients), seed=seed,
+            warm = run_job(truth, PacerScaler(autoscale_config(cfg), warm=plan, prior=ws.coefficients,
+                                              prior_calibration=ws.calibration), seed=seed,
                            config=cfg,
                            samples_total=PROFILES[prof].samples_total, draw=False)
             cold = run_job(truth, probe, seed=seed, config=cfg, samples_total=PROFILES[prof].samples_total,

@@ -143,6 +143,7 @@ from pacer_services.brain.core.autoscaler import (
     load_autoscaler_state,
     same_resources,
 )
+from pacer_services.brain.core.calibration import Calibration
 from pacer_services.brain.core.capacity import cluster_capacity
 from pacer_services.brain.core.cluster import (
     OverheadModel,
@@ -201,14 +202,14 @@ class BrainConfig:
                        ps_pause_s=float(env.get("PACER_BRAIN_PS_PAUSE_S", "120")))))
 
     def autoscaler(self, spec: JobSpec, first: ResourcePlan, warm: bool,
-                   prior: Coefficients | None = None) -> JobAutoscaler:
+                   prior: Coefficients | None = None, prior_calibration: Calibration | None = None) -> JobAutoscaler:
         stages = replace(self.autoscale_config.stages, c_total=self.cpu_quota, c_max=self.node_cpu,
                          ps_cpu_target=min(self.autoscale_config.stages.ps_cpu_target, self.node_cpu))
         cfg = replace(self.autoscale_config, stages=stages, adjust_interval_s=self.adjust_interval_s,
                       settle_s=self.settle_s)
         # m of DLRover-RM Eq. 1 is per worker; the spec's batch is global (launch divides it).
         m = max(1, spec.batch_size // max(1, first.workers))
-        return JobAutoscaler(spec, m, cfg, first=first, warm=warm, prior=prior)
+        return JobAutoscaler(spec, m, cfg, first=first, warm=warm, prior=prior, prior_calibration=prior_calibration)
 
 
 def _amount(text: str | None) -> float | None:
@@ -387,7 +388,8 @@ class BrainService:
             self.oom_at[job] = st.oom_at
         if st.auto is not None:
             seed = st.auto
-            auto = self.config.autoscaler(seed.spec, seed.first, warm=seed.warm, prior=seed.prior)
+            auto = self.config.autoscaler(seed.spec, seed.first, warm=seed.warm, prior=seed.prior,
+                                          prior_calibration=seed.prior_calibration)
             try:
                 await asyncio.to_thread(load_autoscaler_state, auto, seed.state)
                 self.adopt(job, auto)

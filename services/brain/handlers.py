@@ -60,7 +60,8 @@ def rpc(svc: BrainService) -> dict[str, Handler]:
         svc.counters.inc("plans", start="cold" if ws.cold else "warm")
         first = replace(ws.plan, job=job)
         if svc.config.autoscale and req.spec.resources is None and svc.own.owns(job):
-            svc.adopt(job, svc.config.autoscaler(req.spec, first, warm=not ws.cold, prior=ws.coefficients))
+            svc.adopt(job, svc.config.autoscaler(req.spec, first, warm=not ws.cold, prior=ws.coefficients,
+                                                 prior_calibration=ws.calibration))
             await svc.save(job)  # a new owner goes on from here (refused: the new owner resumes from the record)
         await svc.bus.respond(msg, await svc.placed(first))
 
@@ -214,7 +215,8 @@ async def on_job_end(svc: BrainService, ev: JobEvent, seq: int) -> None:
         h = JobHistory(job=rec.job, features=JobFeatures.from_spec(rec.spec, rec.records or None),
                        plans=plans, throughput=throughput, finished_at=ev.ts,
                        succeeded=ev.state is JobState.COMPLETED,
-                       coefficients=auto.learnt() if auto is not None else None)
+                       coefficients=auto.learnt() if auto is not None else None,
+                       calibration=auto.learnt_calibration() if auto is not None else None)
         await svc.store.record(h)
         svc.history[rec.job] = h
         svc.counters.inc("recorded", state=ev.state.value)

@@ -38,6 +38,7 @@ from pacer.contracts.jobs import JobSpec, ResourcePlan
 from pacer.errors import PacerError
 
 from .core.autoscaler import JobAutoscaler, autoscaler_state
+from .core.calibration import Calibration
 from .core.fitting import Coefficients
 
 __all__ = ["AutoscalerSeed", "JobState", "Outgoing", "decode_state", "encode_state", "seed_of"]
@@ -61,6 +62,7 @@ class AutoscalerSeed:
     warm: bool
     prior: Coefficients | None
     state: dict[str, Any]
+    prior_calibration: Calibration | None = None
 
 
 @dataclass(slots=True)
@@ -74,7 +76,8 @@ class JobState:
 
 
 def seed_of(auto: JobAutoscaler) -> AutoscalerSeed:
-    return AutoscalerSeed(auto.spec, auto.first_plan(), auto.warm, auto.prior, autoscaler_state(auto))
+    return AutoscalerSeed(auto.spec, auto.first_plan(), auto.warm, auto.prior, autoscaler_state(auto),
+                          auto.prior_calibration)
 
 
 def _out(o: Outgoing) -> dict[str, Any]:
@@ -87,7 +90,8 @@ def encode_state(st: JobState) -> bytes:
     if st.auto is not None:
         a = st.auto
         auto = {"spec": to_dict(a.spec), "first": to_dict(a.first), "warm": a.warm,
-                "prior": a.prior.to_dict() if a.prior is not None else None, "state": a.state}
+                "prior": a.prior.to_dict() if a.prior is not None else None, "state": a.state,
+                "prior_calibration": a.prior_calibration.to_dict() if a.prior_calibration is not None else None}
     return json.dumps({
         "seq": st.seq, "oom_plan": to_dict(st.oom_plan) if st.oom_plan is not None else None,
         "oom_at": st.oom_at, "published": st.published, "outbox": [_out(o) for o in st.outbox], "auto": auto,
@@ -103,7 +107,9 @@ def decode_state(data: bytes) -> JobState:
             a = d["auto"]
             auto = AutoscalerSeed(from_dict(JobSpec, a["spec"]), from_dict(ResourcePlan, a["first"]), bool(a["warm"]),
                                   Coefficients.from_dict(a["prior"]) if a["prior"] is not None else None,
-                                  dict(a["state"]))
+                                  dict(a["state"]),
+                                  # absent in a state saved before the calibration prior existed
+                                  Calibration.from_dict(a["prior_calibration"]) if a.get("prior_calibration") else None)
         outbox = [Outgoing(str(o["msg_id"]),
                            from_dict(ResourcePlan, o["plan"]) if o["plan"] is not None else None,
                            from_dict(BrainDecision, o["decision"]) if o["decision"] is not None else None)

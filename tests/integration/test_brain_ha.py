@@ -348,6 +348,29 @@ def test_an_autoscaler_state_round_trips_through_json() -> None:
         decode_state(b'{"seq": 1}')
 
 
+def test_a_warm_jobs_priors_are_handed_over_with_its_state() -> None:
+    """A new owner rebuilds a warm job's autoscaler with the similar jobs' coefficients and calibration
+    (the prior of its one configuration's model); a state saved before the calibration prior existed
+    still loads, without one."""
+    from pacer_services.brain.core.calibration import Calibration
+    from pacer_services.brain.core.fitting import Coefficients
+    from pacer_services.brain.state import AutoscalerSeed, seed_of
+
+    cfg = BrainConfig(**CFG)  # type: ignore[arg-type]
+    first = ResourcePlan("wm", 8, 4, 4.0, 2048, 2.0, 2048, PlanSource.BRAIN)
+    prior = Coefficients(0.004, 0.0012, 0.04, 0.0, 0.1)
+    cal = Calibration(worker_overhead=1.2, worker_cost=0.005, worker_parallel=5.0, ps_overhead=0.5,
+                      ps_cost=0.0013, ps_skew=1.5, ps_parallel=8.0, memory_skew=1.6)
+    auto = cfg.autoscaler(spec("wm"), first, warm=True, prior=prior, prior_calibration=cal)
+    back = decode_state(encode_state(OwnedState(seq=3, auto=seed_of(auto))))
+    assert back.auto is not None
+    assert (back.auto.prior, back.auto.prior_calibration, back.auto.warm) == (prior, cal, True)
+    old = json.loads(encode_state(OwnedState(seq=3, auto=seed_of(auto))))
+    del old["auto"]["prior_calibration"]
+    seed = decode_state(json.dumps(old).encode()).auto
+    assert isinstance(seed, AutoscalerSeed) and seed.prior == prior and seed.prior_calibration is None
+
+
 async def test_cluster_rounds_run_at_the_cluster_lease_holder_which_takes_the_autoscaled_jobs(
         url: str, bus: Bus) -> None:
     """While the cluster's capacity is unknown, whoever hears of a job first plans it alone.  Once the

@@ -255,6 +255,15 @@ async def test_a_zero_config_job_is_re_planned_while_it_runs(nats_server: Embedd
                                                                else ScalingKind.PS, 42.0)]
         assert auto.overhead_model().pause_s(first, plans[0]) == 42.0
         assert user.workers == 2
+        # its end records what its readings said, and a similar job's warm start brings it as the prior of
+        # its calibration (what its one configuration cannot tell)
+        learnt = auto.learnt_calibration()
+        assert learnt is not None
+        await finish(bus, "auto", plans[0].workers, plans[0].ps, plans[0].worker_cpu)
+        await eventually(lambda: "auto" in svc.history, 10.0, "the job end was not recorded")
+        assert svc.history["auto"].calibration == learnt and svc.history["auto"].coefficients == auto.learnt()
+        assert "warm start" in (await plan_for(bus, "auto-2")).reason
+        assert svc.autoscalers["auto-2"].warm and svc.autoscalers["auto-2"].prior_calibration == learnt
     finally:
         await b.stop()
 

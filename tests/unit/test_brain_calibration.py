@@ -91,6 +91,34 @@ def test_worker_parallelism_is_what_it_used_rounded_up_and_doubles_when_it_fille
     assert capped.worker_parallel == CFG.c_max
 
 
+def test_a_warm_jobs_one_configuration_takes_what_it_cannot_tell_from_the_similar_jobs() -> None:
+    """A warm job starts with one configuration: its overheads are the similar jobs' (the prior row),
+    a worker that filled its CPUs can use what theirs could (not twice its allocation); the costs and
+    the skew stay the job's own readings, and a reading that shows the parallelism wins over the prior."""
+    prior = Calibration(worker_overhead=1.4, worker_cost=0.01, worker_parallel=5.0, ps_overhead=0.7,
+                        ps_cost=0.002, ps_skew=3.0, ps_parallel=9.0, memory_skew=3.0)
+    starved = observe(10, 2, 2.0, 32.0, 3000.0)  # uses 0.8 + 1.2 of 2: filled
+    alone, warm = calibrate([starved], CFG), calibrate([starved], CFG, prior)
+    assert alone.worker_parallel == 4.0 and warm.worker_parallel == 5.0
+    assert warm.worker_overhead == pytest.approx(min(1.4, 0.5 * 2.0)) != alone.worker_overhead
+    assert warm.worker_cost == pytest.approx((2.0 - warm.worker_overhead) / 300.0)
+    assert warm.ps_overhead == pytest.approx(0.7) and alone.ps_overhead == pytest.approx(CFG.prior_overhead)
+    assert warm.ps_skew == pytest.approx(1.6, rel=0.1)  # the readings' (net of the PS overhead), not the prior's 3
+    # a prior below what the worker filled: at least the allocation
+    assert calibrate([starved], CFG, replace(prior, worker_parallel=1.0)).worker_parallel == 2.0
+    # an unstarved worker shows its parallelism (3.2 of 32 -> 4): the prior does not move it
+    assert calibrate([observe(1, 2, 32.0, 32.0, 600.0)], CFG, prior).worker_parallel == 4.0
+
+
+def test_a_calibration_round_trips_and_refuses_bad_values() -> None:
+    cal = calibrate([observe(10, 2, 2.0, 32.0, 3000.0)], CFG)
+    assert Calibration.from_dict(cal.to_dict()) == cal
+    with pytest.raises(ValueError):
+        Calibration.from_dict({**cal.to_dict(), "ps_skew": float("nan")})
+    with pytest.raises(KeyError):
+        Calibration.from_dict({k: v for k, v in cal.to_dict().items() if k != "worker_cost"})
+
+
 def test_a_worker_paced_by_a_saturated_ps_is_not_taken_to_use_only_what_it_used() -> None:
     # 45 workers of 3.4 CPUs behind 23 PS whose hottest fills its 2 CPUs: the PS sets the pace (the
     # throughput is at the PS capacity), the workers wait for it and use 2.2 cores on average.  That

@@ -18,6 +18,7 @@ from pacer.contracts.jobs import (
     ResourceRequest,
 )
 from pacer.jobs.spec import default_plan
+from pacer_services.brain.core.calibration import Calibration
 from pacer_services.brain.core.fitting import Coefficients
 from pacer_services.brain.core.history import (
     JobFeatures,
@@ -156,6 +157,27 @@ def test_history_round_trips_through_plain_dicts_and_json() -> None:
     learnt = replace(SAME, coefficients=Coefficients(0.004, 0.0012, 0.04, 0.0, 0.1))
     assert JobHistory.from_dict(json.loads(json.dumps(learnt.to_dict()))) == learnt
     assert "coefficients" not in SAME.to_dict()  # records of jobs that learnt nothing stay as they were
+    calibrated = replace(learnt, calibration=cal(1.2, 4.0))
+    assert JobHistory.from_dict(json.loads(json.dumps(calibrated.to_dict()))) == calibrated
+    assert "calibration" not in learnt.to_dict()  # and records written before it existed read as none
+
+
+def cal(worker_overhead: float, worker_parallel: float) -> Calibration:
+    return Calibration(worker_overhead=worker_overhead, worker_cost=0.005, worker_parallel=worker_parallel,
+                       ps_overhead=0.5, ps_cost=0.0013, ps_skew=1.5, ps_parallel=8.0, memory_skew=1.6)
+
+
+def test_a_warm_start_brings_the_similar_jobs_calibrations_smoothed() -> None:
+    """As the coefficients (Eq. 10, mu = 0.6): A^0 = near (overhead 0.6, P_w 3), A^1 = same (1.2, 5):
+    .6*1.2 + .4*0.6 = 0.96 and .6*5 + .4*3 = 4.2; a job without one is left out."""
+    same, near = replace(SAME, calibration=cal(1.2, 5.0)), replace(NEAR, calibration=cal(0.6, 3.0))
+    out = warm_start(spec(), [near, same], WarmStartConfig(k=2, mu=0.6))
+    assert out.calibration is not None
+    assert out.calibration.worker_overhead == pytest.approx(0.96)
+    assert out.calibration.worker_parallel == pytest.approx(4.2)
+    assert out.calibration.ps_skew == pytest.approx(1.5)
+    assert warm_start(spec(), [NEAR, same], WarmStartConfig(k=2, mu=0.6)).calibration == same.calibration
+    assert warm_start(spec(), [NEAR, SAME], WarmStartConfig(k=2, mu=0.6)).calibration is None
 
 
 def test_a_warm_start_brings_the_similar_jobs_coefficients_smoothed() -> None:

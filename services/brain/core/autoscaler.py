@@ -270,7 +270,8 @@ class JobAutoscaler:
     stage's, :func:`.stages.sample_plan`); with ``warm`` it is a warm-start
     plan (DLRover-RM Alg. 1) and the sample stage is skipped, else it is
     measured as the sample; ``prior`` is the similar jobs' fitted
-    coefficients, which come with a warm start (:func:`.warmstart.warm_start`).
+    coefficients and ``prior_calibration`` their calibration, which come with
+    a warm start (:func:`.warmstart.warm_start`).
     Drive it with :meth:`first_plan`, then :meth:`step` (or, across jobs,
     :meth:`propose` and :func:`.round.cluster_round`) on every statistics window,
     :meth:`applied` when the plan in force changed and :meth:`on_oom`
@@ -279,7 +280,7 @@ class JobAutoscaler:
 
     def __init__(self, spec: JobSpec, batch_size: int, config: AutoscaleConfig | None = None,
                  *, first: ResourcePlan | None = None, warm: bool = False,
-                 prior: Coefficients | None = None) -> None:
+                 prior: Coefficients | None = None, prior_calibration: Calibration | None = None) -> None:
         self.spec = spec
         self.batch_size = max(1, batch_size)
         self.config = config or AutoscaleConfig()
@@ -294,6 +295,7 @@ class JobAutoscaler:
         self.model: Model | None = None
         self.calibration: Calibration | None = None  # what the CPU readings say (.calibration)
         self.prior = prior  # similar jobs' fitted coefficients (a warm start): the prior of the fit
+        self.prior_calibration = prior_calibration  # similar jobs' calibration: what one configuration cannot tell
         self._model_keys: frozenset[_Key] = frozenset()
         self._raw: dict[_Key, float] = {}  # the model's prediction of each candidate
         self._predicted: dict[_Key, float] = {}  # plans moved to on a prediction, not yet measured twice
@@ -631,6 +633,10 @@ class JobAutoscaler:
         """The coefficients this job's model ended with, for the config DB (a similar job's warm start)."""
         return self.model.coefficients if self.model is not None and self.calibration is not None else None
 
+    def learnt_calibration(self) -> Calibration | None:
+        """What this job's CPU readings said (:mod:`.calibration`), for the config DB (a similar job's warm start)."""
+        return self.calibration if self.model is not None else None
+
     def model_error(self) -> float:
         """Relative error of the model's predictions: the prior, then the RMS of the measured misses
         (the prior counting as one of them)."""
@@ -677,7 +683,7 @@ class JobAutoscaler:
             samples = [Sample(Config(k[0], k[1], k[2], k[3], self.batch_size), self.measured[k].throughput)
                        for k in sorted(keys)]
             try:
-                self.calibration = calibrate(obs, cal_cfg)
+                self.calibration = calibrate(obs, cal_cfg, self.prior_calibration)
                 cal = self.calibration
                 self.model = fit(samples, JobConstants(calibration=cal),
                                  fixed={"alpha_grad": cal.worker_cost, "alpha_upd": cal.ps_cost, "alpha_emb": 0.0},

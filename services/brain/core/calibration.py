@@ -52,8 +52,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 from scipy.optimize import nnls  # type: ignore[import-untyped]
@@ -106,6 +107,20 @@ class Calibration:
     ps_parallel: float  # P_p, cores a PS can use
     memory_skew: float  # kappa_mem >= 1: the largest of p PS holds min(1, kappa_mem / p) of the model
 
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not (value >= 0.0 and math.isfinite(value)):
+                raise ValueError(f"{f.name} must be finite and >= 0, got {value}")
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: float(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Calibration:
+        """From :meth:`to_dict`'s form; ``KeyError`` or ``ValueError`` on a bad record."""
+        return cls(**{f.name: float(d[f.name]) for f in fields(cls)})
+
     def hot_share(self, ps: float | np.ndarray) -> np.ndarray:
         """h(p) = min(1, kappa / p): the hottest PS's share of the PS work."""
         return np.minimum(1.0, self.ps_skew / np.asarray(ps, dtype=np.float64))
@@ -149,7 +164,7 @@ def _parallel(cpu: np.ndarray, parallel: float, overhead: float) -> np.ndarray:
 
 
 def _cost_and_overhead(used: np.ndarray, rate: np.ndarray, count: np.ndarray,
-                       cfg: CalibrationConfig) -> tuple[float, float]:
+                       cfg: CalibrationConfig, prior_overhead: float | None = None) -> tuple[float, float]:
     """(overhead per process, cost per sample) from ``used = count * o + cost * rate``.
 
     Relative residuals (each configuration weighs the same whatever its
@@ -158,36 +173,50 @@ def _cost_and_overhead(used: np.ndarray, rate: np.ndarray, count: np.ndarray,
     enough to separate the two, the prior alone sets ``o`` (never more than
     half of what the least busy process used) and the cost follows.
     """
+    prior = cfg.prior_overhead if prior_overhead is None else prior_overhead
     per = rate / count
     if len(used) >= 2 and per.max() > (1.0 + cfg.min_spread) * per.min():
         a = np.vstack([np.stack([count, rate], axis=1) / used[:, None], [[cfg.prior_weight, 0.0]]])
-        y = np.concatenate([np.ones_like(used), [cfg.prior_weight * cfg.prior_overhead]])
+        y = np.concatenate([np.ones_like(used), [cfg.prior_weight * prior]])
         sol, _ = nnls(a, y)
         o, cost = float(sol[0]), float(sol[1])
         if cost > 0.0:
             return o, cost
-    o = min(cfg.prior_overhead, 0.5 * float(np.min(used / count)))
+    o = min(prior, 0.5 * float(np.min(used / count)))
     cost = float(np.mean((used - count * o) / rate))
     return o, max(cost, 0.0)
 
 
 def _parallelism(allocated: Sequence[float], used: Sequence[float], cfg: CalibrationConfig,
-                 *, slack: float = 1.0, filled: bool = True) -> float:
+                 *, slack: float = 1.0, filled: bool = True, prior: float | None = None) -> float:
     """P: the most a process used without being starved (times ``slack``), rounded up to CPU steps;
     at least twice an allocation it filled (it may be able to use more), at most C_max.  With
-    ``filled`` False every reading is taken as not starved (``used`` is then a floor of P)."""
+    ``filled`` False every reading is taken as not starved (``used`` is then a floor of P).
+
+    ``prior`` (similar jobs' P, a warm start) replaces the doubling where every reading was starved
+    and none says how much more the process could use: then P is the prior, at least the largest
+    allocation filled."""
     unstarved = [u for c, u in zip(allocated, used, strict=True) if not filled or u < cfg.busy * c]
     starved = [c for c, u in zip(allocated, used, strict=True) if filled and u >= cfg.busy * c]
     p = 0.0
     if unstarved:
         p = max(cfg.cpu_step, math.ceil(max(unstarved) * slack / cfg.cpu_step - 1e-9) * cfg.cpu_step)
     if starved:
-        p = max(p, min(cfg.c_max, 2.0 * max(starved)))
+        bound = 2.0 * max(starved) if prior is None or unstarved else max(max(starved), prior)
+        p = max(p, min(cfg.c_max, bound))
     return min(p, cfg.c_max) if p > 0 else cfg.c_max
 
 
-def calibrate(observations: Sequence[Observation], config: CalibrationConfig | None = None) -> Calibration:
-    """The job's :class:`Calibration` from its measured configurations (at least one with throughput)."""
+def calibrate(observations: Sequence[Observation], config: CalibrationConfig | None = None,
+              prior: Calibration | None = None) -> Calibration:
+    """The job's :class:`Calibration` from its measured configurations (at least one with throughput).
+
+    ``prior`` is the similar finished jobs' calibration (a warm start, :mod:`.warmstart`): their
+    sample stages measured several configurations, a warm job starts with one.  It stands in only
+    for what that one cannot tell: the runtime overheads (the prior row of the cost fit) and the
+    parallelism of a process that filled every allocation it had.  Every value the readings do
+    measure (costs, skews, an unstarved process's parallelism) is the job's own.
+    """
     cfg = config or CalibrationConfig()
     obs = [o for o in observations if o.throughput > 0.0 and o.workers > 0 and o.ps > 0]
     if not obs:
@@ -197,11 +226,12 @@ def calibrate(observations: Sequence[Observation], config: CalibrationConfig | N
     fed = [o for o in obs if o.worker_used < cfg.busy * o.worker_cpu] or obs
     w_used = np.array([max(o.worker_used, 1e-6) for o in fed])
     w_rate = np.array([o.throughput / o.workers for o in fed])
-    o_w, a = _cost_and_overhead(w_used, w_rate, np.ones_like(w_used), cfg)
+    o_w, a = _cost_and_overhead(w_used, w_rate, np.ones_like(w_used), cfg,
+                                prior.worker_overhead if prior is not None else None)
     # PS: all of them together; the hottest for the skew and the parallelism.
     u_total = np.array([max(sum(o.ps_used), 1e-6) for o in obs])
     count = np.array([float(o.ps) for o in obs])
-    o_p, b = _cost_and_overhead(u_total, psi, count, cfg)
+    o_p, b = _cost_and_overhead(u_total, psi, count, cfg, prior.ps_overhead if prior is not None else None)
     cpu_skews = [k for o in obs if len(o.ps_used) == o.ps
                  and (k := skew([u - o_p for u in o.ps_used])) is not None]
     kappa = statistics.median(cpu_skews) if cpu_skews else 1.0
@@ -209,12 +239,13 @@ def calibrate(observations: Sequence[Observation], config: CalibrationConfig | N
     # starved, so it is credited with at least usage / busy (else every configuration would look
     # like it ran at the PS capacity, which is then estimated from the very same reading).
     p_p = _parallelism([o.ps_cpu for o in obs if o.ps_used], [o.ps_used[0] for o in obs if o.ps_used], cfg,
-                       slack=1.0 / cfg.busy)
+                       slack=1.0 / cfg.busy, prior=prior.ps_parallel if prior is not None else None)
     # Workers: DLRover 2023's ceil(w-hat), where the PS paced every configuration at least the
     # CPUs a worker had (module docstring).
     ps_side = Calibration(worker_overhead=o_w, worker_cost=a, worker_parallel=cfg.c_max, ps_overhead=o_p,
                           ps_cost=b, ps_skew=kappa, ps_parallel=p_p, memory_skew=1.0)
-    p_w = _parallelism([o.worker_cpu for o in obs], [o.worker_used for o in obs], cfg)
+    p_w = _parallelism([o.worker_cpu for o in obs], [o.worker_used for o in obs], cfg,
+                       prior=prior.worker_parallel if prior is not None else None)
     if all(ps_side.paced(o.ps, o.ps_cpu, o.throughput) for o in obs):  # each reading a floor: nothing showed that a worker cannot use the CPUs it had
         p_w = max(p_w, _parallelism([o.worker_cpu for o in obs], [o.worker_cpu for o in obs], cfg, filled=False))
     mem_skews = [k for o in obs if len(o.ps_rss_mb) == o.ps

@@ -35,6 +35,7 @@ from typing import Any
 
 from pacer.contracts.jobs import JobSpec, ModelName, PlanSource, ResourcePlan
 
+from .calibration import Calibration
 from .fitting import Coefficients
 
 # Weights of the features in the combined similarity.  The model family and
@@ -173,6 +174,7 @@ class JobHistory:
     finished_at: float = 0.0  # unix seconds
     succeeded: bool = True
     coefficients: Coefficients | None = None  # its fitted calibrated DLRover-RM model, for a warm start
+    calibration: Calibration | None = None  # what its CPU readings said (.calibration), for a warm start
 
     @property
     def final_plan(self) -> ResourcePlan | None:
@@ -189,6 +191,7 @@ class JobHistory:
             "finished_at": self.finished_at,
             "succeeded": self.succeeded,
             **({"coefficients": self.coefficients.to_dict()} if self.coefficients is not None else {}),
+            **({"calibration": self.calibration.to_dict()} if self.calibration is not None else {}),
         }
 
     @classmethod
@@ -202,6 +205,7 @@ class JobHistory:
             finished_at=float(d.get("finished_at", 0.0)),
             succeeded=bool(d.get("succeeded", True)),
             coefficients=Coefficients.from_dict(d["coefficients"]) if d.get("coefficients") else None,
+            calibration=Calibration.from_dict(d["calibration"]) if d.get("calibration") else None,
         )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from pacer.contracts.jobs import ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer_services.brain.core.autoscaler import AutoscaleConfig, JobAutoscaler, same_resources
+from pacer_services.brain.core.calibration import Calibration
 from pacer_services.brain.core.cluster import Resources, ScalingRecord
 from pacer_services.brain.core.fitting import Coefficients
 from pacer_services.brain.core.oom import DEFAULT_OOM
@@ -62,16 +63,17 @@ class PacerScaler:
     every_window = True
 
     def __init__(self, config: AutoscaleConfig, *, warm: ResourcePlan | None = None,
-                 prior: Coefficients | None = None) -> None:
+                 prior: Coefficients | None = None, prior_calibration: Calibration | None = None) -> None:
         self.config = config
         self.warm = warm
         self.prior = prior
+        self.prior_calibration = prior_calibration
         self.job: _Job | None = None
 
     def start(self, job: SimJob, now: float) -> ResourcePlan:
         warm = None if self.warm is None else replace(self.warm, job=job.name)
         auto = JobAutoscaler(job.spec, job.batch_size, self.config, first=warm, warm=warm is not None,
-                             prior=self.prior)
+                             prior=self.prior, prior_calibration=self.prior_calibration)
         first: ResourcePlan = auto.first_plan()
         self.job = _Job(auto, first)
         return first
