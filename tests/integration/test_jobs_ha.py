@@ -206,7 +206,9 @@ async def test_a_jobs_events_apply_once_across_the_two_even_when_one_dies_mid_ev
     data = tmp_path / "train.rec"
     generate(data, 2_000, seed=2)
     await ask(cbus, a, "ha-9", JobOp.SUBMIT, SubmitRequest(spec("ha-9", data)), JobRecord)
-    assert "ha-9" not in b.records  # b learns of the job from the bucket when its first event comes
+    # b reads the job from the bucket when an event for it comes, or when its outbox sweep (every second)
+    # finds a's outbox older than a sweep under load: CI saw b hold the record right after the submit, so
+    # which instance knows the job when is not checked here; that each event applies once is
 
     # The executor's "applied", delivered twice (a redelivery): the job starts once.
     applied = ExecutorEvent("ha-9", ExecutorEventKind.APPLIED, time.time(), overhead_s=1.0)

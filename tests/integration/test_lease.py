@@ -132,7 +132,9 @@ async def test_two_contenders_exactly_one_owns(buses: tuple[Bus, Bus]) -> None:
 
 async def test_a_dead_owner_is_taken_over_and_its_writes_are_fenced(buses: tuple[Bus, Bus]) -> None:
     dead = await lease(buses[0], "dead")
-    assert await dead.acquire()
+    # One attempt may go unanswered while the new bucket's stream elects its leader (seen in CI: "no
+    # response from stream"); a holder tries again next round, and adopts a write that was stored after all.
+    await eventually(dead.acquire, 10.0, "the first holder never acquired the lease")
     assert dead.token is not None
     await dead.fenced_put("job-1.state", b"from dead")
     # 'dead' stops renewing (a crash or a freeze); 'b' keeps trying.

@@ -199,7 +199,10 @@ async def test_a_limit_raised_in_place_lets_the_pod_grow_past_its_old_one(backen
     """Kubernetes' in-place pod resize, locally: the same trainer, never restarted, may now use more."""
     go = tmp_path / "go"
     hog = (f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
-           "b = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('grew', flush=True)")
+           "b = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+           # held for 10 of the supervisor's 0.1-s memory checks: the limit is enforced (and the peak read)
+           # only at those, so a trainer that grew and exited between two would prove nothing (seen in CI)
+           "time.sleep(1.0)\nprint('grew', flush=True)")
     await backend.create(spec("grow", hog, memory_mb=96))
     await wait_status(backend, "grow", lambda st: st.phase is PodPhase.RUNNING)
     pid = pod_meta(tmp_path / "pods", "grow")["trainer_pid"]
