@@ -16,18 +16,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+import nats.errors
+import nats.js.errors
 import pytest
 from pacer.bus import Bus
 from pacer.embedded import EmbeddedCluster, EmbeddedNats
+from pacer.errors import Unavailable
 from pacer.runtime import RuntimeConfig, run_service
 from pacer_services.shard_service.app import ShardService, ShardServiceConfig
 from pacer_services.shard_service.effects import ShardLogStore
 
 S = TypeVar("S")
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -187,6 +191,26 @@ async def eventually(check: Callable[[], Any], within: float, what: Callable[[],
             return got
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out after {within}s; {what() if callable(what) else what}")
+
+
+async def until_ok(fn: Callable[[], Awaitable[T]], within: float = 30.0) -> T:
+    """``fn()`` retried while the cluster fails over (timeouts, no stream leader yet, or a fresh stream's
+    subjects not yet known to every server: "no response from stream").
+
+    A refusal (400: e.g. a wrong last sequence) or a missing key/message is
+    an answer, not a failover, and is raised at once.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        try:
+            return await fn()
+        except (nats.js.errors.BadRequestError, nats.js.errors.NotFoundError):
+            raise
+        except (nats.errors.Error, TimeoutError, Unavailable):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 @contextlib.asynccontextmanager

@@ -15,7 +15,7 @@ import asyncio
 
 import nats.errors
 import nats.js.errors
-from conftest import connect_cluster
+from conftest import connect_cluster, until_ok
 from pacer.embedded import EmbeddedCluster
 from pacer_services.shard_service.effects import Fenced, ShardLogStore
 
@@ -41,7 +41,7 @@ async def test_bus_kv_waits_for_a_quorum_to_come_back(nats_cluster: EmbeddedClus
     bus = await connect_cluster(nats_cluster, "kv-wait")
     try:
         kv = await bus.kv("wait-bucket")
-        await kv.put("k", b"v1")
+        await until_ok(lambda: kv.put("k", b"v1"))
         info = await bus.js.stream_info("KV_wait-bucket")
         assert info.cluster is not None and info.cluster.leader
         leader = nats_cluster.index_of(info.cluster.leader)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import InProcess, connect_cluster, eventually, wait_ready
+from conftest import InProcess, connect_cluster, eventually, until_ok, wait_ready
 from nats.aio.msg import Msg
 from pacer import security, subjects
 from pacer.bus import Bus
@@ -154,7 +154,8 @@ async def harness(url: str, bus: Bus, tmp_path: Path) -> AsyncIterator[Two]:
     ctrl.mkdir()
     spec = parse_job_spec(f"name: {JOB}\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
     rec = JobRecord(JOB, spec, JobState.PLANNING, time.time(), data_path="/data/train.rec", records=1000)
-    await (await bus.kv(subjects.JOB_BUCKET)).put(JOB, encode(rec))
+    jobs = await bus.kv(subjects.JOB_BUCKET)
+    await until_ok(lambda: jobs.put(JOB, encode(rec)))  # a fresh bucket's subjects reach every server soon after
     await bus.kv(LEASE_BUCKET)
     two = Two(url, tmp_path / "pods", ctrl)
     two.bus = bus

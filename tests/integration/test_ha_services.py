@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from conftest import InProcess, connect_cluster, eventually
+from conftest import InProcess, connect_cluster, eventually, until_ok
 from nats.aio.msg import Msg
 from pacer import subjects
 from pacer.bus import NO_RETRY, Bus, RetryPolicy
@@ -84,7 +84,8 @@ async def add_job(bus: Bus, job: str, policy: str) -> None:
                           f"mode: asp\npolicies: {{straggler: {policy}}}\n")
     plan = ResourcePlan(job, 2, 1, 1.0, 2048, 1.0, 2048, PlanSource.DEFAULT)
     kv = await bus.kv(subjects.JOB_BUCKET)
-    await kv.put(job, encode(JobRecord(job, spec, JobState.RUNNING, time.time(), plan=plan)))
+    # right after the bucket's creation a server may not know its subjects yet (seen in CI)
+    await until_ok(lambda: kv.put(job, encode(JobRecord(job, spec, JobState.RUNNING, time.time(), plan=plan))))
 
 
 class ControllerProcess:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,34 +17,14 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from conftest import connect_cluster, eventually
+from conftest import connect_cluster, eventually, until_ok
 from pacer import security, subjects
 from pacer.bus import Bus
 from pacer.embedded import EmbeddedCluster, http_json
-from pacer.errors import Unavailable
 from pacer_services.shard_service.effects import Fenced, ShardLogStore
 
 T = TypeVar("T")
 KV_BUCKET = "pacer-test-ha"
-
-
-async def until_ok(fn: Callable[[], Awaitable[T]], within: float = 30.0) -> T:
-    """``fn()`` retried while the cluster fails over (timeouts, no stream leader yet).
-
-    A refusal (400: e.g. a wrong last sequence) or a missing key/message is
-    an answer, not a failover, and is raised at once.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        try:
-            return await fn()
-        except (nats.js.errors.BadRequestError, nats.js.errors.NotFoundError):
-            raise
-        except (nats.errors.Error, TimeoutError, Unavailable):
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.1)
 
 
 async def stream_leader(bus: Bus, stream: str) -> str:
