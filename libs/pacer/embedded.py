@@ -10,6 +10,15 @@ subject permissions (see :mod:`pacer.security`).
 ``sync_always`` makes JetStream fsync every write: a *machine* crash then
 loses nothing (a process kill loses nothing either way), at ~3x the cost.
 
+The HTTP monitoring port (``/connz``, ``/varz``, ``/jsz``, ``/healthz``) has
+no authentication of its own: anything on the host that reaches it reads
+every connection's user name and subscriptions.  A server with users
+(``pacer up``) runs with ``monitoring=False``: no monitoring port at all,
+and its health is checked over the client port with the operator's
+credentials (:func:`nats_probe`: a JetStream account-info request, which a
+server answers once JetStream is up and, in a cluster, has a meta leader).
+The bare servers of the tests keep the port (they admit anyone anyway).
+
 :class:`EmbeddedCluster` runs N (default 3) of them clustered on loopback:
 each with its own store dir, server name and ports, routes to every peer
 (authorized by a generated route user), one JetStream meta group.  Streams
@@ -26,6 +35,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -79,6 +89,12 @@ class EmbeddedNats:
     tls: str = ""  # a ``tls { ... }`` block (pacer.tls.server_tls_config): clients must then use TLS
     server_name: str = ""  # empty: nats-server makes one up (a cluster needs stable, distinct names)
     cluster: str = ""  # a ``cluster { ... }`` block (EmbeddedCluster); empty: a single server
+    # The HTTP monitoring port (unauthenticated, see the module docstring).  Off: health is probed over
+    # the client port as ``probe_user`` (TLS verified against ``probe_ca`` when the server requires it).
+    monitoring: bool = True
+    probe_user: str = ""
+    probe_password: str = field(default="", repr=False)
+    probe_ca: str = ""
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -92,10 +108,11 @@ class EmbeddedNats:
     def _config(self) -> str:
         sync = "\n  sync_interval: always" if self.sync_always else ""
         name = f"server_name: {self.server_name}\n" if self.server_name else ""
+        http = f"http: 127.0.0.1:{self.monitor_port}\n" if self.monitoring else ""
         return (
             f"{name}"
             f"listen: 127.0.0.1:{self.port}\n"
-            f"http: 127.0.0.1:{self.monitor_port}\n"
+            f"{http}"
             f"max_payload: {self.max_payload}\n"
             "jetstream {\n"
             f"  store_dir: {str(self.store_dir)!r}{sync}\n"
@@ -114,7 +131,7 @@ class EmbeddedNats:
         """
         if self.running:
             return self
-        chosen = (not self.port, not self.monitor_port)
+        chosen = (not self.port, self.monitoring and not self.monitor_port)
         for attempt in range(1, attempts + 1):
             self.spawn()
             try:
@@ -133,7 +150,7 @@ class EmbeddedNats:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port()
-        if not self.monitor_port:
+        if self.monitoring and not self.monitor_port:
             self.monitor_port = free_port()
         conf = self.store_dir / "nats-server.conf"
         conf.write_text(self._config())
@@ -150,8 +167,17 @@ class EmbeddedNats:
         finally:
             log.close()
 
+    def healthy(self) -> bool:
+        """Whether JetStream answers: ``/healthz`` with the monitoring port, else :func:`nats_probe`."""
+        if not self.monitoring:
+            return nats_probe(self.port, self.probe_user, self.probe_password, self.probe_ca)
+        with contextlib.suppress(OSError):
+            url = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
+            with urllib.request.urlopen(url, timeout=0.5) as resp:
+                return bool(resp.status == 200)
+        return False
+
     def _wait_healthy(self, timeout: float) -> None:
-        url = f"http://127.0.0.1:{self.monitor_port}/healthz?js-enabled-only=true"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc is not None
@@ -159,10 +185,8 @@ class EmbeddedNats:
                 raise EmbeddedServerError(
                     f"nats-server exited with {self.proc.returncode}; see {self.store_dir / 'nats-server.log'}"
                 )
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(url, timeout=0.5) as resp:
-                    if resp.status == 200:
-                        return
+            if self.healthy():
+                return
             time.sleep(0.02)
         self.stop()
         raise EmbeddedServerError(f"nats-server not healthy within {timeout}s on port {self.port}")
@@ -213,6 +237,87 @@ def port_clash(s: EmbeddedNats) -> bool:
     return "address already in use" in log_tail(s)
 
 
+def nats_probe(port: int, user: str = "", password: str = "", ca: str = "", timeout: float = 1.0) -> bool:
+    """Whether the server on ``127.0.0.1:port`` answers a JetStream account-info request from ``user``.
+
+    A few lines of the NATS client protocol over a blocking socket (callers are sync and may run
+    inside an event loop): read ``INFO``, upgrade to TLS when the server requires it (verified
+    against ``ca``), ``CONNECT``, subscribe to an inbox of the user's own prefix, publish to
+    ``$JS.API.INFO`` with that reply subject, read the answer.  False on a refused connection,
+    an ``-ERR`` (wrong credentials), no responder (JetStream not up) or an error answer (no
+    meta leader in a cluster yet).
+    """
+    from pacer.security import inbox_prefix
+
+    inbox = f"{inbox_prefix(user) if user else '_INBOX'}.probe"
+    try:
+        sock: socket.socket = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    except OSError:
+        return False
+    try:
+        sock.settimeout(timeout)
+        buf = _Lines(sock)
+        line = buf.line()
+        if not line.startswith(b"INFO "):
+            return False
+        info = json.loads(line[5:])
+        if info.get("tls_required"):
+            ctx = ssl.create_default_context(cafile=ca or None)
+            sock = ctx.wrap_socket(sock, server_hostname="127.0.0.1")
+            buf = _Lines(sock)
+        opts: dict[str, object] = {"verbose": False, "pedantic": False, "headers": True, "no_responders": True,
+                                   "protocol": 1, "name": "pacer-probe", "lang": "python", "version": "0",
+                                   "tls_required": bool(info.get("tls_required"))}
+        if user:
+            opts |= {"user": user, "pass": password}
+        sock.sendall(b"CONNECT " + json.dumps(opts).encode() + b"\r\n"
+                     + f"SUB {inbox} 1\r\nPUB $JS.API.INFO {inbox} 0\r\n\r\nPING\r\n".encode())
+        while True:
+            line = buf.line()
+            if line == b"PING":
+                sock.sendall(b"PONG\r\n")
+            elif line.startswith(b"-ERR"):
+                return False
+            elif line.startswith((b"MSG ", b"HMSG ")):
+                parts = line.split()
+                body = buf.exactly(int(parts[-1]) + 2)[:-2]
+                if line.startswith(b"HMSG "):
+                    head, body = body[:int(parts[-2])], body[int(parts[-2]):]
+                    if b" 503" in head.split(b"\r\n", 1)[0]:
+                        return False  # no responders: JetStream is not up
+                return "error" not in json.loads(body or b"{}")
+    except (OSError, ValueError, ssl.SSLError):
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            sock.close()
+
+
+class _Lines:
+    """CRLF-terminated lines and exact byte counts from a blocking socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise OSError("connection closed")
+        self.buf += chunk
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            self._fill()
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+
 def http_json(url: str, timeout: float = 0.5) -> tuple[int, dict[str, object]]:
     """GET ``url``: (status, decoded JSON body); (0, {}) when it cannot be reached or decoded."""
     try:
@@ -247,6 +352,10 @@ class EmbeddedCluster:
     sync_always: bool = False
     authorization: str = ""
     tls: str = ""
+    monitoring: bool = True  # as EmbeddedNats: off, readiness is probed as probe_user over the client port
+    probe_user: str = ""
+    probe_password: str = field(default="", repr=False)
+    probe_ca: str = ""
     servers: list[EmbeddedNats] = field(default_factory=list, init=False)
     _route_user: str = field(default="route", init=False)
     _route_password: str = field(default_factory=lambda: secrets.token_hex(16), init=False)
@@ -290,10 +399,14 @@ class EmbeddedCluster:
             EmbeddedNats(
                 store_dir=self.store_dir / f"n{i}",
                 port=free_port(),
-                monitor_port=free_port(),
+                monitor_port=free_port() if self.monitoring else 0,
                 sync_always=self.sync_always,
                 authorization=self.authorization,
                 tls=self.tls,
+                monitoring=self.monitoring,
+                probe_user=self.probe_user,
+                probe_password=self.probe_password,
+                probe_ca=self.probe_ca,
                 server_name=f"{self.name}-{i}",
                 cluster=self._route_block(i, cluster_ports),
             )
@@ -349,6 +462,8 @@ class EmbeddedCluster:
 
     @staticmethod
     def _ready(s: EmbeddedNats) -> bool:
+        if not s.monitoring:  # the account-info request is answered only with a meta leader
+            return s.healthy()
         base = f"http://127.0.0.1:{s.monitor_port}"
         status, _ = http_json(f"{base}/healthz")
         if status != 200:
@@ -358,7 +473,9 @@ class EmbeddedCluster:
         return isinstance(meta, dict) and bool(meta.get("leader"))
 
     def meta_leader(self) -> str | None:
-        """The server name of the JetStream meta leader, as a running server sees it."""
+        """The server name of the JetStream meta leader, as a running server sees it (monitoring on)."""
+        if not self.monitoring:
+            raise EmbeddedServerError("meta_leader needs the monitoring port (monitoring=False)")
         for s in self.servers:
             if s.running:
                 _, jsz = http_json(f"http://127.0.0.1:{s.monitor_port}/jsz")

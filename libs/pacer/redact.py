@@ -1,9 +1,10 @@
 """Credentials out of what users are shown: URL passwords, password/secret settings, nkey seeds.
 
 What the executor launches carries credentials: every pod of job J gets
-``nats://agent-J:<token>@host`` in its env and argv (the token admits it as
-job J's agents, pacer.authjwt), a trainer may print them, and an error text
-may quote them.  What users see (API responses and the dashboard's events,
+the user ``agent-J`` and a token in its environment (the token admits it as
+job J's agents, pacer.authjwt), a trainer may print them (or a URL it built
+from them, ``nats://agent-J:<token>@host``), and an error text may quote
+them.  What users see (API responses and the dashboard's events,
 ``pacer job`` / ``pacer logs``) passes through :func:`text` or :func:`data`
 at the display boundary, never what is launched.
 

@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
@@ -122,6 +123,26 @@ async def dispatch_rpc(bus: Bus, counters: telemetry.Counters, handlers: Mapping
             metrics.observe_request(counters.service, op, outcome, time.perf_counter() - t0)
 
 
+def not_dumpable() -> None:
+    """Make this process's memory and environment unreadable to other processes of its Unix user.
+
+    A local pod runs user code as the stack's user; a service's secrets (its NATS password, the
+    agents' token secret, the API token) sit in its environment and memory, which any process of
+    the same user could read through ``/proc/<pid>/environ`` or ``ptrace``.  A process that is not
+    dumpable (``prctl(PR_SET_DUMPABLE, 0)``) has its ``/proc`` files owned by root and refuses
+    ptrace to everyone without CAP_SYS_PTRACE.  Its children are dumpable again after ``exec``.
+    Linux only; elsewhere a no-op.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_dumpable = 4
+    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+        log.warning("prctl(PR_SET_DUMPABLE, 0) failed: errno %d", ctypes.get_errno())
+
+
 async def run_service(
     factory: Callable[[Bus, RuntimeConfig], Awaitable[Service]],
     cfg: RuntimeConfig,
@@ -131,9 +152,10 @@ async def run_service(
     """Connect, build the service with ``factory``, run until ``stop`` or a signal."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    if install_signals:
+    if install_signals:  # a service's own process (not one run inside a test's)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        not_dumpable()
     bus = await Bus.connect(cfg.nats_url, name=cfg.instance, replicas=cfg.replicas)
     uptime = telemetry.Stopwatch()
     status = "starting"

@@ -18,11 +18,14 @@ policy):
 * a policy only receives its own ``pacer.policy.<name>.decide`` and may
   publish nothing but the replies to the requests it got
   (``allow_responses``); it has no JetStream API at all;
-* agents (and the trainers beside them) only agent, shard-rpc and
-  checkpoint subjects; they cannot command executors or publish node,
-  job, controller or brain events.  The static ``agent`` role serves every
-  job; a per-job agent user (``agent-<job>``, :func:`agent_job_permissions`,
-  admitted by the auth callout, :mod:`pacer.authjwt`) only its own job's.
+* agents (and the trainers beside them) only their own job's agent
+  subjects, the shard-rpc ops a pod needs (:data:`pacer.subjects.ShardOp.POD`:
+  no dataset registration) and the direct get of their own key in the
+  agents' KV bucket; they cannot command executors, publish node, job,
+  controller or brain events, or use any other JetStream API.  There is no
+  static agent user: every pod gets a per-job user (``agent-<job>``,
+  :func:`agent_job_permissions`) admitted by the auth callout
+  (:mod:`pacer.authjwt`), so no credential a pod holds reaches another job.
 
 Replies reach a requester through ``allow_responses``: a service may answer
 a request it received, never publish into an arbitrary inbox.  Each user
@@ -137,7 +140,6 @@ _EXECUTOR_ALL = f"{S.PREFIX}.rpc.{S.EXECUTOR_SERVICE}.>"
 # fenced state live in one KV bucket; a request that reached the non-owner is forwarded to the owner.
 _LEASES = kv(S.LEASE_BUCKET)
 _AGENT_RPC = f"{S.PREFIX}.rpc.{S.AGENT_SERVICE}.>"  # global actions and node commands
-_AGENT_PROTOCOL = f"{S.PREFIX}.agent.>"  # the two-phase barrier between agents
 _SHARD_RPC = _rpc(S.SHARD_SERVICE)
 
 
@@ -178,12 +180,6 @@ def _table() -> dict[str, Permissions]:
                      kv(S.BRAIN_BUCKET), kv(S.BRAIN_JOBS_BUCKET), _EXECUTOR_ALL,
                      _rpc(S.MONITOR_SERVICE), _rpc(S.JOB_SERVICE), _LEASES, S.ownership_forward(S.BRAIN_SERVICE)],
             subscribe=[_rpc(S.BRAIN_SERVICE), S.EVENTS_SUBJECTS, S.ownership_forward(S.BRAIN_SERVICE)]),
-        # An agent sidecar and the trainer processes of its pod (they share the pod's credentials).
-        S.AGENT_SERVICE: Permissions(
-            publish=(_events(S.AGENT_SERVICE), _AGENT_PROTOCOL, _AGENT_RPC, kv(S.AGENT_BUCKET), _SHARD_RPC,
-                     S.health(S.AGENT_SERVICE), S.dead_letter(S.AGENT_SERVICE), JS_API, JS_ACK),
-            subscribe=(_AGENT_PROTOCOL, _AGENT_RPC, S.health(S.AGENT_SERVICE), own_inbox(S.AGENT_SERVICE),
-                       S.EVENTS_SUBJECTS)),
         # The auth callout responder (pacer.authjwt): the server's authorization requests, answered by reply.
         AUTH_SERVICE: _service(AUTH_SERVICE, publish=[], subscribe=[AUTH_CALLOUT_SUBJECT], js=False),
         # The operator (CLI, `pacer up`'s printed URL, tests): everything.
@@ -211,27 +207,28 @@ def agent_user(job: str) -> str:
 
 
 def agent_job_permissions(job: str) -> Permissions:
-    """The agents and trainers of one job: that job's agent, shard-rpc and checkpoint subjects only.
+    """The agents and trainers of one job: that job's subjects, and only what a pod needs of them.
 
     What an agent does (pacer.agent.agent): heartbeats, metrics and action
     results under ``pacer.events.agent.<job>.*``; the two-phase barrier
     ``pacer.agent.<job>.*``; global actions and node commands under
     ``pacer.rpc.agent.<job>.>``; the election key ``<job>.primary`` of the
-    agents' KV bucket.  What a trainer does: lease, register and checkpoint
-    through ``pacer.rpc.shard.<job>.*``.  It reads the events of its own job
-    only.  JetStream's API is limited to the agents' bucket: its info and
-    creation, its direct gets of this job's key and message gets (whose
-    subject travels in the payload, so they are not per job).
+    agents' KV bucket, written by publishing to its subject and read by a
+    direct get whose subject names the key (``$JS.API.DIRECT.GET.<stream>.<key>``:
+    the key is in the subject, so the permission is per job; a message get,
+    whose subject travels in the payload, is not granted).  What a trainer
+    does: the shard ops of :data:`pacer.subjects.ShardOp.POD` under
+    ``pacer.rpc.shard.<job>.<op>`` (never ``register``).  It reads the events
+    of its own job only.  No other JetStream API: the agents' bucket is made
+    by the executor before any pod starts (:func:`pacer.agent.bucket.ensure`).
     """
     job = S._tok(job, "job")
     stream = f"KV_{S.AGENT_BUCKET}"
     key = f"$KV.{S.AGENT_BUCKET}.{S.agent_primary_key(job)}"
     return Permissions(
         publish=(S.events_of(S.AGENT_SERVICE, job=job), f"{S.PREFIX}.agent.{job}.*",
-                 f"{S.PREFIX}.rpc.{S.AGENT_SERVICE}.{job}.>", S.rpc(S.SHARD_SERVICE, job, "*"), key,
-                 f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.STREAM.CREATE.{stream}",
-                 f"$JS.API.STREAM.MSG.GET.{stream}", f"$JS.API.DIRECT.GET.{stream}.{key}",
-                 S.health(S.AGENT_SERVICE), S.dead_letter(S.AGENT_SERVICE)),
+                 f"{S.PREFIX}.rpc.{S.AGENT_SERVICE}.{job}.>", *(S.rpc(S.SHARD_SERVICE, job, op) for op in S.ShardOp.POD),
+                 key, f"$JS.API.DIRECT.GET.{stream}.{key}"),
         subscribe=(f"{S.PREFIX}.agent.{job}.*", f"{S.PREFIX}.rpc.{S.AGENT_SERVICE}.{job}.>",
                    S.events_of("*", job=job), S.health(S.AGENT_SERVICE), own_inbox(agent_user(job))))
 

@@ -92,6 +92,10 @@ class ShardOp:
     APPEND = "append"
     RETRY_FAILED = "retry_failed"
     ALL = (REGISTER, LEASE, STATUS, CHECKPOINT, RESTORE, APPEND, RETRY_FAILED)
+    # What a job's own pods ask of its dataset (the trainer: leases, the chief's shard checkpoint and
+    # restore, a status read).  Registering, appending to and re-opening a dataset are the job service's
+    # and the operator's: a pod that could register could make the shard service cut millions of shards.
+    POD = (LEASE, STATUS, CHECKPOINT, RESTORE)
 
 
 # Event kinds published by the shard service under ``pacer.events.shard.<job>.<kind>``.

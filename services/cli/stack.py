@@ -5,8 +5,14 @@ start it in the background.  Services are separate OS processes (as in a
 cluster), each ``python -m <module>`` with ``PACER_NATS_URL`` set and, as the
 bus is secured by default, its own NATS user (``PACER_NATS_USER`` /
 ``PACER_NATS_PASSWORD``, permissions from :mod:`pacer.security`); the pods the
-executor starts get the ``agent`` user in their URL (``PACER_POD_NATS_URL``)
-and ``Stack.url`` carries the operator's ``admin`` user.
+executor starts get a user of their own job (``agent-<job>``, admitted by the
+``auth`` service, which a secured stack with an executor always runs) and
+``Stack.url`` carries the operator's ``admin`` user.
+
+Each service gets the settings it needs and no other's secrets: the API token
+only the API, the agents' token secret only the executor and ``auth``, the
+auth callout's issuer seed only ``auth`` (:data:`SECRET_SETTINGS`), whether
+they were given to the stack or found in the environment it was started from.
 
 ``instances`` runs a service as N processes (``Stack(instances={"controller":
 2})``: ``controller-0`` and ``controller-1``, each with ``PACER_INSTANCE`` set,
@@ -53,6 +59,14 @@ SERVICES: dict[str, str] = {
     "brain": "pacer_services.brain.main",
 }
 
+# Settings that are secrets, and the only services that get them (a service's own NATS password is
+# set per service by Stack._credentials).  Anything else in the stack's environment goes to every service.
+SECRET_SETTINGS: dict[str, frozenset[str]] = {
+    "PACER_API_TOKEN": frozenset({"api"}),
+    "PACER_AGENT_TOKEN_SECRET": frozenset({"executor", "auth"}),
+    "PACER_AUTH_ISSUER_SEED": frozenset({"auth"}),
+}
+
 
 @dataclass
 class Stack:
@@ -86,6 +100,12 @@ class Stack:
     # (made per start when the ``auth`` service is in the stack; given to it and to the executor only).
     _issuer_seed: str = field(default="", repr=False)
     _agent_secret: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        # Pods connect only as their own job's agent user, which the auth callout admits: a secured
+        # stack that runs pods runs it too (there is no user shared by every job's pods).
+        if self.secure and "executor" in self.services and security.AUTH_SERVICE not in self.services:
+            self.services = [security.AUTH_SERVICE, *self.services]
 
     @property
     def per_job_agents(self) -> bool:
@@ -150,13 +170,19 @@ class Stack:
             # until stop() restores what was set before.
             self._saved_ca = os.environ.get("PACER_NATS_CA")
             os.environ["PACER_NATS_CA"] = str(files.ca)
+        # A secured server has no monitoring port (it has no authentication of its own: /connz would list
+        # every user and subscription to anything on the host); readiness is probed as the operator.
+        user, password = ("admin", self.passwords["admin"]) if self.secure else ("", "")
+        ca = str(self.ca_file) if self.ca_file is not None else ""
         if self.cluster > 1:
             self.env.setdefault("PACER_REPLICAS", str(min(self.cluster, 3)))
-            self.nats = EmbeddedCluster(store_dir=self.data_dir / "nats", size=self.cluster,
-                                        authorization=authorization, tls=tls).start()
+            self.nats = EmbeddedCluster(
+                store_dir=self.data_dir / "nats", size=self.cluster, authorization=authorization, tls=tls,
+                monitoring=not self.secure, probe_user=user, probe_password=password, probe_ca=ca).start()
         else:
-            self.nats = EmbeddedNats(store_dir=self.data_dir / "nats", port=self.port,
-                                     authorization=authorization, tls=tls).start()
+            self.nats = EmbeddedNats(
+                store_dir=self.data_dir / "nats", port=self.port, authorization=authorization, tls=tls,
+                monitoring=not self.secure, probe_user=user, probe_password=password, probe_ca=ca).start()
         if self.ca_file is not None:  # this process's clients of this server: its CA, whatever the env says
             security.trust(self.bare_url, str(self.ca_file))
         security.write_context(self.context_file, security.Context(
@@ -287,10 +313,17 @@ class Stack:
         # The brain plans within this machine (C_total = C_max = its cores) unless told otherwise.
         # Local pods start in seconds, not the minutes of a cluster's scheduling and image pulls: the
         # brain's first estimates of a re-plan's pause (DLRover-RM Eq. 8) say so until it measures them.
+        # The job service opens dataset files only under where the stack was started (a spec's relative
+        # paths, data/train.tsv) and its data dir (the demo's data), unless PACER_DATA_ROOTS says otherwise.
         env = {"PACER_BRAIN_CPU_QUOTA": cores, "PACER_BRAIN_NODE_CPU": cores,
                "PACER_BRAIN_WORKER_PAUSE_S": "5", "PACER_BRAIN_PS_PAUSE_S": "15",
+               "PACER_DATA_ROOTS": os.pathsep.join((os.getcwd(), str(self.data_dir.resolve()))),
                **os.environ, "PACER_NATS_URL": self.bare_url, "PACER_DATA_DIR": str(self.data_dir),
-               **self._credentials(name), **self.env, **instance}
+               **self.env, **instance}
+        for setting, services in SECRET_SETTINGS.items():
+            if name not in services:
+                env.pop(setting, None)
+        env |= self._credentials(name)
         log = open(self.data_dir / f"{key}.log", "ab")
         try:
             proc = subprocess.Popen([sys.executable, "-m", SERVICES[name]], env=env, stdout=log, stderr=log)
@@ -331,11 +364,8 @@ class Stack:
         if not self.secure:
             return out
         out |= {"PACER_NATS_USER": name, "PACER_NATS_PASSWORD": self.passwords[name]}
-        if name == "executor":
-            if self.per_job_agents:  # launch.py puts each job's own user into the pods' URL
-                out |= {"PACER_POD_NATS_URL": self.bare_url, "PACER_AGENT_TOKEN_SECRET": self._agent_secret}
-            else:
-                out["PACER_POD_NATS_URL"] = self.url_as("agent")  # the static agent user
+        if name == "executor" and self.per_job_agents:  # launch.py gives each job's pods their own user
+            out |= {"PACER_POD_NATS_URL": self.bare_url, "PACER_AGENT_TOKEN_SECRET": self._agent_secret}
         if name == security.AUTH_SERVICE and self.per_job_agents:
             out |= {"PACER_AUTH_ISSUER_SEED": self._issuer_seed, "PACER_AGENT_TOKEN_SECRET": self._agent_secret}
         return out

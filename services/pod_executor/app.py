@@ -137,6 +137,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pacer import subjects
+from pacer.agent import bucket as agent_bucket
 from pacer.bus import Bus
 from pacer.codec import decode
 from pacer.consumer import DurableConsumer
@@ -248,6 +249,8 @@ class ExecutorService:
         await self.bus.ensure_streams()
         self.fx.kv = await self.bus.kv(subjects.EXECUTOR_BUCKET, "Pacer pod-executor: its record of each job")
         self.fx.jobs_kv = await self.bus.kv(subjects.JOB_BUCKET, "Pacer jobs: one JobRecord per job")
+        # The pods' agents elect their primary in this bucket but may not make it (pacer.security).
+        await agent_bucket.ensure(self.bus.js, self.bus.replicas)
         await self.own.start(tg, on_forwarded=self._on_forwarded)
         for st in await self.backend.list():
             self.pods[st.name] = st

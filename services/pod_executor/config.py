@@ -31,7 +31,7 @@ class ExecutorConfig:
     policy: core.ExecutorPolicy = field(default_factory=core.ExecutorPolicy)
     drain_s: float = 10.0  # on stop, how long work already queued for jobs may take to finish
     # PACER_AGENT_TOKEN_SECRET, shared with the auth callout: each job's pods get the user agent-<job> and
-    # a token derived from it (launch.pod_nats_url); "": pods get the pod URL as it is.
+    # a token derived from it, in their environment (launch.pod_credentials); "": pods get the pod URL's user.
     agent_secret: str = field(default="", repr=False)
     # Two instances (pacer.ownership): this instance's name (None: PACER_INSTANCE, else executor-<random>),
     # the per-job lease's TTL (a dead owner's jobs move about this long after its last renewal), and how

@@ -23,18 +23,24 @@ trainer started (:func:`pod_cpu`).
 
 Bus credentials of a pod: with an agent token secret (:attr:`LaunchConfig.agent_secret`,
 the executor's ``PACER_AGENT_TOKEN_SECRET``, shared with the auth callout responder) every pod of job ``j`` gets the user
-``agent-<j>`` and the password :func:`pacer.authjwt.agent_token` in its URL,
-which the auth callout admits with job ``j``'s subjects only; without one,
-the URL the executor was given (the static ``agent`` user).  When the URL
-carries a user, the executor's own NATS user and the secrets are blanked in
-the pod's environment (a local pod inherits the executor's).
+``agent-<j>`` and the password :func:`pacer.authjwt.agent_token`, which the auth callout admits
+with job ``j``'s subjects only (:func:`pod_credentials`).  They travel in the pod's environment
+(``PACER_NATS_USER`` / ``PACER_NATS_PASSWORD``, read by :func:`pacer.security.connect_options`),
+never in an argv, which every local user can read with ``ps``: the URLs in the trainer's and
+the agent's arguments are bare.  Without a secret, the pods get the URL the executor was given.
+
+A pod's environment is the spec's variables; a local pod also gets the few of the executor's own
+that :func:`pacer_services.pod_executor.backends.pod.pod_base_env` allows (the locale, the
+interpreter's paths, the agents' and telemetry settings), a Kubernetes pod none.  Nothing else
+of the executor's reaches a pod: not its NATS user, not the agents' token secret, not the API
+token, not another service's setting.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pacer import authjwt, security
 from pacer.contracts.executor import PodSpec
@@ -69,18 +75,25 @@ class LaunchConfig:
     agent_secret: str = field(default="", repr=False)
 
 
-# What a pod must not inherit from a local executor: its NATS user and the secrets that mint credentials.
-SCRUBBED_ENV = ("PACER_NATS_USER", "PACER_NATS_PASSWORD", "PACER_NATS_CREDS", "PACER_AGENT_TOKEN_SECRET",
-                "PACER_AUTH_ISSUER_SEED")
+def pod_nats_url(cfg: LaunchConfig) -> str:
+    """The bus URL of every pod, as it appears in their argv and ``PACER_NATS_URL``: without credentials."""
+    return ",".join(security.strip_userinfo(u) for u in security.split_servers(cfg.nats_url))
 
 
-def pod_nats_url(cfg: LaunchConfig, job: str) -> str:
-    """The bus URL of job ``job``'s pods: its agent user and token when the executor has a secret."""
-    if not cfg.agent_secret:
-        return cfg.nats_url
-    return ",".join(security.with_credentials(security.strip_userinfo(u), security.agent_user(job),
-                                              authjwt.agent_token(cfg.agent_secret, job))
-                    for u in security.split_servers(cfg.nats_url))
+def pod_credentials(cfg: LaunchConfig, job: str) -> dict[str, str]:
+    """The NATS user of job ``job``'s pods, as environment variables (``{}``: none, an open bus).
+
+    With the agents' token secret: ``agent-<job>`` and its token.  Without, the user of the
+    executor's ``PACER_POD_NATS_URL`` if it carries one (a stack whose pods share a user: a
+    development setup; the credentials still move from the URL into the environment).
+    """
+    if cfg.agent_secret:
+        return {"PACER_NATS_USER": security.agent_user(job),
+                "PACER_NATS_PASSWORD": authjwt.agent_token(cfg.agent_secret, job)}
+    parts = urlsplit(security.split_servers(cfg.nats_url)[0]) if cfg.nats_url else None
+    if parts is not None and parts.username:
+        return {"PACER_NATS_USER": unquote(parts.username), "PACER_NATS_PASSWORD": unquote(parts.password or "")}
+    return {}
 
 
 def pod_name(job: str, node: str, generation: int) -> str:
@@ -95,7 +108,7 @@ def worker_config(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, inde
     chief = index == 0
     return WorkerConfig(
         job=rec.job, node=f"worker-{index}", index=index, cluster=cluster.to_json(), data=rec.data_path,
-        dataset=spec.dataset.name, nats_url=pod_nats_url(cfg, rec.job), model=m.name.value,
+        dataset=spec.dataset.name, nats_url=pod_nats_url(cfg), model=m.name.value,
         model_args={"hash_buckets": m.hash_buckets, "embed_dim": m.embed_dim, "hidden": list(m.hidden),
                     "cross_layers": m.cross_layers, "cin_layers": list(m.cin_layers),
                     "learning_rate": m.learning_rate, "optimizer": m.optimizer},
@@ -168,14 +181,14 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
              generation: int, cpu: float, memory_mb: int, port: int, cfg: LaunchConfig,
              restore: bool = False) -> PodSpec:
     node = f"{role}-{index}"
-    url = pod_nats_url(cfg, rec.job)
-    # A URL with its user wins over any other setting: the pod needs, and gets, nothing else.
-    scrub = dict.fromkeys(SCRUBBED_ENV, "") if urlsplit(security.split_servers(url)[0]).username else {}
+    url = pod_nats_url(cfg)
     user = rec.spec.trainer  # the user's own program instead of the built-in trainer
     extra = trainer_env(rec, plan, cluster, role, index, cfg, restore, generation) if user is not None else {}
-    # A user's trainer.env may change the first two, never the bus URL or the scrubbed credentials.
+    # A user's trainer.env may change the first two, never the bus URL or the credentials (the spec
+    # parser refuses PACER_* there anyway).
     cpu, throttle = pod_cpu(cfg, node, generation, cpu)
-    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra, **throttle, **scrub, "PACER_NATS_URL": url}
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra, **throttle,
+           **pod_credentials(cfg, rec.job), "PACER_NATS_URL": url}
     agent: list[str] = []
     if role == "ps":
         command = ["python", "-m", "pacer.trainer.ps", "--cluster", cluster.to_json(), "--index", str(index)]

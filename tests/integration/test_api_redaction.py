@@ -1,10 +1,10 @@
 """What the API shows of a running job's pods carries no bus credential.
 
-Each pod of job J gets ``nats://agent-J:<token>@...`` in its env and argv
-(services/pod_executor/launch.py, with the executor's agent token secret),
-and a pod's log, an exit reason or an event may quote them: a trainer that
-prints its command line and environment, an error naming the URL it could
-not reach.  The pods here are the ones launch.py really builds for the job;
+Each pod of job J gets the user ``agent-J`` and its token in its environment
+(``PACER_NATS_USER`` / ``PACER_NATS_PASSWORD``: services/pod_executor/launch.py,
+with the executor's agent token secret), and a pod's log, an exit reason or
+an event may quote them: a trainer that prints its environment, or the URL
+it built from it (``nats://agent-J:<token>@...``) and could not reach.  The pods here are the ones launch.py really builds for the job;
 the executor's answers (status, logs) and its node events quote them.  Every
 API view (the job, its logs, the dashboard's event stream, an error) shows
 the user ``agent-J`` but never the token.  Peers are test_api's double on a
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 from nats.aio.msg import Msg
-from pacer import authjwt, codec, subjects
+from pacer import authjwt, codec, security, subjects
 from pacer.bus import Bus
 from pacer.contracts.executor import LogsQuery, LogsReply, PodSpec
 from pacer.contracts.nodes import NodeEvent
@@ -60,20 +60,28 @@ def pods(peers: PeerDouble) -> list[PodSpec]:
     return [launch.pod_spec(rec, rec.plan, cluster, role, 0, 0, 1.0, 1024, 2222, cfg) for role in ("worker", "ps")]
 
 
+def with_user(spec: PodSpec) -> str:
+    """The URL a trainer builds from its environment (user and password in it) and may print."""
+    return security.with_credentials(spec.env["PACER_NATS_URL"], spec.env["PACER_NATS_USER"],
+                                     spec.env["PACER_NATS_PASSWORD"])
+
+
 def shown(spec: PodSpec) -> str:
-    """What a trainer that prints its argv and environment writes to its log."""
+    """What a trainer that prints its argv, its environment and the URL it connects to writes to its log."""
     env = "\n".join(f"{k}={v}" for k, v in sorted(spec.env.items()))
-    return f"argv: {' '.join(spec.command)}\nagent argv: {' '.join(spec.agent)}\n{env}\nstep 1 loss=0.5"
+    return (f"argv: {' '.join(spec.command)}\nagent argv: {' '.join(spec.agent)}\n{env}\n"
+            f"connecting to {with_user(spec)}\nstep 1 loss=0.5")
 
 
 async def test_the_api_shows_no_agent_token_of_a_running_jobs_pods(http: Client, peers: QuotingPeers,  # noqa: F811
                                                                    bus: Bus) -> None:
     token = authjwt.agent_token(SECRET, JOB)
     specs = pods(peers)
-    # The credentials are really there in what is launched (else this test would prove nothing).
-    assert all(token in spec.env["PACER_NATS_URL"] for spec in specs)
-    assert token in " ".join(specs[0].command) and token in " ".join(specs[0].agent)  # the worker's argv too
-    url = specs[0].env["PACER_NATS_URL"]
+    # The credentials are really there in what is launched (else this test would prove nothing): in the
+    # pods' environment, and never in an argv (which every local user reads with `ps`).
+    assert all(spec.env["PACER_NATS_PASSWORD"] == token for spec in specs)
+    assert all(token not in " ".join([*spec.command, *spec.agent]) for spec in specs)
+    url = with_user(specs[0])
     status = executor_status(JOB)
     status = replace(status, nodes=[replace(n, last_reason=f"exit 1: no servers available at {url}")
                                     for n in status.nodes])
@@ -94,7 +102,7 @@ async def test_the_api_shows_no_agent_token_of_a_running_jobs_pods(http: Client,
     # The dashboard's stream: a node event whose reason quotes the command line.
     await bus.publish_durable(subjects.node_event(JOB, "died"),
                               NodeEvent(job=JOB, node="worker-0", kind="died", ts=time.time(), role="worker",
-                                        reason=f"exited running {' '.join(specs[0].command)}"))
+                                        reason=f"exited running {' '.join(specs[0].command)} against {url}"))
     async with http.session.get(f"/api/v1/events?job={JOB}") as resp:
         events = await read_sse(resp, "replayed")
     (died,) = [data for name, data in events if name == "node.died"]

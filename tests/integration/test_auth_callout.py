@@ -20,6 +20,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 from pacer import authjwt, security, subjects
+from pacer.agent import bucket as agent_bucket
 from pacer.bus import Bus
 from pacer.embedded import EmbeddedNats
 from pacer.runtime import RuntimeConfig, run_service
@@ -140,7 +141,7 @@ async def test_a_wrong_credential_is_refused(callout: EmbeddedNats, case: str) -
         "wrong token": ("0" * 64, None),
         "other job's token": (authjwt.agent_token(SECRET, "job-b"), None),
         "no job user": (authjwt.agent_token(SECRET, "job-a"), "intruder"),
-        "static name": ("pw-agent-typo", "agent"),  # a static user with a wrong password never reaches the callout
+        "static name": ("pw-agent-typo", "agent"),  # no static agent user: the callout refuses a name of no job
     }[case]
     with pytest.raises((nats.errors.Error, OSError)) as info:
         await agent(callout, "job-a", token=token, user=user)
@@ -154,10 +155,10 @@ async def test_the_agent_bus_connects_through_the_url(callout: EmbeddedNats) -> 
     try:
         admin = await Bus.connect(security.with_credentials(callout.url, "admin", "pw-admin"))
         try:
-            await admin.kv(subjects.AGENT_BUCKET)
+            await agent_bucket.ensure(admin.js)  # the executor's part: a pod may not make it
         finally:
             await admin.close()
-        mine = await bus.js.key_value(subjects.AGENT_BUCKET)
+        mine = agent_bucket.handle(bus.js)  # no JetStream API call: direct gets of its own key only
         rev = await mine.create(subjects.agent_primary_key("job-a"), b"worker-0")
         assert (await mine.get(subjects.agent_primary_key("job-a"))).value == b"worker-0" and rev >= 1
         with pytest.raises(nats.errors.Error):  # refused by the server: the put never gets its ack
@@ -177,8 +178,10 @@ def test_the_embedded_stack_gives_pods_per_job_users(tmp_path: Path) -> None:
         executor_env = st._credentials("executor")
         cfg = launch.LaunchConfig(executor_env["PACER_POD_NATS_URL"],
                                   agent_secret=executor_env["PACER_AGENT_TOKEN_SECRET"])
-        url = launch.pod_nats_url(cfg, "job-a")
-        assert security.agent_user("job-a") in url and st.passwords["agent"] not in str(executor_env)
+        creds = launch.pod_credentials(cfg, "job-a")
+        assert creds["PACER_NATS_USER"] == security.agent_user("job-a") and "agent" not in st.passwords
+        url = security.with_credentials(launch.pod_nats_url(cfg), creds["PACER_NATS_USER"],
+                                        creds["PACER_NATS_PASSWORD"])
         assert "PACER_AGENT_TOKEN_SECRET" not in st._credentials("shard")
 
         async def as_pod() -> list[Exception]:

@@ -71,7 +71,7 @@ async def test_without_credentials_nothing_connects(secure_server: EmbeddedNats)
         await nats.connect(secure_server.url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
 
 
-@pytest.mark.parametrize("user", ["policy-my-policy", "agent", "monitor", "api", "shard"])
+@pytest.mark.parametrize("user", ["policy-my-policy", "policies", "monitor", "api", "shard"])
 async def test_a_user_without_rights_cannot_command_an_executor(secure_server: EmbeddedNats, user: str) -> None:
     executor, _ = await connect(secure_server, "executor")
     intruder, errors = await connect(secure_server, user)
@@ -142,7 +142,7 @@ async def test_a_policy_cannot_publish_node_events_nor_answer_for_another_policy
 async def test_only_the_executor_publishes_node_events(secure_server: EmbeddedNats) -> None:
     watcher, _ = await connect(secure_server, "admin")
     executor, errors = await connect(secure_server, "executor")
-    agent, agent_errors = await connect(secure_server, "agent")
+    agent, agent_errors = await connect(secure_server, "monitor")  # reads node events, publishes none
     try:
         sub = await watcher.subscribe(subjects.events_of("node"))
         await settle(watcher)
@@ -162,12 +162,12 @@ async def test_only_the_executor_publishes_node_events(secure_server: EmbeddedNa
         await watcher.close()
 
 
-async def test_the_shard_service_appends_to_its_log_stream_and_an_agent_cannot(
+async def test_the_shard_service_appends_to_its_log_stream_and_another_service_cannot(
         secure_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PACER_NATS_USER", "shard")
     monkeypatch.setenv("PACER_NATS_PASSWORD", PASSWORDS["shard"])
     bus = await Bus.connect(secure_server.url, name="shard")  # credentials from the settings
-    agent, errors = await connect(secure_server, "agent")
+    agent, errors = await connect(secure_server, "controller")  # JetStream's API, but not the log's subjects
     try:
         await bus.ensure_streams()
         ack = await bus.js.publish(subjects.shard_log("j1"), b"entry")
@@ -186,9 +186,9 @@ async def test_credentials_in_the_url_win_over_the_settings(
         secure_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PACER_NATS_USER", "shard")
     monkeypatch.setenv("PACER_NATS_PASSWORD", "wrong")
-    bus = await Bus.connect(security.with_credentials(secure_server.url, "agent", PASSWORDS["agent"]))
+    bus = await Bus.connect(security.with_credentials(secure_server.url, "monitor", PASSWORDS["monitor"]))
     try:
-        await bus.nc.publish(subjects.agent_heartbeat("j1"), b"{}")
+        await bus.nc.publish(subjects.events_of("monitor", job="j1", kind="statistics"), b"{}")
         await bus.nc.flush()
         assert bus.nc.is_connected
     finally:
@@ -236,8 +236,8 @@ async def test_the_health_check_probes_with_the_services_own_user(
         monkeypatch.setenv("PACER_NATS_USER", "shard")
         monkeypatch.setenv("PACER_NATS_PASSWORD", PASSWORDS["shard"])
         assert await hc.probe("shard", secure_server.url, 2.0, False) == 0
-        monkeypatch.setenv("PACER_NATS_USER", "agent")  # may not publish the shard service's health subject
-        monkeypatch.setenv("PACER_NATS_PASSWORD", PASSWORDS["agent"])
+        monkeypatch.setenv("PACER_NATS_USER", "policy-my-policy")  # may not publish the shard service's health subject
+        monkeypatch.setenv("PACER_NATS_PASSWORD", PASSWORDS["policy-my-policy"])
         assert await hc.probe("shard", secure_server.url, 0.5, False) == 1
         monkeypatch.delenv("PACER_NATS_USER")  # no user: the server refuses the connection
         assert await hc.probe("shard", secure_server.url, 0.5, False) == 1

@@ -732,6 +732,12 @@ def test_network_policy_admits_nats_clients_only_from_pacer_pods(overlay: str) -
         assert any(selects(s, labels) for s in clients), f"{name} may not reach NATS"
     # ... and a pod that is not Pacer's is not.
     assert not any(selects(s, {"app.kubernetes.io/name": "someone-else"}) for s in clients)
+    # The monitoring port (no authentication: /connz lists every user) admits the metrics scraper, and no
+    # Pacer pod: a training pod runs a user's code.
+    monitor = admitted.get(8222, [])
+    assert any(selects(s, {"app.kubernetes.io/component": "metrics-scraper"}) for s in monitor), monitor
+    for name, labels in pacer_pods.items():
+        assert not any(selects(s, labels) for s in monitor), f"{name} may reach the NATS monitoring port"
 
 
 # --------------------------------------------------------------- NATS users and TLS

@@ -473,8 +473,11 @@ def test_dev_config_and_the_auth_callout_service_admit_a_jobs_pods_only(tmp_path
         for k, v in exec_env.items():
             mp.setenv(k, v)
         cfg = executor_config.ExecutorConfig.from_env()
-    j1_url = launch.pod_nats_url(launch.LaunchConfig(pod_url, agent_secret=cfg.agent_secret), "j1")
-    assert security.agent_user("j1") in j1_url
+    pod_cfg = launch.LaunchConfig(pod_url, agent_secret=cfg.agent_secret)
+    creds = launch.pod_credentials(pod_cfg, "j1")
+    assert creds["PACER_NATS_USER"] == security.agent_user("j1")
+    j1_url = security.with_credentials(launch.pod_nats_url(pod_cfg), creds["PACER_NATS_USER"],
+                                       creds["PACER_NATS_PASSWORD"])
 
     with nats_servers([(conf, nats_env(docs, "nats-0"))], tmp_path):
         wait_for(lambda: monitor(ports["monitor"], "/healthz").get("status") == "ok", "nats-server healthy")

@@ -75,11 +75,11 @@ import nats.js.errors
 import psutil
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 from opentelemetry.trace import SpanKind
 
 from pacer import subjects, tracing
+from pacer.agent import bucket
 from pacer.agent.ipc import PAYLOAD_CAP, AgentIPC, IPCError, StepRecord
 from pacer.agent.reporting import window_steps
 from pacer.bus import Bus
@@ -356,7 +356,7 @@ class AgentService:
         ]
         self._attach()
         if self.cfg.stepping:
-            self._kv = await self._bucket()
+            self._kv = self._bucket()
             tg.create_task(guard("agent-poll", self._poll_loop, pause=0.2), name="pacer:agent-poll")
             tg.create_task(guard("agent-election", self._election_loop), name="pacer:agent-election")
         else:  # a server: measured from outside, no barrier, never primary
@@ -623,19 +623,18 @@ class AgentService:
             m.iteration, m.bpt_s, m.at = am.iteration, am.bpt_s, now
 
     # ------------------------------------------------------------ election
-    async def _bucket(self) -> KeyValue:
-        js = self.bus.js
+    def _bucket(self) -> KeyValue:
+        """The agents' bucket as this pod may use it: no JetStream API call (pacer.agent.bucket)."""
+        return bucket.handle(self.bus.js)
+
+    async def _make_bucket(self) -> None:
+        """The bucket is missing: the executor makes it before any pod, so this is an agent run by hand
+        (``pacer train local``, an open bus), which may make it; a pod's user is refused, and says so."""
         try:
-            return await js.key_value(subjects.AGENT_BUCKET)
-        except nats.js.errors.BucketNotFoundError:
-            pass
-        try:
-            return await js.create_key_value(
-                KeyValueConfig(bucket=subjects.AGENT_BUCKET, history=1, replicas=self.bus.replicas,
-                               description="Pacer agents: <job>.primary names each job's primary agent")
-            )
-        except nats.js.errors.BadRequestError:  # created concurrently by another agent
-            return await js.key_value(subjects.AGENT_BUCKET)
+            await bucket.ensure(self.bus.js, self.bus.replicas)
+        except (TimeoutError, nats.errors.Error) as exc:
+            log.warning("election: the agents' bucket %s is missing and could not be made: %s", bucket.STREAM,
+                        exc, extra={"fields": self._fields()})
 
     async def _cas_put(self, last: int) -> int:
         """Write our PrimaryRecord if the key's revision is still ``last`` (0: absent); the new revision."""
@@ -655,6 +654,9 @@ class AgentService:
         """Become primary if nobody is: the revision, or 0 if someone else holds the key."""
         try:
             return await self._cas_put(0)
+        except nats.js.errors.NoStreamResponseError:
+            await self._make_bucket()
+            return 0  # next round
         except nats.js.errors.BadRequestError as exc:
             if exc.err_code not in _WRONG_LAST_SEQUENCE:
                 raise

@@ -1,6 +1,8 @@
 """The local-process backend: every pod is a supervisor process on this machine.
 
-Pods live in ``<root>/<job>/<pod name>/``.  :meth:`LocalBackend.create`
+Pods live in ``<root>/<job>/<pod name>/``, each directory readable by its
+owner only (0700; ``spec.json`` and ``pod.json`` hold the job's bus
+credentials and are 0600).  :meth:`LocalBackend.create`
 writes ``spec.json`` there and starts ``python -m
 pacer_services.pod_executor.backends.pod`` (see :mod:`.pod`) in a new session, so
 pods outlive the executor: a new :class:`LocalBackend` over the same root
@@ -45,6 +47,7 @@ from pacer_services.pod_executor.backends.pod import (
     POD_FILE,
     RESIZE_FILE,
     STATUS_FILE,
+    pod_base_env,
     read_json,
     write_json,
 )
@@ -69,6 +72,7 @@ class LocalBackend:
         self.root = Path(root)
         self.poll_s = poll_s
         self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o700)
         self._children: dict[str, subprocess.Popen[bytes]] = {}  # supervisors we started, to reap
 
     # ------------------------------------------------------------ pods
@@ -77,7 +81,8 @@ class LocalBackend:
         if self._find(pod.name) is not None:
             raise Conflict(f"pod {pod.name} exists")
         try:
-            d.mkdir(parents=True)
+            d.parent.mkdir(mode=0o700, exist_ok=True)
+            d.mkdir(mode=0o700)
         except FileExistsError:
             raise Conflict(f"pod {pod.name} exists") from None
         write_json(d / SPEC_FILE, to_dict(pod))
@@ -327,6 +332,7 @@ def _spawn_supervisor(d: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, "-m", "pacer_services.pod_executor.backends.pod",
              "--spec", str(d / SPEC_FILE), "--dir", str(d)],
+            env=pod_base_env(os.environ),  # nothing of the executor's settings and secrets
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 

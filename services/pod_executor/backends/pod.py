@@ -6,7 +6,9 @@ every pod, in a session of its own so that it outlives the executor.  It
 
 * substitutes ``{pod_dir}`` in the trainer's and agent's argv and env values,
   starts the trainer (``spec.command``) and the agent sidecar (``spec.agent``)
-  with their output in ``<dir>/trainer.log`` and ``<dir>/agent.log``;
+  with their output in ``<dir>/trainer.log`` and ``<dir>/agent.log``, in an
+  environment of the spec's variables plus the allowlisted few of its own
+  (:func:`pod_base_env`: nothing of a service's settings or secrets);
   both die with the supervisor (``PR_SET_PDEATHSIG``), which is how a lost
   node looks locally;
 * enforces the memory limit the way a cgroup would: every tick the RSS of the
@@ -54,7 +56,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -78,14 +80,39 @@ TICK_S = 0.1  # memory checks and exit polling, like a kubelet's housekeeping
 
 _PR_SET_PDEATHSIG = 1
 
+# The executor's variables a local pod may see (a Kubernetes pod sees none of the executor's): what a
+# Python and TensorFlow process needs to run as the executor does, and the agents' and telemetry
+# settings.  An allowlist, never a blocklist: a setting added to a service later stays out of pods.
+POD_ENV_ALLOWED = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+    "PYTHONPATH", "PYTHONHASHSEED", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "PACER_NATS_CA", "PACER_LOG_LEVEL", "PACER_CPU_PERIOD_MS", "PACER_CPU_LIMITS",
+    "PACER_AGENT_WORKER_REPORT_S", "PACER_AGENT_REPORT_EVERY_S", "PACER_AGENT_PROBE_EVERY_S",
+    "PACER_OTEL_EXPORTER", "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+})
+POD_ENV_ALLOWED_PREFIXES = ("LC_", "TF_", "OMP_", "MKL_", "KMP_")
+
+
+def pod_base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a local pod inherits of ``environ`` (the executor's, the supervisor's): the allowlist only."""
+    return {k: v for k, v in environ.items()
+            if k in POD_ENV_ALLOWED or (k.startswith(POD_ENV_ALLOWED_PREFIXES) and k != "TF_CONFIG")}
+
 
 # ---------------------------------------------------------------- files
 
 
 def write_json(path: Path, obj: dict[str, Any]) -> None:
-    """Replace ``path`` atomically: readers see the old or the new content, never a part."""
+    """Replace ``path`` atomically: readers see the old or the new content, never a part.
+
+    Readable by its owner only: a pod's spec holds its job's bus credentials.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, sort_keys=True))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(obj, sort_keys=True))
     os.replace(tmp, path)
 
 
@@ -267,7 +294,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ containers
     def _start(self, argv: list[str], log_name: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, **{k: substitute(v, self.dir) for k, v in self.spec.env.items()}}
+        env = {**pod_base_env(os.environ), **{k: substitute(v, self.dir) for k, v in self.spec.env.items()}}
         with open(self.dir / log_name, "ab") as log:
             return subprocess.Popen(
                 resolve_argv(argv, self.dir), env=env, stdin=subprocess.DEVNULL, stdout=log,
