@@ -744,7 +744,7 @@ def real_runs(cfg: RealConfig, work: Path) -> dict[str, Any]:
          [(md, m, m) for md in cfg.modes for m in real_methods(cfg, md)], True),
     ]
     for i, (services, env, runs, rtt) in enumerate(stacks):
-        st = Stack(work / f"stack-{i}", services=services, env=env)
+        st = Stack(work / f"stack-{i}", services=services, env={**env, "PACER_DATA_ROOTS": str(work.resolve())})
         st.start()
         try:
             asyncio.run(session(st, runs, rtt))

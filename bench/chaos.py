@@ -442,6 +442,8 @@ def run_job(data_dir: Path, job: str, data: Path, test: Path, cfg: ChaosConfig, 
     """A fresh chaos stack in ``data_dir``, one job with ``kills`` kills on it, the stack stopped after."""
     quiet_logs()
     stack = make_stack(data_dir, cfg)
+    # The job service opens datasets only under its data roots: where this run keeps its data.
+    stack.env["PACER_DATA_ROOTS"] = os.pathsep.join(sorted({str(data.resolve().parent), str(test.resolve().parent)}))
     stack.start(ready_timeout=240.0)
     try:
         return asyncio.run(Chaos(stack, cfg, random.Random(cfg.seed), log).run(job, data, test, kills))

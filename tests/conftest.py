@@ -239,10 +239,14 @@ async def read_events(url: str, subject: str, cls: type[Any]) -> list[Any]:
 
 @contextlib.contextmanager
 def running_stack(data_dir: Path, services: list[str], env: dict[str, str]) -> Iterator[Any]:
-    """The embedded stack (``pacer_services.cli.stack.Stack``) with ``services`` and ``env``; stopped on exit."""
+    """The embedded stack (``pacer_services.cli.stack.Stack``) with ``services`` and ``env``; stopped on exit.
+
+    The job service may open dataset files beside ``data_dir`` (``PACER_DATA_ROOTS``: its parent), where
+    the tests write them (``tmp_path``, or another ``mktemp`` dir of the session), unless ``env`` says.
+    """
     from pacer_services.cli.stack import Stack
 
-    st = Stack(data_dir, services=services, env=env)
+    st = Stack(data_dir, services=services, env={"PACER_DATA_ROOTS": str(data_dir.parent), **env})
     st.start()
     try:
         yield st

@@ -3,9 +3,10 @@
 Routes (JSON unless said otherwise; errors are ``{"error": {"code", "message"}}``
 with the HTTP status of the :class:`~pacer.errors.PacerError` code, see
 :data:`STATUS`).  Every ``/api/`` route wants ``Authorization: Bearer <token>``
-(``PACER_API_TOKEN``; 401 otherwise), and every mutating one
-``Content-Type: application/json`` (415 otherwise, so that no cross-site form
-can stop a job):
+(``PACER_API_TOKEN``; 401 otherwise; a token in the URL, ``?access_token=``,
+is refused with 401 too: URLs end up in logs, proxies and browser history),
+and every mutating one ``Content-Type: application/json`` (415 otherwise, so
+that no cross-site form can stop a job):
 
 * ``GET  /api/v1/jobs?limit=&state=``     job service ``list`` -> ``{"jobs": [JobRecord]}``
 * ``POST /api/v1/jobs``                   body: the spec as a JSON object, or ``{"spec": "<YAML text>"}``
@@ -19,8 +20,9 @@ can stop a job):
   event as ``id: <PACER_EVENTS sequence>`` / ``event: <domain>.<kind>`` / ``data: <message as
   JSON>``; on connect, first the job's recent history from ``PACER_EVENTS`` then ``event:
   replayed``, then live events and a ``: keep-alive`` comment every ``keepalive_s``.  A client
-  that reconnects with ``Last-Event-ID`` (EventSource does so by itself) gets only what came
-  after that id.  Also takes the token as ``?access_token=`` (EventSource cannot set headers).
+  that reconnects with ``Last-Event-ID`` (the dashboard's reader and EventSource do so by
+  themselves) gets only what came after that id.  The token goes in the header here too: the
+  dashboard reads the stream with ``fetch()``, since ``EventSource`` cannot set headers.
 * ``GET  /api/v1/openapi.json``          this list as an OpenAPI 3.1 document (no token needed)
 * ``GET  /healthz``                        ``{"status": "ok" | "degraded", ...}`` (503 without NATS)
 * ``GET  /`` and ``GET /jobs/{job}``       the dashboard (one page, ``static/``, relative URLs only)
@@ -30,6 +32,14 @@ and token), and a pod's log, an error text or an event may quote them.  Every st
 body, an SSE event and an error message passes :func:`pacer.redact.text` (``nats://agent-j:***@...``),
 and the string value of a key named like a password or secret is masked (:func:`jsonable`).
 
+Bodies from strangers (issue 21): a body is at most 1 MiB; JSON nested
+deeper than :data:`MAX_JSON_DEPTH` is a 400, not a ``RecursionError``; a
+spec's YAML is read by :func:`pacer.jobs.spec.load_spec_document` (no
+aliases, 256 KiB at most: an alias bomb is refused without being expanded).
+Bodies are parsed in a small pool of parser threads, off the event loop,
+and a parse still running after ``parse_timeout_s`` is given up (400; 503
+if it never got a thread), so no body holds up the other requests.
+
 Traces: every request but ``/healthz`` and ``/static/`` runs in a ``SERVER``
 span named by its method and route (``POST /api/v1/jobs``), continuing the
 W3C ``traceparent`` of the HTTP request if it has one, so the bus requests the
@@ -37,7 +47,8 @@ handler makes (submit, stop, ...) are its children in the same trace.
 
 Concurrency contract
 --------------------
-Every request runs on the service's event loop.  Each SSE client owns one
+Every request runs on the service's event loop, but for the parsing of
+request bodies (parser threads, above).  Each SSE client owns one
 JetStream push consumer and one bounded queue; it is removed in
 a ``finally`` when the client goes away (noticed within ``poll_s``), when the
 write fails, or when the service drains.  A client too slow to keep up loses
@@ -62,16 +73,17 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 import nats.errors
-import yaml
 from aiohttp import web
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -86,15 +98,17 @@ from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.policy import ControllerDecision
 from pacer.contracts.shards import ProgressEvent, ShardEvent
-from pacer.errors import DecodeError, PacerError, ValidationError
+from pacer.errors import DecodeError, PacerError, Unavailable, ValidationError
 from pacer.ids import is_token
 from pacer.jobs.client import JobClient
-from pacer.jobs.spec import parse_job_spec
+from pacer.jobs.spec import MAX_SPEC_DEPTH, load_spec_document, validate_job_spec
 from pacer.runtime import RuntimeConfig
 from pacer.telemetry import Counters
 from pacer_services.api import openapi
 
 log = logging.getLogger("pacer.api")
+
+T = TypeVar("T")
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -119,8 +133,17 @@ MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 #: The shortest bearer token accepted (``secrets.token_urlsafe(32)`` gives 43 characters).
 MIN_TOKEN_LEN = 16
 
-#: Where the SSE endpoint also accepts the token (``EventSource`` cannot set headers).
+#: The query parameter of RFC 6750 §2.3, refused on every route: a token in a URL leaks into logs.
 TOKEN_QUERY = "access_token"
+
+#: The largest request body (aiohttp answers 413 beyond it).
+MAX_BODY_BYTES = 1 << 20
+
+#: How deep a request's JSON may nest: a spec's own limit (a stop body is one level).
+MAX_JSON_DEPTH = MAX_SPEC_DEPTH
+
+_SUBMIT_HINT = 'send the job spec as a JSON object or {"spec": "<YAML text>"}'
+_STOP_HINT = 'send {"reason": "..."} or nothing'
 
 #: The message class of each event, by (domain, kind); ``"*"`` = any kind.
 EVENT_TYPES: dict[tuple[str, str], type[Any]] = {
@@ -159,6 +182,8 @@ class ApiConfig:
     rpc_timeout_s: float = 5.0  # job service requests
     part_timeout_s: float = 1.5  # executor / monitor parts of GET /api/jobs/{job} (optional)
     token: str = ""  # the bearer token every /api request must carry (PACER_API_TOKEN)
+    parse_workers: int = 2  # threads reading request bodies: what a flood of bodies can take of the CPU
+    parse_timeout_s: float = 10.0  # a body not read by then is given up (a backstop: reads are linear)
 
     @classmethod
     def from_env(cls) -> ApiConfig:
@@ -241,21 +266,70 @@ def sse_frame(event: str, data: Any, seq: int) -> bytes:
     return f"id: {seq}\nevent: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+def json_depth(data: Any) -> int:
+    """How deep ``data`` (parsed JSON) nests: a scalar is 0, ``[]`` and ``{}`` are 1.  Iterative."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        obj, depth = todo.pop()
+        if isinstance(obj, dict | list):
+            deepest = max(deepest, depth)
+            todo.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+    return deepest
+
+
+def parse_json(raw: bytes, hint: str) -> Any:
+    """A request body as JSON data; a ValidationError (ending with ``hint``) when it is not JSON or
+    nests deeper than :data:`MAX_JSON_DEPTH`."""
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError:  # the decoder's own bound (~1000 levels), met long before any harm
+        raise ValidationError(f"body: nested deeper than {MAX_JSON_DEPTH} levels; {hint}") from None
+    except ValueError:  # not UTF-8, not JSON, or an integer of more than 4300 digits
+        raise ValidationError(f"body: not JSON; {hint}") from None
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise ValidationError(f"body: nested deeper than {MAX_JSON_DEPTH} levels; {hint}")
+    return data
+
+
+def read_submission(raw: bytes) -> tuple[str, str]:
+    """A submit request's body -> (the job's name, the spec text for the job service).
+
+    The body is the spec as a JSON object, or ``{"spec": "<the spec as
+    YAML text>"}``.  Pure and linear in the body's size (run in a parser
+    thread); a ValidationError names what is wrong.
+    """
+    if not raw.strip():
+        raise ValidationError(f"body: empty; {_SUBMIT_HINT}")
+    payload = parse_json(raw, _SUBMIT_HINT)
+    if not isinstance(payload, dict):
+        raise ValidationError('body: expected a JSON object (the spec, or {"spec": "<YAML text>"})')
+    if set(payload) == {"spec"}:
+        if not isinstance(payload["spec"], str) or not payload["spec"].strip():
+            raise ValidationError("spec: expected the job spec as YAML (or JSON) text")
+        text: str = payload["spec"]
+        try:
+            text.encode("utf-8")  # JSON may carry a lone surrogate ("\ud800"), which no message can
+        except UnicodeEncodeError:
+            raise ValidationError("spec: not valid Unicode text") from None
+    else:
+        text = json.dumps(payload)  # YAML is a superset of JSON: one parser, one set of messages
+    return spec_name(text), text
+
+
 def spec_name(text: str) -> str:
     """The ``name`` of a spec document, or a ValidationError naming what is wrong.
 
     Only the name is needed here (it is the job token of the submit subject);
     the job service validates the whole spec.  When the name cannot be read,
-    the full parser says why, field by field.
+    the spec's checks say why, field by field.  The text is read as the job
+    service reads it (:func:`pacer.jobs.spec.load_spec_document`: no aliases,
+    bounded size and depth).
     """
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        data = None
+    data = load_spec_document(text)  # JobSpecError: too large, not YAML, an alias...
     if isinstance(data, dict) and isinstance(data.get("name"), str) and is_token(data["name"]):
         name: str = data["name"]
         return name
-    parse_job_spec(text)  # raises JobSpecError with every problem, the name's included
+    validate_job_spec(data)  # raises JobSpecError with every problem, the name's included
     raise ValidationError("name: missing or not an id token")
 
 
@@ -286,11 +360,12 @@ class ApiService:
         self._closing = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._openapi: str | None = None  # the document, rendered on first request
+        self._parser = ThreadPoolExecutor(max_workers=cfg.parse_workers, thread_name_prefix="pacer-api-parse")
 
     # ================================================================ lifecycle
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[self._traced, self._errors, self._auth, self._json_only],
-                              client_max_size=1 << 20)
+                              client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_get("/healthz", self.healthz)
         r.add_get(f"{API}/jobs", self.list_jobs)
@@ -320,6 +395,7 @@ class ApiService:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self._parser.shutdown(wait=False, cancel_futures=True)  # a read still running ends on its own
 
     # ================================================================ middleware
     @web.middleware
@@ -379,18 +455,26 @@ class ApiService:
     ) -> web.StreamResponse:
         """Every ``/api/`` request carries ``Authorization: Bearer <token>`` (401 otherwise).
 
-        The events stream also takes ``?access_token=`` (RFC 6750 §2.3), since a
-        browser's ``EventSource`` cannot set headers.  The dashboard's static
-        files and ``/healthz`` (the readiness probe; it reveals no job) are open.
+        A token in the URL (``?access_token=``, RFC 6750 §2.3) is refused
+        whatever the header says: URLs are written to access logs, proxies
+        and browser history, so a client that puts one there must be told,
+        not served.  The dashboard's static files and ``/healthz`` (the
+        readiness probe; it reveals no job) are open.
         """
-        if not request.path.startswith("/api/") or request.path in OPEN_PATHS:
+        if not request.path.startswith("/api/"):
+            return await handler(request)
+        if TOKEN_QUERY in request.query:
+            self.counters.inc("errors", code="unauthorized")
+            return web.json_response(
+                error_body("unauthorized", f"?{TOKEN_QUERY}= is refused: a token in a URL leaks into logs; "
+                                           "send Authorization: Bearer <token>"),
+                status=401, headers={"WWW-Authenticate": 'Bearer realm="pacer"'})
+        if request.path in OPEN_PATHS:
             return await handler(request)
         given = ""
         scheme, _, cred = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer":
             given = cred.strip()
-        elif request.path.endswith("/events"):
-            given = request.query.get(TOKEN_QUERY, "")
         if not hmac.compare_digest(given.encode(), self._token):  # constant time in the token's content
             self.counters.inc("errors", code="unauthorized")
             message = "missing bearer token" if not given else "wrong bearer token"
@@ -432,23 +516,10 @@ class ApiService:
         return web.json_response(to_json(jobs))
 
     async def submit(self, request: web.Request) -> web.Response:
-        """The body is the spec as a JSON object, or ``{"spec": "<the spec as YAML text>"}``."""
+        """The body is the spec as a JSON object, or ``{"spec": "<YAML text>"}`` (:func:`read_submission`)."""
         raw = await request.read()
-        if not raw.strip():
-            raise ValidationError('body: empty; send the job spec as a JSON object or {"spec": "<YAML text>"}')
-        try:
-            payload = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ValidationError('body: not JSON; send the job spec as a JSON object or {"spec": "<YAML text>"}') from None
-        if not isinstance(payload, dict):
-            raise ValidationError('body: expected a JSON object (the spec, or {"spec": "<YAML text>"})')
-        if set(payload) == {"spec"}:
-            if not isinstance(payload["spec"], str) or not payload["spec"].strip():
-                raise ValidationError("spec: expected the job spec as YAML (or JSON) text")
-            text = payload["spec"]
-        else:
-            text = json.dumps(payload)  # YAML is a superset of JSON: one parser, one set of messages
-        record = await self.jobs.submit(spec_name(text), text)
+        name, text = await self._parse(lambda: read_submission(raw))
+        record = await self.jobs.submit(name, text)
         self.counters.inc("requests", op="submit")
         return web.json_response(to_json(record), status=201)
 
@@ -475,10 +546,8 @@ class ApiService:
         job = _job(request)
         reason = "stopped by the user"
         if request.can_read_body:
-            try:
-                payload = json.loads(await request.text() or "{}")
-            except json.JSONDecodeError:
-                raise ValidationError("body: not JSON; send {\"reason\": \"...\"} or nothing") from None
+            raw = await request.read()
+            payload = await self._parse(lambda: parse_json(raw, _STOP_HINT)) if raw.strip() else {}
             if not isinstance(payload, dict) or not isinstance(payload.get("reason", ""), str):
                 raise ValidationError("reason: expected a string")
             reason = payload.get("reason") or reason
@@ -498,6 +567,28 @@ class ApiService:
         reply = await self.jobs.logs(job, node, tail, container)
         self.counters.inc("requests", op="logs")
         return web.json_response(to_json(reply))
+
+    async def _parse(self, read: Callable[[], T]) -> T:
+        """``read()`` in a parser thread, given up after ``parse_timeout_s`` (module docstring).
+
+        The thread of a read given up runs on until it ends (a thread cannot
+        be stopped), but every read here is linear in a body of at most 1 MiB.
+        """
+        started = threading.Event()
+
+        def run() -> T:
+            started.set()
+            return read()
+
+        try:
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._parser, run),
+                                          self.cfg.parse_timeout_s)
+        except TimeoutError:
+            self.counters.inc("parse_timeouts")
+            if started.is_set():
+                raise ValidationError(f"body: not read within {self.cfg.parse_timeout_s:g}s; "
+                                      "send a smaller spec") from None
+            raise Unavailable("the API is busy reading other requests; retry") from None
 
     async def openapi(self, request: web.Request) -> web.Response:
         if self._openapi is None:
@@ -640,7 +731,8 @@ def _route(request: web.Request) -> str:
 
 
 def _last_event_id(request: web.Request) -> int | None:
-    """Where a reconnecting client left off: ``Last-Event-ID`` (what EventSource sends), or ``?last_event_id=``."""
+    """Where a reconnecting client left off: ``Last-Event-ID`` (what the dashboard and EventSource send), or
+    ``?last_event_id=``."""
     raw = request.headers.get("Last-Event-ID") or request.query.get("last_event_id", "")
     if not raw:
         return None

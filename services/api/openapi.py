@@ -16,6 +16,7 @@ from pacer import codec
 from pacer.contracts.executor import ExecutorStatus, LogsReply
 from pacer.contracts.jobs import JobList, JobRecord, JobState
 from pacer.contracts.monitor import JobStatistics
+from pacer.jobs.spec import MAX_SPEC_BYTES, MAX_SPEC_DEPTH
 
 #: The prefix of every API route: a breaking change gets ``/api/v2`` beside it.
 API = "/api/v1"
@@ -68,7 +69,9 @@ def component_schemas() -> dict[str, Any]:
         },
     }
     out["SubmitBody"] = {
-        "description": "The job spec as a JSON object, or its YAML (or JSON) text under `spec`.",
+        "description": f"The job spec as a JSON object, or its YAML (or JSON) text under `spec`.  At most "
+                       f"{MAX_SPEC_BYTES} bytes of spec, nested at most {MAX_SPEC_DEPTH} levels; YAML aliases "
+                       "(`*name`) are refused (400).",
         "oneOf": [
             {"type": "object", "required": ["spec"], "additionalProperties": False,
              "properties": {"spec": {"type": "string", "minLength": 1}}},
@@ -89,8 +92,9 @@ def _json(name: str, description: str) -> dict[str, Any]:
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
-    why = {400: "invalid request (the message names the field)", 401: "missing or wrong bearer token",
-           404: "no such job", 409: "conflict (exists, or already finished)",
+    why = {400: "invalid request (the message names the field)",
+           401: "missing or wrong bearer token, or a token in the URL (`?access_token=` is refused)",
+           404: "no such job", 409: "conflict (exists, or already finished)", 413: "body larger than 1 MiB",
            415: "mutating requests take application/json", 503: "the service behind it does not answer"}
     return {str(s): _json("Error", why[s]) for s in statuses}
 
@@ -112,7 +116,8 @@ def document(version: str = "1") -> dict[str, Any]:
             "title": "Pacer HTTP API",
             "version": version,
             "description": "Jobs, their live events and logs.  Every /api route wants `Authorization: Bearer "
-                           "<PACER_API_TOKEN>`; POST bodies are application/json (415 otherwise).",
+                           "<PACER_API_TOKEN>`, the event stream too; a token in the URL (`?access_token=`) "
+                           "is refused (401).  POST bodies are application/json (415 otherwise).",
         },
         "servers": [{"url": ".", "description": "relative: works behind a path prefix"}],
         "security": [{"bearer": []}],
@@ -130,7 +135,7 @@ def document(version: str = "1") -> dict[str, Any]:
                     "operationId": "submitJob", "summary": "Submit a job",
                     "requestBody": json_body,
                     "responses": {"201": _json("job.JobRecord", "the job, submitted"),
-                                  **_errors(400, 401, 409, 415, 503)},
+                                  **_errors(400, 401, 409, 413, 415, 503)},
                 },
             },
             f"{API}/jobs/{{job}}": {
@@ -147,7 +152,7 @@ def document(version: str = "1") -> dict[str, Any]:
                     "requestBody": {"required": False,
                                     "content": {"application/json": {"schema": _ref("StopBody")}}},
                     "responses": {"200": _json("job.JobRecord", "the job, stopped"),
-                                  **_errors(400, 401, 404, 409, 415, 503)},
+                                  **_errors(400, 401, 404, 409, 413, 415, 503)},
                 },
             },
             f"{API}/jobs/{{job}}/logs": {
@@ -168,8 +173,9 @@ def document(version: str = "1") -> dict[str, Any]:
                     "operationId": "jobEvents",
                     "summary": "Server-Sent Events of one job: history, `replayed`, then live",
                     "description": "Each event is `id: <PACER_EVENTS sequence>`, `event: <domain>.<kind>`, "
-                                   "`data: <the message as JSON>`.  Reconnect with Last-Event-ID to resume.",
-                    "security": [{"bearer": []}, {"accessToken": []}],
+                                   "`data: <the message as JSON>`.  Reconnect with Last-Event-ID to resume.  "
+                                   "The token goes in the Authorization header (a browser reads the stream "
+                                   "with fetch(); EventSource cannot set headers).",
                     "parameters": [
                         _query("job", {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}, "the job", required=True),
                         _query("replay", {"type": "string", "enum": ["1", "0", "true", "false", "yes", "no"],
@@ -177,7 +183,7 @@ def document(version: str = "1") -> dict[str, Any]:
                         _query("last_event_id", {"type": "integer", "minimum": 0}, "as the Last-Event-ID header"),
                         {"name": "Last-Event-ID", "in": "header", "required": False,
                          "schema": {"type": "integer", "minimum": 0},
-                         "description": "resume after this event (EventSource sends it on reconnecting)"},
+                         "description": "resume after this event (what a reconnecting client sends)"},
                     ],
                     "responses": {
                         "200": {"description": "the stream",
@@ -207,8 +213,6 @@ def document(version: str = "1") -> dict[str, Any]:
         "components": {
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "PACER_API_TOKEN"},
-                "accessToken": {"type": "apiKey", "in": "query", "name": "access_token",
-                                "description": "the same token; only the event stream takes it here"},
             },
             "schemas": component_schemas(),
         },

@@ -44,7 +44,7 @@ from pacer.contracts.jobs import JobProgress, JobRecord, JobState
 from pacer.contracts.monitor import JobStatistics
 from pacer.errors import PacerError
 from pacer.jobs.client import JobClient
-from pacer.jobs.spec import JobSpecError, parse_job_spec
+from pacer.jobs.spec import JobSpecError, load_spec_document, parse_job_spec
 from pacer_services.cli.progress import Progress, render_bar
 
 TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.STOPPED})
@@ -287,8 +287,8 @@ def read_spec(path: str, name: str | None) -> tuple[str, str]:
         raise CliError(f"cannot read {path}: {exc}", 2) from None
     if name is not None:
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError:
+            data = load_spec_document(text)  # the services' own reader: no aliases, bounded
+        except JobSpecError:
             data = None  # parse_job_spec below names the problem
         if isinstance(data, dict):
             data["name"] = name

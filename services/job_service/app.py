@@ -4,15 +4,28 @@ Requests (``pacer.rpc.jobs.<job>.<op>``): ``submit`` (a YAML/JSON spec ->
 JobRecord, or an ``invalid`` error naming every bad field), ``get``,
 ``list`` (on ``pacer.rpc.jobs._all.list``), ``stop``.
 
-A submission is validated (:func:`pacer.jobs.spec.parse_job_spec`), its
-dataset prepared (a Criteo TSV/CSV is converted to a record file; the record
-count is read from the file) and registered with the shard service, and the
-job gets a plan: the brain-optimizer's when the spec leaves resources to it
+A submission is validated (:func:`pacer.jobs.spec.parse_job_spec`, in a
+thread: a spec is up to 256 KiB of YAML), its dataset prepared (a Criteo
+TSV/CSV is converted to a record file; the record count is read from the
+file) and registered with the shard service, and the job gets a plan: the
+brain-optimizer's when the spec leaves resources to it
 (``policies.optimizer: brain``, the default) and it answers within
 ``brain_timeout_s``, else the documented default plan
 (:func:`pacer.jobs.spec.default_plan`), saying why in the plan's reason.
 The plan is published as ``pacer.events.job.<job>.plan``, which the
 pod-executor applies.
+
+Dataset files (issue 21): a spec's ``dataset.path`` and ``dataset.test_path``
+come from whoever holds the API token, and this service opens them on its
+host.  So a path may only name a regular file under one of the data roots
+(``PACER_DATA_ROOTS``; :func:`dataset_file`): the path is resolved first
+(relative to the working directory; ``..`` and every symlink followed) and
+the result must lie under a resolved root.  A missing file, a file outside
+the roots and one that is not a regular file get the very same error, so
+the answer tells nothing about the host beyond the roots; and no error
+quotes a file's bytes (:mod:`pacer.data.criteo` says what is wrong with a
+line or header, not what it holds).  The record stores the resolved path,
+the file that was checked.
 
 Lifecycle (:mod:`pacer.jobs.lifecycle`, one event per state on
 ``pacer.events.job.<job>.<state>``): ``submitted -> planning`` when the spec
@@ -112,7 +125,7 @@ from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetSpec, ProgressEvent, ShardEvent
 from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, Unavailable, ValidationError
 from pacer.jobs.lifecycle import JobLifecycle, JobTrigger
-from pacer.jobs.spec import default_plan, parse_job_spec
+from pacer.jobs.spec import MAX_SPEC_BYTES, default_plan, parse_job_spec
 from pacer.lease import Lease
 from pacer.ownership import DEFAULT_TTL_S, Ownership
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
@@ -131,10 +144,12 @@ CAS_ATTEMPTS = 5
 @dataclass
 class JobServiceConfig:
     data_dir: Path = Path(".pacer")  # converted datasets go to <data_dir>/datasets/<job>/
+    # Where dataset files may be (PACER_DATA_ROOTS); none given: data_dir alone.
+    data_roots: tuple[Path, ...] = ()
     durable: str = "job-service"
     batches_per_shard: int = 100
     lease_s: float = 30.0
-    max_spec_bytes: int = 256 * 1024
+    max_spec_bytes: int = MAX_SPEC_BYTES
     brain_timeout_s: float = 5.0
     ack_wait_s: float = 30.0  # an event a dead instance fetched but did not ack goes to the other after this
     instance: str | None = None  # None: PACER_INSTANCE, else job-service-<random>
@@ -143,8 +158,12 @@ class JobServiceConfig:
 
     @classmethod
     def from_env(cls) -> JobServiceConfig:
+        """``PACER_DATA_DIR``, ``PACER_DATA_ROOTS`` (directories joined by ``os.pathsep``; unset or
+        empty: the data dir alone), ``PACER_BATCHES_PER_SHARD``, ``PACER_SHARD_LEASE_S``,
+        ``PACER_LEASE_TTL_S``, ``PACER_JOBS_OUTBOX_SWEEP_S``."""
         env = os.environ
-        return cls(data_dir=Path(env.get("PACER_DATA_DIR", ".pacer")),
+        roots = tuple(Path(r) for r in env.get("PACER_DATA_ROOTS", "").split(os.pathsep) if r.strip())
+        return cls(data_dir=Path(env.get("PACER_DATA_DIR", ".pacer")), data_roots=roots,
                    batches_per_shard=int(env.get("PACER_BATCHES_PER_SHARD", "100")),
                    lease_s=float(env.get("PACER_SHARD_LEASE_S", "30")),
                    name_lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)),
@@ -401,7 +420,8 @@ class JobService:
         req = decode(SubmitRequest, msg.data)
         if len(req.spec.encode()) > self.cfg.max_spec_bytes:
             raise ValidationError(f"spec: larger than {self.cfg.max_spec_bytes} bytes")
-        spec = parse_job_spec(req.spec)  # JobSpecError: one line per bad field
+        # JobSpecError: one line per bad field.  A thread: 256 KiB of YAML takes a while to read.
+        spec = await asyncio.to_thread(parse_job_spec, req.spec)
         if spec.name != job:
             raise ValidationError(f"name: the spec names {spec.name!r} but it was submitted as {job!r}")
         if spec.name.startswith("_"):
@@ -483,23 +503,35 @@ class JobService:
         return plan
 
     def _prepare_data(self, spec: JobSpec) -> tuple[str, str, int]:
-        """The record files the workers read: the spec's, or converted from Criteo text; and the record count."""
-        from pacer.data.criteo import RecordFile, convert
+        """The record files the workers read: the spec's, or converted from Criteo text; and the record count.
+
+        Only files under the data roots (module docstring); an error says
+        what is wrong with a file, never what it holds.
+        """
+        from pacer.data.criteo import BadRecordFile, MalformedLine, RecordFile, convert
+
+        roots = [Path(os.path.realpath(r)) for r in self.cfg.data_roots or (self.cfg.data_dir,)]
 
         def one(path: str, fmt: DataFormat, name: str, field: str) -> tuple[str, int]:
-            if not Path(path).is_file():
-                raise ValidationError(f"{field}: no such file: {path}")
+            src = dataset_file(path, roots, field)
             if fmt is DataFormat.RECORD:
                 try:
-                    return path, len(RecordFile.open(path))
-                except Exception as exc:
-                    raise ValidationError(f"{field}: not a Pacer record file ({exc})") from None
+                    with RecordFile.open(src) as f:
+                        return str(src), len(f)
+                except BadRecordFile as exc:
+                    raise ValidationError(f"{field}: {path!r}: {exc.reason}") from None
+                except OSError:  # unreadable: as good as absent
+                    raise _refused(path, field) from None
             dst = self.cfg.data_dir / "datasets" / spec.name / f"{name}.rec"
             dst.parent.mkdir(parents=True, exist_ok=True)
             try:
-                n = convert(path, dst)
+                n = convert(src, dst)
+            except MalformedLine as exc:
+                raise ValidationError(f"{field}: {path!r} is not {fmt.value}: line {exc.line}: {exc.reason}") from None
             except Exception as exc:
-                raise ValidationError(f"{field}: cannot read it as {fmt.value} ({exc})") from None
+                # Only the kind: the messages of gzip, zlib and the codecs may quote the file's bytes.
+                raise ValidationError(f"{field}: {path!r} cannot be read as {fmt.value} "
+                                      f"({type(exc).__name__})") from None
             return str(dst), n
 
         d = spec.dataset
@@ -599,6 +631,30 @@ class JobService:
         elif kind == NodeEventKind.FINISHED and ev.result and ev.node == core.CHIEF:
             result = dict(ev.result)
             await self._update(job, lambda rec: replace(rec, result=result))
+
+
+def dataset_file(path: str, roots: Sequence[Path], field: str) -> Path:
+    """The resolved path of the dataset file ``path``, if it is a regular file under one of ``roots``
+    (resolved directories); else :func:`_refused`.
+
+    Resolve, then check: ``os.path.realpath`` takes a relative path from the
+    working directory and follows every ``..`` and symlink, so neither can
+    lead out of a root that the check then approves.  Whether the file is
+    missing, outside the roots or not a regular file (a directory, a FIFO, a
+    device) is not told apart: the same error for all.
+    """
+    try:
+        real = Path(os.path.realpath(path))
+        if any(real.is_relative_to(root) for root in roots) and real.is_file():
+            return real
+    except (OSError, ValueError):  # a component too long, a NUL byte: no such file either
+        pass
+    raise _refused(path, field)
+
+
+def _refused(path: str, field: str) -> ValidationError:
+    return ValidationError(f"{field}: {path!r} is not a file under the job service's data roots "
+                           "(PACER_DATA_ROOTS)")
 
 
 async def create(bus: Bus, rc: RuntimeConfig) -> JobService:

@@ -1,6 +1,6 @@
 """The dashboard in a real headless Chromium, fed by real events on a real bus.
 
-The job page keeps an EventSource open, and Chromium's ``--dump-dom
+The job page keeps its event stream open (a streaming ``fetch``), and Chromium's ``--dump-dom
 --virtual-time-budget`` waits for every open request to end, i.e. forever.
 So pages are driven over the DevTools protocol instead (:class:`Browser`,
 with aiohttp's websocket client): navigate, wait until a JavaScript

@@ -57,10 +57,15 @@ def spec(name: str, data: Path) -> str:
     return f"name: {name}\nmodel: wide_deep\ndataset:\n  path: {data}\npolicies:\n  optimizer: none\n"
 
 
+def config(tmp_path: Path) -> JobServiceConfig:
+    """The job service's data in ``tmp_path/jobs``; the tests' dataset files (``tmp_path``) under its roots."""
+    return JobServiceConfig(data_dir=tmp_path / "jobs", data_roots=(tmp_path,))
+
+
 @pytest.fixture
 async def jobs(nats_server: EmbeddedNats, shard_service: InProcessService,
                tmp_path: Path) -> AsyncIterator[InProcess[JobService]]:
-    svc = InProcess(nats_server.url, lambda b: JobService(b, JobServiceConfig(data_dir=tmp_path / "jobs")))
+    svc = InProcess(nats_server.url, lambda b: JobService(b, config(tmp_path)))
     await svc.start()
     yield svc
     await svc.stop()
@@ -140,7 +145,7 @@ async def test_a_restarted_service_writes_at_the_revisions_it_loaded(
     client = JobClient(bus, timeout=10.0)
     await client.submit("cas-4", spec("cas-4", data))
     await jobs.stop()
-    again = InProcess(nats_server.url, lambda b: JobService(b, JobServiceConfig(data_dir=tmp_path / "jobs")))
+    again = InProcess(nats_server.url, lambda b: JobService(b, config(tmp_path)))
     svc = await again.start()
     try:
         stopped = await client.stop("cas-4")
@@ -177,7 +182,7 @@ async def test_events_a_dead_writer_left_in_a_record_are_published_by_a_restarte
                    outbox=[OutboxEntry(subjects.job_event("ob-1", "stopped"), encode(stopped), "job-ob-1-test")])
     await Bus.kv_update(kv, "ob-1", encode(left), entry.revision)
 
-    again = InProcess(nats_server.url, lambda b: JobService(b, JobServiceConfig(data_dir=tmp_path / "jobs")))
+    again = InProcess(nats_server.url, lambda b: JobService(b, config(tmp_path)))
     svc = await again.start()
     try:
         async def cleared() -> bool:

@@ -74,7 +74,7 @@ async def two(cbus: Bus, nats_cluster: EmbeddedCluster, tmp_path: Path) -> Async
     shards = InProcessService(nats_cluster.url, ShardServiceConfig(reap_interval_s=0.05, progress_interval_s=0.2))
     await shards.start()
     procs = {name: InProcess(nats_cluster.url, lambda b, n=name: JobService(b, JobServiceConfig(
-        data_dir=tmp_path / "jobs", instance=n, name_lease_ttl_s=TTL, ack_wait_s=ACK_WAIT,
+        data_dir=tmp_path / "jobs", data_roots=(tmp_path,), instance=n, name_lease_ttl_s=TTL, ack_wait_s=ACK_WAIT,
         outbox_sweep_s=SWEEP)))
         for name in ("jobs-a", "jobs-b")}
     svcs = {name: await p.start() for name, p in procs.items()}

@@ -104,7 +104,7 @@ GOOD = "1\t" + "\t".join(["5"] * 13) + "\t" + "\t".join(["68fd1e64"] * 26)
     ("bad", "reason"),
     [
         ("1\t2\t3", "3 fields, expected 40"),
-        (GOOD.replace("\t5\t", "\tfive\t", 1), "I1 = 'five' is not a number"),
+        (GOOD.replace("\t5\t", "\tfive\t", 1), "I1 is not a number"),
         ("2" + GOOD[1:], "bad label"),
         ("\t" + GOOD[2:], "bad label"),
         (GOOD + "\textra", "41 fields"),

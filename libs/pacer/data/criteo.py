@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import math
 import os
 import re
 import struct
@@ -69,7 +70,11 @@ class DataError(PacerError, ValueError):
 
 
 class MalformedLine(DataError):
-    """A line of a Criteo TSV/CSV file cannot be parsed; names the file and the 1-based line."""
+    """A line of a Criteo TSV/CSV file cannot be parsed; names the file and the 1-based line.
+
+    The ``reason`` says what is wrong without quoting the file: a service
+    that reads a file a user named must not show a stranger its bytes.
+    """
 
     def __init__(self, path: str | os.PathLike[str], line: int, reason: str):
         super().__init__(f"{os.fspath(path)}:{line}: malformed Criteo line: {reason}")
@@ -79,7 +84,15 @@ class MalformedLine(DataError):
 
 
 class BadRecordFile(DataError):
-    """A file is not a valid record file: wrong magic, unknown version, other record size, truncated."""
+    """A file is not a valid record file: wrong magic, unknown version, other record size, truncated.
+
+    ``reason`` says which, without quoting the file's bytes (see :class:`MalformedLine`).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], reason: str):
+        super().__init__(f"{os.fspath(path)}: {reason}")
+        self.path = os.fspath(path)
+        self.reason = reason
 
 
 # -------------------------------------------------------------------- readers
@@ -165,9 +178,12 @@ def cat_id(token: str) -> int:
 
 
 def _parse_label(tok: str) -> float:
-    v = float(tok)  # "1" in day files, sometimes "1.0" in CSV exports
+    try:
+        v = float(tok)  # "1" in day files, sometimes "1.0" in CSV exports
+    except ValueError:
+        v = math.nan  # float()'s message would quote the token
     if v not in (0.0, 1.0):
-        raise ValueError(f"label {tok!r} is not 0 or 1")
+        raise ValueError("not 0 or 1")
     return v
 
 
@@ -249,7 +265,7 @@ def iter_criteo(path: str | os.PathLike[str], chunk_rows: int = DEFAULT_CHUNK_RO
                 row = [float(t) if t else _NAN for t in dtoks] if "" in dtoks else list(map(float, dtoks))
             except ValueError:
                 j = next(j for j in range(NUM_DENSE) if not _is_number(toks[1 + j] or "0"))
-                raise MalformedLine(path, lineno, f"I{j + 1} = {toks[1 + j]!r} is not a number") from None
+                raise MalformedLine(path, lineno, f"I{j + 1} is not a number") from None
             labels.append(label)
             dense.append(row)
             cats.append(list(map(cache.__getitem__, toks[cat0:])))
@@ -334,18 +350,18 @@ class RecordFile:
         with open(p, "rb") as f:
             head = f.read(HEADER_SIZE)
         if len(head) < HEADER_SIZE:
-            raise BadRecordFile(f"{p}: {len(head)} bytes, shorter than the {HEADER_SIZE}-byte header")
+            raise BadRecordFile(p, f"{len(head)} bytes, shorter than the {HEADER_SIZE}-byte header")
         magic, version, rec_size, count = _HEADER.unpack_from(head)
         if magic != MAGIC:
-            raise BadRecordFile(f"{p}: not a Pacer record file (magic {magic!r}, expected {MAGIC!r})")
+            raise BadRecordFile(p, f"not a Pacer record file (its first bytes are not the magic {MAGIC!r})")
         if version != FORMAT_VERSION:
-            raise BadRecordFile(f"{p}: record file version {version}, this reader knows {FORMAT_VERSION}")
+            raise BadRecordFile(p, f"record file version {version}, this reader knows {FORMAT_VERSION}")
         if rec_size != RECORD_DTYPE.itemsize:
-            raise BadRecordFile(f"{p}: record size {rec_size}, expected {RECORD_DTYPE.itemsize}")
+            raise BadRecordFile(p, f"record size {rec_size}, expected {RECORD_DTYPE.itemsize}")
         expected = HEADER_SIZE + count * rec_size
         if size != expected:
             what = "truncated" if size < expected else "has trailing bytes"
-            raise BadRecordFile(f"{p}: {what}: {size} bytes, header says {count} records = {expected} bytes")
+            raise BadRecordFile(p, f"{what}: {size} bytes, header says {count} records = {expected} bytes")
         if count == 0:
             records = np.empty(0, dtype=RECORD_DTYPE)  # mmap cannot map zero bytes
         else:

@@ -67,6 +67,25 @@ limit is a validation error of the spec, and a plan that cannot fit the
 limits without changing user values is a validation error naming the limit.
 The clamp is :func:`pacer.jobs.limits.clamp`, which every brain plan goes
 through too.
+
+Documents from strangers
+------------------------
+A spec arrives from anyone holding the API token, so reading one costs at
+most what its size allows.  :func:`load_spec_document` is the one YAML
+reader of specs (:func:`parse_job_spec`, which the job service and the CLI
+call, and the API's reading of a spec's name go through it).  It refuses a
+text over :data:`MAX_SPEC_BYTES` (256 KiB), then composes the YAML into
+nodes *before* building any value and refuses the document if a node is
+reached twice (an alias, ``*name``: a job spec has no use for them, and a
+few hundred bytes of nested aliases would otherwise unfold into gigabytes
+wherever the value is printed or sent on), if it nests deeper than
+:data:`MAX_SPEC_DEPTH`, or if a number is longer than
+:data:`MAX_NUMBER_CHARS` (YAML 1.1 reads ``1:2:3:...`` as one base-60
+integer, costly to build).  So an alias bomb is refused in time linear in
+its text, without expanding it.  Dataset paths are at most
+:data:`MAX_PATH_CHARS` characters without NUL; which files they may name
+is the job service's decision (``PACER_DATA_ROOTS``).  Messages quote a
+bad value shortened (:func:`_brief`), never at full length.
 """
 
 from __future__ import annotations
@@ -75,6 +94,8 @@ import difflib
 import json
 import math
 import re
+import reprlib
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -100,6 +121,19 @@ from pacer.ids import MAX_TOKEN_LEN, is_token
 from pacer.jobs.limits import MAX_NODES_PER_ROLE, LimitsError, clamp
 
 OPTIMIZERS = ("adagrad", "adam", "sgd")  # as pacer.models.common.OPTIMIZERS (which imports TensorFlow)
+
+#: The largest spec text read, in UTF-8 bytes (a real spec is well under 4 KiB).
+MAX_SPEC_BYTES = 256 * 1024
+#: How deep a spec's maps and lists may nest (a real spec: 4, ``policies.params.<name>: [...]``).
+MAX_SPEC_DEPTH = 32
+#: The longest number a spec may write (see the module docstring: base-60 integers).
+MAX_NUMBER_CHARS = 64
+#: The longest dataset path (Linux's PATH_MAX is 4096 bytes).
+MAX_PATH_CHARS = 4096
+
+# libyaml's composer when PyYAML was built with it (several times faster); the same nodes either way.
+_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_NUMBER_TAGS = frozenset({"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +222,7 @@ class _Checker:
             return default
         v = obj[key]
         if type(v) is not int:
-            self.bad(full, f"must be an integer, got {_kind(v)} {v!r}")
+            self.bad(full, f"must be an integer, got {_kind(v)} {_brief(v)}")
             return default
         if v < minimum:
             self.bad(full, f"must be >= {minimum}, got {v}" if minimum != 1 else f"must be > 0, got {v}")
@@ -205,7 +239,7 @@ class _Checker:
             return default
         v = obj[key]
         if type(v) not in (int, float):
-            self.bad(full, f"must be a number, got {_kind(v)} {v!r}")
+            self.bad(full, f"must be a number, got {_kind(v)} {_brief(v)}")
             return default
         if not math.isfinite(v) or v <= 0:
             self.bad(full, f"must be > 0, got {v}")
@@ -220,10 +254,10 @@ class _Checker:
             return default
         v = obj[key]
         if type(v) is not str:
-            self.bad(full, f"must be a string, got {_kind(v)} {v!r}")
+            self.bad(full, f"must be a string, got {_kind(v)} {_brief(v)}")
             return default
         if not is_token(v):
-            self.bad(full, f"must be 1-{MAX_TOKEN_LEN} of letters, digits, '_' or '-', got {v!r}")
+            self.bad(full, f"must be 1-{MAX_TOKEN_LEN} of letters, digits, '_' or '-', got {_brief(v)}")
             return default
         return v
 
@@ -233,10 +267,10 @@ class _Checker:
             return None
         v = obj["name"]
         if type(v) is not str:
-            self.bad("name", f"must be a string, got {_kind(v)} {v!r}")
+            self.bad("name", f"must be a string, got {_kind(v)} {_brief(v)}")
             return None
         if not is_job_name(v):
-            self.bad("name", f"must be {JOB_NAME_RULE}, got {v!r}")
+            self.bad("name", f"must be {JOB_NAME_RULE}, got {_brief(v)}")
             return None
         return v
 
@@ -248,7 +282,7 @@ class _Checker:
             return ""
         v = obj[key]
         if type(v) is not str:
-            self.bad(full, f"must be a string, got {_kind(v)} {v!r}")
+            self.bad(full, f"must be a string, got {_kind(v)} {_brief(v)}")
             return ""
         if required and not v.strip():
             self.bad(full, "must not be empty")
@@ -265,7 +299,7 @@ class _Checker:
         try:
             return enum_cls(v)
         except (ValueError, TypeError):
-            self.bad(full, f"must be {_or(names)}, got {v!r}")
+            self.bad(full, f"must be {_or(names)}, got {_brief(v)}")
             return default
 
     def int_list(self, obj: Mapping[str, Any], key: str, path: str, default: list[int]) -> list[int]:
@@ -274,12 +308,12 @@ class _Checker:
             return list(default)
         v = obj[key]
         if not isinstance(v, list):
-            self.bad(full, f"must be a list of integers, got {_kind(v)} {v!r}")
+            self.bad(full, f"must be a list of integers, got {_kind(v)} {_brief(v)}")
             return list(default)
         out: list[int] = []
         for i, x in enumerate(v):
             if type(x) is not int or x <= 0:
-                self.bad(f"{full}[{i}]", f"must be an integer > 0, got {x!r}")
+                self.bad(f"{full}[{i}]", f"must be an integer > 0, got {_brief(x)}")
             else:
                 out.append(x)
         return out
@@ -292,6 +326,17 @@ def _kind(v: Any) -> str:
 
 def _or(names: list[str]) -> str:
     return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = _REPR.maxdict = 10
+_REPR.maxlevel = 3
+
+
+def _brief(v: Any) -> str:
+    """``repr(v)`` for a message, shortened: a bad value of any size costs a line, not its size."""
+    return _REPR.repr(v)
 
 
 # -------------------------------------------------------------------- fields
@@ -332,7 +377,7 @@ def _model(c: _Checker, raw: Any) -> ModelConfig | None:
     d = ModelConfig(ModelName.WIDE_DEEP)
     opt = c.text(m, "optimizer", "model", required=False) or d.optimizer
     if opt not in OPTIMIZERS:
-        c.bad("model.optimizer", f"must be {_or(list(OPTIMIZERS))}, got {opt!r}")
+        c.bad("model.optimizer", f"must be {_or(list(OPTIMIZERS))}, got {_brief(opt)}")
     cross = c.integer(m, "cross_layers", "model", d.cross_layers, minimum=0)
     out = ModelConfig(
         name=name or ModelName.WIDE_DEEP,
@@ -356,16 +401,29 @@ def _dataset(c: _Checker, raw: Any) -> DatasetConfig | None:
     d = c.section(raw, "dataset", DATASET_FIELDS)
     if d is None:
         return None
-    path = c.text(d, "path", "dataset", required=True)
+    path = _data_path(c, d, "path", required=True)
     fmt = c.choice(d, "format", "dataset", DataFormat, infer_format(path))
     records = c.integer(d, "records", "dataset", 0, minimum=0)
     return DatasetConfig(
         path=path,
         format=fmt,
         records=records or 0,
-        test_path=c.text(d, "test_path", "dataset", required=False),
+        test_path=_data_path(c, d, "test_path", required=False),
         name=c.token(d, "name", "dataset", "train") or "train",
     )
+
+
+def _data_path(c: _Checker, d: Mapping[str, Any], key: str, required: bool) -> str:
+    """A dataset file's path as text the OS can take: at most MAX_PATH_CHARS, no NUL (which files
+    it may name is the job service's check, against its data roots)."""
+    v = c.text(d, key, "dataset", required)
+    if len(v) > MAX_PATH_CHARS:
+        c.bad(f"dataset.{key}", f"at most {MAX_PATH_CHARS} characters, got {len(v)}")
+        return ""
+    if "\0" in v:
+        c.bad(f"dataset.{key}", "must not contain a NUL character")
+        return ""
+    return v
 
 
 def _policies(c: _Checker, raw: Any) -> PolicyConfig:
@@ -391,7 +449,7 @@ def _policy_params(c: _Checker, raw: Any) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, Mapping):
-        c.bad("policies.params", f"must be a map of name: value, got {_kind(raw)} {raw!r}")
+        c.bad("policies.params", f"must be a map of name: value, got {_kind(raw)} {_brief(raw)}")
         return {}
     if len(raw) > MAX_POLICY_PARAMS:
         c.bad("policies.params", f"at most {MAX_POLICY_PARAMS} parameters, got {len(raw)}")
@@ -399,9 +457,9 @@ def _policy_params(c: _Checker, raw: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in raw.items():
         if not isinstance(k, str) or not k:
-            c.bad("policies.params", f"parameter names must be strings, got {k!r}")
+            c.bad("policies.params", f"parameter names must be strings, got {_brief(k)}")
         elif isinstance(v, float) and not math.isfinite(v):
-            c.bad(f"policies.params.{k}", f"must be a finite number, got {v!r}")
+            c.bad(f"policies.params.{k}", f"must be a finite number, got {_brief(v)}")
         elif _scalar(v) or (isinstance(v, list) and all(_scalar(x) for x in v)):
             out[k] = list(v) if isinstance(v, list) else v
         else:
@@ -447,11 +505,11 @@ def _argv(c: _Checker, obj: Mapping[str, Any], key: str, required: bool) -> list
             c.bad(full, "required: the program's argv, e.g. [python, /app/train.py]")
         return []
     if not isinstance(v, list):
-        c.bad(full, f"must be a list of strings (an argv, no shell), got {_kind(v)} {v!r}")
+        c.bad(full, f"must be a list of strings (an argv, no shell), got {_kind(v)} {_brief(v)}")
         return []
     for i, a in enumerate(v):
         if type(a) is not str or (i == 0 and not a.strip()):
-            c.bad(f"{full}[{i}]", f"must be a{' non-empty' if i == 0 else ''} string, got {_kind(a)} {a!r}")
+            c.bad(f"{full}[{i}]", f"must be a{' non-empty' if i == 0 else ''} string, got {_kind(a)} {_brief(a)}")
     return [a for a in v if type(a) is str]
 
 
@@ -467,11 +525,11 @@ def _trainer(c: _Checker, raw: Any) -> TrainerConfig | None:
     ps_command = _argv(c, t, "ps_command", required=False)
     image = c.text(t, "image", "trainer", required=False)
     if image and (image != image.strip() or " " in image):
-        c.bad("trainer.image", f"must be an image reference without spaces, got {image!r}")
+        c.bad("trainer.image", f"must be an image reference without spaces, got {_brief(image)}")
     env: dict[str, str] = {}
     raw_env = t.get("env")
     if raw_env is not None and not isinstance(raw_env, Mapping):
-        c.bad("trainer.env", f"must be a map of NAME: value, got {_kind(raw_env)} {raw_env!r}")
+        c.bad("trainer.env", f"must be a map of NAME: value, got {_kind(raw_env)} {_brief(raw_env)}")
     elif raw_env is not None:
         for k, v in raw_env.items():
             if type(k) is not str or not _ENV_NAME.fullmatch(k):
@@ -479,7 +537,7 @@ def _trainer(c: _Checker, raw: Any) -> TrainerConfig | None:
             elif k.startswith("PACER_") or k == "TF_CONFIG":
                 c.bad(f"trainer.env.{k}", "is set by Pacer (PACER_* and TF_CONFIG are the trainer contract)")
             elif type(v) is not str:
-                c.bad(f"trainer.env.{k}", f"must be a string (quote it), got {_kind(v)} {v!r}")
+                c.bad(f"trainer.env.{k}", f"must be a string (quote it), got {_kind(v)} {_brief(v)}")
             else:
                 env[k] = v
     return TrainerConfig(command=command, ps_command=ps_command, image=image, env=env)
@@ -543,14 +601,65 @@ def parse_job_spec(source: str | bytes | Mapping[str, Any]) -> JobSpec:
     """Parse a job spec given as YAML or JSON text (JSON is YAML) or as a map; validate it."""
     if isinstance(source, Mapping):
         return validate_job_spec(source)
-    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+    return validate_job_spec(load_spec_document(source))
+
+
+def load_spec_document(source: str | bytes) -> Any:
+    """The plain data of a spec's YAML (or JSON) text, not yet validated; :class:`JobSpecError` when the
+    text is too large, not YAML, or uses what a spec must not (module docstring: aliases, deep
+    nesting, overlong numbers).  Its cost is linear in the text's size."""
+    raw = source if isinstance(source, bytes) else source.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_SPEC_BYTES:
+        raise JobSpecError([f"spec: {len(raw)} bytes, larger than the {MAX_SPEC_BYTES} a spec may have"])
+    text = raw.decode("utf-8", "replace")
+    loader = _YAML_LOADER(text)
     try:
-        data = yaml.safe_load(text)
+        node = loader.get_single_node()  # composed only: an alias is the very node it names, not a copy
+        if node is None:
+            return None
+        _check_nodes(node)
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise JobSpecError([f"spec: not valid YAML or JSON{where}: {getattr(exc, 'problem', exc)}"]) from None
-    return validate_job_spec(data)
+        raise JobSpecError([f"spec: not valid YAML or JSON{where}: {getattr(exc, 'problem', None) or exc}"]) from None
+    except RecursionError:  # the pure-Python composer recurses per level (libyaml stops at 1000)
+        raise JobSpecError([f"spec: nested deeper than {MAX_SPEC_DEPTH} levels"]) from None
+    except (ValueError, OverflowError) as exc:  # a value YAML's own rules cannot build, e.g. 2024-13-01
+        raise JobSpecError([f"spec: a value cannot be read: {_brief(str(exc))}"]) from None
+    finally:
+        loader.dispose()
+
+
+def _check_nodes(root: Any) -> None:
+    """Refuse a composed document that reuses a node (an alias), nests maps and lists deeper than
+    :data:`MAX_SPEC_DEPTH` (the top one is level 1) or has an overlong number.
+
+    Iterative, each node visited once: a bomb of nested aliases is refused
+    at its first reuse, having cost no more than its text.  Breadth first,
+    so that a reuse is found before the depth its chain of aliases reaches.
+    """
+    seen: set[int] = set()  # every node stays alive in the tree meanwhile, so ids are unique
+    todo: deque[tuple[Any, int]] = deque([(root, 1)])
+    while todo:
+        node, depth = todo.popleft()
+        if id(node) in seen:
+            raise JobSpecError([f"spec: aliases are not allowed in a job spec (the value anchored at "
+                                f"{_where(node)} is used again); write the value out"])
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode | yaml.SequenceNode) and depth > MAX_SPEC_DEPTH:
+            raise JobSpecError([f"spec: nested deeper than {MAX_SPEC_DEPTH} levels at {_where(node)}"])
+        if isinstance(node, yaml.MappingNode):
+            todo.extend((part, depth + 1) for pair in node.value for part in pair)
+        elif isinstance(node, yaml.SequenceNode):
+            todo.extend((item, depth + 1) for item in node.value)
+        elif node.tag in _NUMBER_TAGS and len(node.value) > MAX_NUMBER_CHARS:
+            raise JobSpecError([f"spec: a number of {len(node.value)} characters at {_where(node)}; "
+                                f"at most {MAX_NUMBER_CHARS}"])
+
+
+def _where(node: Any) -> str:
+    return f"line {node.start_mark.line + 1}, column {node.start_mark.column + 1}"
 
 
 def load_job_spec(path: str) -> JobSpec:

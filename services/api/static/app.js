@@ -3,7 +3,7 @@
 //   #/                 the jobs list (polled every 2 s)
 //   #/jobs/<job>       one job (also served at /jobs/<job>): the record from
 //                      GET api/v1/jobs/<job>, then live events from the
-//                      EventSource api/v1/events?job=<job> (history first).
+//                      stream api/v1/events?job=<job> (history first).
 //
 // Every URL is relative (to the page, or at /jobs/<job> to its <base href="../">),
 // so the dashboard works behind a path prefix (an Ingress at /pacer/, a proxy).
@@ -17,8 +17,10 @@
 // the fragment, #token=<token> (optionally followed by &<route>, e.g.
 // #token=abc&/jobs/demo): a fragment never reaches a server or its logs.  The
 // page keeps it in sessionStorage (this tab only), removes it from the address
-// bar, and sends it as `Authorization: Bearer` on every fetch; the event stream
-// (EventSource cannot set headers) carries it as ?access_token=.
+// bar, and sends it as `Authorization: Bearer` on every request, the event
+// stream's included: a token never goes into a URL, where logs and history keep
+// it (the API refuses ?access_token=).  EventSource cannot set that header, so
+// the stream is read with fetch() and parsed by EventStream below.
 "use strict";
 
 const TERMINAL = new Set(["completed", "failed", "stopped"]);
@@ -148,6 +150,92 @@ async function api(method, path, body, type) {
   return data;
 }
 
+// ------------------------------------------------------------------ the event stream
+
+// Server-Sent Events over fetch(), with the bearer header: what EventSource does, in
+// the part of the text/event-stream format (HTML standard, "Server-sent events") that
+// matters here: `event:`, `data:` (joined by newlines), `id:`, `retry:`, comments, any
+// line ending.  Like EventSource it reconnects after `retry` ms when the stream ends or
+// the network fails, sending Last-Event-ID so the server resumes after the last event
+// seen; unlike it, it gives up on a 4xx (a wrong token or job does not heal by retrying).
+class EventStream {
+  constructor(url, { onopen, onevent, onerror }) {
+    this.url = url;
+    this.onopen = onopen;
+    this.onevent = onevent;
+    this.onerror = onerror;
+    this.lastId = "";      // the id of the last event dispatched: sent back on reconnecting
+    this.retryMs = 2000;   // until the server says otherwise (`retry:`)
+    this.closed = false;
+    this.ctrl = null;
+    this.run();
+  }
+
+  close() {
+    this.closed = true;
+    if (this.ctrl) this.ctrl.abort();
+  }
+
+  async run() {
+    while (!this.closed) {
+      let status = 0;
+      try {
+        this.ctrl = new AbortController();
+        const headers = { Authorization: "Bearer " + token(), Accept: "text/event-stream" };
+        if (this.lastId) headers["Last-Event-ID"] = this.lastId;
+        const resp = await fetch(this.url, { headers, signal: this.ctrl.signal, cache: "no-store" });
+        status = resp.status;
+        if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+        this.onopen();
+        await this.read(resp.body.pipeThrough(new TextDecoderStream()).getReader());
+      } catch (e) {
+        if (this.closed) return;
+        if (status >= 400 && status < 500) {
+          this.onerror(true, e);
+          return;
+        }
+      }
+      if (this.closed) return;
+      this.onerror(false);
+      await new Promise((resolve) => setTimeout(resolve, this.retryMs));
+    }
+  }
+
+  async read(reader) {
+    let buf = "";
+    let type = "", data = [], id = null;
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buf += value;
+      for (;;) {
+        const m = /\r\n|\r|\n/.exec(buf);
+        // A \r at the very end may be the first half of a \r\n still on its way.
+        if (!m || (m[0] === "\r" && m.index === buf.length - 1)) break;
+        const line = buf.slice(0, m.index);
+        buf = buf.slice(m.index + m[0].length);
+        if (line === "") { // the end of an event
+          if (id !== null) this.lastId = id;
+          if (data.length) this.onevent(type || "message", data.join("\n"));
+          type = "";
+          data = [];
+          id = null;
+          continue;
+        }
+        if (line.startsWith(":")) continue; // a comment (the server's keep-alive)
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        let val = colon < 0 ? "" : line.slice(colon + 1);
+        if (val.startsWith(" ")) val = val.slice(1);
+        if (field === "event") type = val;
+        else if (field === "data") data.push(val);
+        else if (field === "id" && !val.includes("\0")) id = val;
+        else if (field === "retry" && /^\d+$/.test(val)) this.retryMs = Number(val);
+      }
+    }
+  }
+}
+
 function setConn(state, text) {
   const c = document.getElementById("conn");
   c.dataset.state = state;
@@ -267,7 +355,7 @@ class JobView {
 
   stop() {
     clearInterval(this.timer);
-    if (this.es) this.es.close();
+    if (this.stream) this.stream.close();
   }
 
   build() {
@@ -353,28 +441,28 @@ class JobView {
 
   connect() {
     setConn("connecting", "connecting...");
-    const es = new EventSource(`api/v1/events?job=${encodeURIComponent(this.job)}&access_token=${encodeURIComponent(token())}`);
-    this.es = es;
+    const known = new Set(EVENT_NAMES);
     let first = true;
-    es.onopen = () => {
-      // The first connection replays the history; a reconnection sends Last-Event-ID (the
-      // browser does) and gets only what it missed, so the timeline and series carry on.
-      if (first) {
-        this.timeline = [];
-        this.series = [];
-        this.lastStatsTs = 0;
-        first = false;
-      }
-      setConn("replaying", "loading history...");
-    };
-    es.onerror = () => setConn("error", "reconnecting...");
-    for (const name of EVENT_NAMES) {
-      es.addEventListener(name, (ev) => {
+    this.stream = new EventStream(`api/v1/events?job=${encodeURIComponent(this.job)}`, {
+      onopen: () => {
+        // The first connection replays the history; a reconnection sends Last-Event-ID and
+        // gets only what it missed, so the timeline and series carry on.
+        if (first) {
+          this.timeline = [];
+          this.series = [];
+          this.lastStatsTs = 0;
+          first = false;
+        }
+        setConn("replaying", "loading history...");
+      },
+      onevent: (name, data) => {
+        if (!known.has(name)) return;
         let msg;
-        try { msg = JSON.parse(ev.data); } catch (e) { return; }
+        try { msg = JSON.parse(data); } catch (e) { return; }
         this.onEvent(name, msg);
-      });
-    }
+      },
+      onerror: (final, e) => setConn("error", final ? `event stream: ${e.message}` : "reconnecting..."),
+    });
   }
 
   onEvent(name, msg) {
