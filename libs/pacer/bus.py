@@ -11,6 +11,9 @@
 * ``request`` sends a message and decodes the typed reply, retrying on
   timeouts, missing responders and *temporary* error replies with capped
   exponential backoff; permanent errors are raised at once.
+* ``respond`` / ``respond_error`` always answer within the server's max
+  payload: a success reply too large becomes a ``reply_too_large`` error
+  reply, and an error reply's message (which may echo the bad input) is cut.
 * ``request``, ``publish`` and ``publish_durable`` each run in a span
   (``CLIENT`` / ``PRODUCER``, :mod:`pacer.tracing`) whose W3C ``traceparent``
   travels in the NATS headers, so the receiver's handling is a child span and
@@ -50,7 +53,7 @@ from opentelemetry.trace import SpanKind
 from pacer import subjects, tracing
 from pacer.codec import decode, encode
 from pacer.contracts.common import decode_reply, encode_error
-from pacer.errors import PacerError, StaleRevision, Unavailable
+from pacer.errors import LimitExceeded, PacerError, ReplyTooLarge, StaleRevision, Unavailable
 from pacer.security import connect_options
 
 log = logging.getLogger("pacer.bus")
@@ -389,6 +392,9 @@ class Bus:
 
     async def _request(self, subject: str, msg: Any, reply_cls: type[T], timeout: float, retry: RetryPolicy) -> T:
         payload = b"" if msg is None else encode(msg)
+        if len(payload) > self.nc.max_payload:  # nats-py would raise a bare MaxPayloadError
+            raise LimitExceeded(f"{subject}: the request ({len(payload)} bytes) exceeds the bus's max payload "
+                                f"({self.nc.max_payload} bytes)")
         last: Exception | None = None
         delays = retry.delays()
         for attempt in range(retry.attempts):
@@ -406,13 +412,26 @@ class Bus:
         assert last is not None
         raise last
 
-    async def respond(self, msg: Msg, reply: Any) -> None:
-        if msg.reply:
-            await self.nc.publish(msg.reply, encode(reply))
+    async def respond(self, msg: Msg, reply: Any) -> bool:
+        """Send ``reply`` to the requester; False when it did not fit the server's max payload and a
+        ``reply_too_large`` error reply went instead (the requester hears either way, never silence)."""
+        if not msg.reply:
+            return True
+        data = encode(reply)
+        if len(data) > self.nc.max_payload:
+            log.warning("reply to %s too large (%d bytes); sent an error instead", msg.subject, len(data))
+            await self.respond_error(msg, ReplyTooLarge(
+                f"the reply ({type(reply).__name__}, {len(data)} bytes) exceeds the bus's max payload "
+                f"({self.nc.max_payload} bytes); the request was handled, ask for less at once"))
+            return False
+        await self.nc.publish(msg.reply, data)
+        return True
 
     async def respond_error(self, msg: Msg, exc: PacerError) -> None:
+        """Send an error reply; its message is cut so that it always fits the max payload
+        (:func:`~pacer.contracts.common.encode_error`)."""
         if msg.reply:
-            await self.nc.publish(msg.reply, encode_error(exc))
+            await self.nc.publish(msg.reply, encode_error(exc, self.nc.max_payload))
 
     # ------------------------------------------------------------ events
     async def publish(self, subject: str, msg: Any) -> None:

@@ -59,13 +59,27 @@ class Unavailable(PacerError):
     temporary = True
 
 
+class LimitExceeded(PacerError):
+    """A request would cause more work than a bound allows: a decision ran past its time or memory
+    limit (the worker deciding it was killed and replaced)."""
+
+    code = "limit_exceeded"
+
+
+class ReplyTooLarge(LimitExceeded):
+    """The success reply is larger than the bus's max payload; the request was handled, its reply
+    replaced by this error."""
+
+    code = "reply_too_large"
+
+
 class RemoteError(PacerError):
     """An error reply received from another service, re-raised in the caller."""
 
 
 def remote_error(code: str, message: str, temporary: bool) -> PacerError:
     """Rebuild the most specific local error class for a wire error."""
-    for cls in (DecodeError, ValidationError, NotFound, Conflict, Unavailable):
+    for cls in (DecodeError, ValidationError, NotFound, Conflict, Unavailable, LimitExceeded, ReplyTooLarge):
         if cls.code == code:
             return cls(message, temporary=temporary)
     return RemoteError(message, code=code, temporary=temporary)

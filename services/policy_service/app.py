@@ -1,18 +1,18 @@
 """The built-in straggler policies as a service: ``python -m pacer_services.policy_service.main``.
 
 Each built-in (``antdt-nd``, ``antdt-dd``, ``lb-bsp``, ``backup-workers``,
-``none``) answers ``pacer.policy.<name>.decide`` exactly as a user's policy
-would (:mod:`pacer.policy`); the controller cannot tell them apart.
+``none``, ``pacer-adaptive``) answers ``pacer.policy.<name>.decide`` exactly
+as a user's policy would (:mod:`pacer.policy`); the controller cannot tell
+them apart.  Each decides in worker processes of its own, bounded in time
+and memory (``PACER_POLICY_*``), so one bad request cannot stall the others.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
-from nats.aio.subscription import Subscription
 from pacer.bus import Bus
-from pacer.policy import serve_policies
+from pacer.policy import DecisionLimits, PolicyServer, serve_policies
 from pacer.runtime import RuntimeConfig
 from pacer.telemetry import Counters
 from pacer_services.controller.policies.registry import BUILTINS
@@ -21,18 +21,18 @@ from pacer_services.controller.policies.registry import BUILTINS
 class PolicyService:
     name = "policies"
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, limits: DecisionLimits | None = None) -> None:
         self.bus = bus
         self.counters = Counters(self.name)
-        self.subs: list[Subscription] = []
+        self.limits = limits or DecisionLimits.from_env()
+        self.server: PolicyServer | None = None
 
     async def start(self, tg: asyncio.TaskGroup) -> None:
-        self.subs = await serve_policies(self.bus, BUILTINS, self.counters)
+        self.server = await serve_policies(self.bus, BUILTINS, self.counters, self.limits)
 
     async def drain(self) -> None:
-        for sub in self.subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        if self.server is not None:
+            await self.server.close()
 
 
 async def create(bus: Bus, rc: RuntimeConfig) -> PolicyService:

@@ -3,9 +3,16 @@
 Concurrency contract
 --------------------
 * All requests arrive on one subscription (``pacer.rpc.shard.*.*``) whose
-  callback never waits for IO: it decodes, runs the job's core synchronously
-  (so requests of one job are decided in arrival order) and hands the
-  resulting log records and the reply to that job's *committer*.
+  callback only puts each request into its job's inbox
+  (:mod:`.queueing`): one worker per job handles them in arrival order,
+  different jobs in parallel, so a request that waits (routing to the
+  owner, reading a checkpoint) delays its own job only.  Handling decodes,
+  runs the job's core synchronously and hands the resulting log records and
+  the reply to that job's *committer*.
+* The core's work per request is bounded before it starts
+  (:class:`~.core.ShardLimits`: shards per epoch and per job, datasets,
+  nodes, ids per report), so no decision holds the event loop for long;
+  rebuilding a job from its snapshot runs in a thread.
 * A committer (one task per job) appends everything queued since its last
   append as one JetStream message (group commit), waits for the stream's
   ack, and only then sends the replies and events.  A reply therefore never
@@ -39,7 +46,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,16 +58,25 @@ from pacer import subjects
 from pacer.bus import Bus
 from pacer.codec import decode
 from pacer.consumer import jittered
+from pacer.contracts.common import clip
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import ProgressEvent, ShardEvent
-from pacer.errors import DecodeError, NotFound, PacerError, Unavailable, ValidationError
+from pacer.errors import (
+    DecodeError,
+    NotFound,
+    PacerError,
+    ReplyTooLarge,
+    Unavailable,
+    ValidationError,
+)
 from pacer.lease import Lease
 from pacer.ownership import DEFAULT_TTL_S, FORWARDED_BY, Ownership
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.telemetry import Counters
 from pacer_services.shard_service import handlers
-from pacer_services.shard_service.core import JobShards, Outcome
+from pacer_services.shard_service.core import DEFAULT_LIMITS, JobShards, Outcome, ShardLimits
 from pacer_services.shard_service.effects import Fenced, ShardLogStore, retry_forever
+from pacer_services.shard_service.queueing import JobInboxes
 
 log = logging.getLogger("pacer.shard")
 
@@ -77,6 +93,8 @@ class ShardServiceConfig:
     instance: str | None = None  # None: PACER_INSTANCE, else shard-<random>
     lease_ttl_s: float = DEFAULT_TTL_S
     claim_at_start_s: float = 2.0  # how long start waits for the jobs of the log (a dead owner's: one TTL later)
+    limits: ShardLimits = DEFAULT_LIMITS  # the work one request may cause (PACER_SHARD_MAX_*)
+    max_queued: int = 10_000  # requests one job may have waiting; more are told to retry (PACER_SHARD_MAX_QUEUED)
 
 
 class JobRuntime:
@@ -115,6 +133,7 @@ class ShardService:
         self.wall = wall
         self.counters = Counters(self.name)
         self.jobs: dict[str, JobRuntime] = {}
+        self.inbox: JobInboxes | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._sub: Subscription | None = None
         self._node_sub: Any = None  # the node-death consumer made at start, taken over by its loop
@@ -126,6 +145,7 @@ class ShardService:
     # ================================================================ lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
         self._tg = tg
+        self.inbox = JobInboxes(lambda coro, name: tg.create_task(coro, name=name), self.cfg.max_queued)
         await self.bus.ensure_streams()
         await self.store.open()
         await self.own.start(tg, on_forwarded=self._on_forwarded)
@@ -154,7 +174,8 @@ class ShardService:
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._sub.unsubscribe()
-        while any(rt.records or rt.waiters for rt in self.jobs.values()):
+        while (self.inbox is not None and self.inbox.pending()) or any(rt.records or rt.waiters
+                                                                        for rt in self.jobs.values()):
             await asyncio.sleep(0.01)
         await self.own.close()  # the other instance takes the jobs over at once
 
@@ -179,6 +200,7 @@ class ShardService:
         else:
             raise Unavailable(f"shard log of job {job!r} keeps moving under its new owner")
         self.counters.inc("jobs_acquired")
+        core.limits = self.cfg.limits
         core.renew_all(self.clock())
         self._add_job(job, core, seq)
         self.counters.inc("records_replayed", applied)
@@ -217,26 +239,35 @@ class ShardService:
             subjects.shard_log(job)  # validates the id
             if not self.own.owns(job):
                 raise Unavailable(f"shard job {job!r} has no owner yet; retry")
-            rt = self._add_job(job, JobShards(job), 0)
+            rt = self._add_job(job, JobShards(job, self.cfg.limits), 0)
         if not rt.ready:
             raise Unavailable(f"job {job!r} is being rebuilt from its log; retry")
         return rt
 
     # ================================================================ requests
     async def _on_rpc(self, msg: Msg) -> None:
-        """A request for job J: handled here at once if we own J, else routed (in a task of its own:
-        finding the owner takes IO, and the requests of our own jobs must not wait behind it)."""
+        """A request for job J: into J's inbox, whose worker handles it here if we own J, else routes it
+        (finding the owner takes IO: only J's later requests wait behind it)."""
         try:
             job, _ = subjects.parse_rpc(msg.subject)
             subjects.shard_log(job)  # a valid job id, or nobody can own it
         except PacerError:
             await dispatch_rpc(self.bus, self.counters, self.rpc, msg)  # the error reply, from here
             return
+        await self._enqueue(job, msg, lambda: self._handle(msg, job))
+
+    async def _enqueue(self, job: str, msg: Msg, work: Callable[[], Awaitable[None]]) -> None:
+        assert self.inbox is not None
+        if not self.inbox.put(job, work):
+            self.counters.inc("errors", code="unavailable", op="queue_full")
+            await self.bus.respond_error(msg, Unavailable(
+                f"shard job {job!r} has {self.inbox.max_queued} requests waiting; retry later"))
+
+    async def _handle(self, msg: Msg, job: str) -> None:
         if self.own.owns(job):
             await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
-            return
-        assert self._tg is not None
-        self._tg.create_task(self._route(msg, job), name=f"pacer:shard:route:{job}")
+        else:
+            await self._route(msg, job)
 
     async def _route(self, msg: Msg, job: str) -> None:
         try:
@@ -263,14 +294,18 @@ class ShardService:
         await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
 
     async def _on_forwarded(self, msg: Msg) -> None:
-        """Another instance passed us a request of a job it believes we own."""
+        """Another instance passed us a request of a job it believes we own: into the job's inbox too."""
         try:
             job, _ = subjects.parse_rpc(msg.subject)
         except PacerError:
             await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
             return
         self.counters.inc("requests_forwarded_in")
-        await self.own.route(msg, job, self._dispatch)  # ours: handled; else unavailable (never re-forwarded)
+        # ours: handled; else unavailable (never re-forwarded)
+        await self._enqueue(job, msg, lambda: self._route_forwarded(msg, job))
+
+    async def _route_forwarded(self, msg: Msg, job: str) -> None:
+        await self.own.route(msg, job, self._dispatch)
 
     def submit(self, rt: JobRuntime, out: Outcome, done: Done | None) -> None:
         """Queue an outcome's records for the next group commit; ``done`` runs after it."""
@@ -303,9 +338,10 @@ class ShardService:
         async def send(err: PacerError | None) -> None:
             if err is None:
                 try:
-                    await self.bus.respond(msg, reply)
+                    if not await self.bus.respond(msg, reply):  # too large: an error reply went instead
+                        self.counters.inc("errors", code=ReplyTooLarge.code, op="commit")
                     return
-                except Exception as exc:  # unencodable, or over the bus's max payload: still answer
+                except Exception as exc:  # unencodable: still answer
                     log.warning("reply could not be sent: %s", exc)
                     err = PacerError(
                         f"the reply could not be sent ({type(exc).__name__}: {exc}); the request was applied",
@@ -414,6 +450,7 @@ class ShardService:
         core, seq, _ = await retry_forever(f"rebuild {rt.job}", self.store.load, rt.job)
         if rt.closed:
             return  # lost meanwhile: the next owner loads it
+        core.limits = self.cfg.limits
         core.renew_all(self.clock())
         rt.core, rt.last_seq, rt.ready, rt.since_snapshot = core, seq, True, 0
         self.counters.inc("rebuilds")
@@ -499,10 +536,13 @@ class ShardService:
         except (DecodeError, ValidationError) as exc:
             # Permanent: a retry cannot fix it.  Dead-letter it, say why, count it.
             self.counters.inc("bad_node_events")
-            await self.bus.nc.publish(
-                subjects.dead_letter(self.name), m.data,
-                headers={"Pacer-Error": exc.message, "Pacer-Subject": m.subject},
-            )
+            # The error may echo the bad input: cut, so that the dead letter (the event plus headers)
+            # still fits the max payload; one that does not is dropped, the event terminated anyway.
+            with contextlib.suppress(nats.errors.MaxPayloadError):
+                await self.bus.nc.publish(
+                    subjects.dead_letter(self.name), m.data,
+                    headers={"Pacer-Error": clip(exc.message, 1024), "Pacer-Subject": m.subject},
+                )
             await m.term()
             return
         rt = self.jobs.get(ev.job)
@@ -536,5 +576,35 @@ class ShardService:
 
 async def create(bus: Bus, cfg: RuntimeConfig) -> ShardService:
     """App factory: the only place that builds a ShardService from configuration."""
-    scfg = ShardServiceConfig(lease_ttl_s=float(os.environ.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)))
+    env = os.environ
+    scfg = ShardServiceConfig(lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)),
+                              limits=limits_from_env(env),
+                              max_queued=_positive(env, "PACER_SHARD_MAX_QUEUED", ShardServiceConfig.max_queued))
     return ShardService(bus, ShardLogStore(bus.js, cfg.replicas), scfg)
+
+
+def _positive(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}: expected a whole number, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{name}: must be >= 1, got {value}")
+    return value
+
+
+def limits_from_env(env: Mapping[str, str]) -> ShardLimits:
+    """The shard limits from ``PACER_SHARD_MAX_*`` (docs/settings.md); an unset one keeps its default,
+    a malformed one stops the service at start."""
+    d = DEFAULT_LIMITS
+    return ShardLimits(
+        shards_per_epoch=_positive(env, "PACER_SHARD_MAX_SHARDS_PER_EPOCH", d.shards_per_epoch),
+        shards_per_job=_positive(env, "PACER_SHARD_MAX_SHARDS_PER_JOB", d.shards_per_job),
+        datasets_per_job=_positive(env, "PACER_SHARD_MAX_DATASETS_PER_JOB", d.datasets_per_job),
+        epochs=_positive(env, "PACER_SHARD_MAX_EPOCHS", d.epochs),
+        nodes_per_dataset=_positive(env, "PACER_SHARD_MAX_NODES_PER_DATASET", d.nodes_per_dataset),
+        report_ids=_positive(env, "PACER_SHARD_MAX_REPORT_IDS", d.report_ids),
+    )

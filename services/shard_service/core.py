@@ -45,9 +45,6 @@ from pacer.ids import is_token
 
 # Most shards a single lease request may ask for; more is a client bug.
 MAX_WANT = 64
-# Most shards one epoch (or one append) may create: building more would block
-# the service for minutes and exhaust its memory.
-MAX_SHARDS = 1_000_000
 # Record counts (records * epochs, a stream's total) must fit the wire's int64.
 MAX_RECORDS = 2**63 - 1
 # The end of a finite dataset (``DatasetSpec.tail_split``), weighted factoring (Hummel,
@@ -59,6 +56,36 @@ MAX_RECORDS = 2**63 - 1
 # less than one batch (a batch does not span two shards).
 TAIL_FACTOR = 2
 TAIL_MIN_PIECES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ShardLimits:
+    """Bounds on the work and memory one request can cause, checked before any of it starts.
+
+    Every shard is an object in memory and a row of every snapshot: building
+    1,000,000 one-record shards held the service's event loop for 15 s and
+    took 280 MB (issue 21), and the snapshots and rebuilds of such a job
+    kept stalling it.  Measured on the 2-core development machine: creating
+    a shard costs ~4.5 us, a snapshot ~1 us and rebuilding one from a
+    snapshot ~7 us per shard.  The defaults keep one request's work (a
+    register, a new epoch, an append) under ~0.25 s there, a snapshot or
+    checkpoint of the largest job (taken between two decisions, on the event
+    loop, so that it is consistent; encoded in a thread) under ~0.5 s, and
+    its rebuild under ~4 s, in a thread (``effects.ShardLogStore.load``).  The
+    service reads them from ``PACER_SHARD_MAX_*`` (docs/settings.md); the
+    simulators use the defaults.  The fold (:meth:`JobShards.apply`) never
+    checks them: a log written under other limits still replays.
+    """
+
+    shards_per_epoch: int = 50_000  # shards one register, one new epoch or one append may create
+    shards_per_job: int = 500_000  # shards a job's datasets may need over all their epochs (memory, snapshots)
+    datasets_per_job: int = 16
+    epochs: int = 10_000  # epochs of a finite dataset
+    nodes_per_dataset: int = 10_000  # distinct nodes that may consume a dataset (each is kept in its status)
+    report_ids: int = 10_000  # ids in each list of a lease request (held, done, progress, failed, released)
+
+
+DEFAULT_LIMITS = ShardLimits()
 
 
 class ShardState(str, enum.Enum):
@@ -298,6 +325,9 @@ class NodeRates:
         return mine / total, mine / mean
 
 
+_NO_RATES = NodeRates()
+
+
 def tail_cap(ds: Dataset, rates: NodeRates, node: str) -> int:
     """The longest piece ``node`` may be granted now (0: no limit): weighted factoring near the
     end of a finite dataset (see :data:`TAIL_FACTOR`), never below the smallest piece."""
@@ -310,8 +340,8 @@ def tail_cap(ds: Dataset, rates: NodeRates, node: str) -> int:
     return cap_batches if cap_batches < ds.shard_records else 0
 
 
-def validate_spec(spec: DatasetSpec) -> None:
-    """Raise :class:`ValidationError` naming the first bad field."""
+def validate_spec(spec: DatasetSpec, limits: ShardLimits = DEFAULT_LIMITS) -> None:
+    """Raise :class:`ValidationError` naming the first bad field (sizes checked against ``limits``)."""
     if not is_token(spec.job):
         raise ValidationError(f"job: {spec.job!r} is not a valid id (1-64 of [A-Za-z0-9_-])")
     if not is_token(spec.dataset):
@@ -322,8 +352,8 @@ def validate_spec(spec: DatasetSpec) -> None:
         raise ValidationError(f"batches_per_shard: must be > 0, got {spec.batches_per_shard}")
     if spec.records < 0 or (spec.mode is DatasetMode.FINITE and spec.records == 0):
         raise ValidationError(f"records: must be > 0 for a finite dataset, >= 0 for a stream, got {spec.records}")
-    if spec.epochs < 1:
-        raise ValidationError(f"epochs: must be >= 1, got {spec.epochs}")
+    if not 1 <= spec.epochs <= limits.epochs:
+        raise ValidationError(f"epochs: must be in [1, {limits.epochs}], got {spec.epochs}")
     if spec.mode is DatasetMode.STREAMING and spec.epochs != 1:
         raise ValidationError("epochs: a streaming dataset has exactly one epoch")
     if spec.max_failures < 1:
@@ -331,19 +361,28 @@ def validate_spec(spec: DatasetSpec) -> None:
     if not 0 < spec.lease_s <= 86_400:
         raise ValidationError(f"lease_s: must be in (0, 86400], got {spec.lease_s}")
     size = spec.batch_size * spec.batches_per_shard
-    if -(-spec.records // size) > MAX_SHARDS:
+    shards = -(-spec.records // size)
+    if shards > limits.shards_per_epoch:
         raise ValidationError(
-            f"records: {spec.records} records make more than {MAX_SHARDS} shards of {size}; use bigger shards"
+            f"records: {spec.records} records make {shards} shards of {size} per epoch, more than the "
+            f"{limits.shards_per_epoch} allowed (PACER_SHARD_MAX_SHARDS_PER_EPOCH); use bigger shards "
+            "(batches_per_shard)"
         )
     if spec.records * spec.epochs > MAX_RECORDS:
         raise ValidationError(f"epochs: records * epochs must be <= {MAX_RECORDS}, got {spec.records} * {spec.epochs}")
+    if shards * spec.epochs > limits.shards_per_job:
+        raise ValidationError(
+            f"epochs: {spec.epochs} epochs of {shards} shards make {shards * spec.epochs}, more than the "
+            f"{limits.shards_per_job} a job may hold (PACER_SHARD_MAX_SHARDS_PER_JOB); use bigger shards or fewer epochs"
+        )
 
 
 class JobShards:
     """All datasets of one job, with leases.  The unit the service keeps per job."""
 
-    def __init__(self, job: str) -> None:
+    def __init__(self, job: str, limits: ShardLimits = DEFAULT_LIMITS) -> None:
         self.job = job
+        self.limits = limits  # checked by the decisions only, never by the fold
         self.datasets: dict[str, Dataset] = {}
         # Lease deadline per (dataset, node), renewed by any request of the node for
         # that dataset: datasets may have different lease_s.
@@ -455,8 +494,22 @@ class JobShards:
         except KeyError:
             raise NotFound(f"job {self.job!r} has no dataset {name!r}") from None
 
+    def shards_planned(self, but: str = "") -> int:
+        """Shards the job's datasets (all but ``but``) hold or will create in their remaining epochs:
+        what :attr:`ShardLimits.shards_per_job` bounds."""
+        total = 0
+        for name, ds in self.datasets.items():
+            if name == but:
+                continue
+            total += len(ds.shards)
+            if ds.spec.mode is DatasetMode.FINITE and ds.epoch < ds.spec.epochs - 1:
+                per_epoch = -(-ds.spec.records // ds.shard_records)
+                total += per_epoch * (ds.spec.epochs - 1 - ds.epoch)
+        return total
+
     def register(self, spec: DatasetSpec) -> Outcome:
-        validate_spec(spec)
+        lim = self.limits
+        validate_spec(spec, lim)
         if spec.job != self.job:
             raise ValidationError(f"job: spec names job {spec.job!r}, request was for {self.job!r}")
         out = Outcome()
@@ -465,6 +518,15 @@ class JobShards:
             if old.spec != spec:
                 raise Conflict(f"dataset {spec.dataset!r} of job {self.job!r} is registered with another spec")
         else:
+            if len(self.datasets) >= lim.datasets_per_job:
+                raise ValidationError(f"dataset: job {self.job!r} already has {len(self.datasets)} datasets, the most "
+                                      "allowed (PACER_SHARD_MAX_DATASETS_PER_JOB)")
+            need = -(-spec.records // (spec.batch_size * spec.batches_per_shard)) * spec.epochs
+            have = self.shards_planned()
+            if have + need > lim.shards_per_job:
+                raise ValidationError(
+                    f"records: this dataset needs {need} shards over its epochs and job {self.job!r} already "
+                    f"holds {have}: more than the {lim.shards_per_job} a job may hold (PACER_SHARD_MAX_SHARDS_PER_JOB)")
             self._do(out, ["reg", to_dict(spec)])
             self._do(out, ["epoch", spec.dataset, 0])
             out.events.append(ShardEventOut("registered", spec.dataset, epoch=0))
@@ -483,6 +545,16 @@ class JobShards:
             raise ValidationError(f"max_records: must be >= 0, got {req.max_records}")
         if not 0 <= req.rate < float("inf"):
             raise ValidationError(f"rate: must be a finite number >= 0, got {req.rate}")
+        lim = self.limits
+        for name, ids in (("held", req.held), ("done", req.done), ("progress", req.progress),
+                          ("failed", req.failed), ("released", req.released)):
+            if len(ids) > lim.report_ids:
+                raise ValidationError(f"{name}: {len(ids)} entries, more than the {lim.report_ids} one request may "
+                                      "carry (PACER_SHARD_MAX_REPORT_IDS); report in several requests")
+        if (node not in ds.node_records and node not in ds.doing and node not in self.rates.get(req.dataset, _NO_RATES).of
+                and len(ds.node_records) >= lim.nodes_per_dataset):
+            raise ValidationError(f"node: dataset {req.dataset!r} already has {len(ds.node_records)} nodes, the most "
+                                  "allowed (PACER_SHARD_MAX_NODES_PER_DATASET)")
         out = Outcome()
         rejected: list[Rejected] = []
         self.deadlines[(req.dataset, node)] = now + ds.spec.lease_s
@@ -612,8 +684,15 @@ class JobShards:
             raise ValidationError(f"dataset {name!r} is finite: only streaming datasets take appends")
         if records < 0:
             raise ValidationError(f"records: must be >= 0, got {records}")
-        if -(-records // ds.shard_records) > MAX_SHARDS:
-            raise ValidationError(f"records: {records} records make more than {MAX_SHARDS} shards; append less at once")
+        lim = self.limits
+        shards = -(-records // ds.shard_records)
+        if shards > lim.shards_per_epoch:
+            raise ValidationError(f"records: {records} records make {shards} shards, more than the "
+                                  f"{lim.shards_per_epoch} one append may create (PACER_SHARD_MAX_SHARDS_PER_EPOCH); "
+                                  "append less at once")
+        if shards and self.shards_planned() + shards > lim.shards_per_job:
+            raise ValidationError(f"records: {shards} more shards would exceed the {lim.shards_per_job} a job may hold "
+                                  "(PACER_SHARD_MAX_SHARDS_PER_JOB)")
         if ds.records_known + records > MAX_RECORDS:
             raise ValidationError(f"records: the stream would exceed {MAX_RECORDS} records")
         if ds.closed and (records or not close):
@@ -662,6 +741,15 @@ class JobShards:
         self._dataset(name)
         if snap.get("spec", {}).get("dataset") != name:
             raise ValidationError(f"checkpoint {checkpoint_id!r} is not of dataset {name!r}")
+        spec = from_dict(DatasetSpec, snap["spec"])
+        shards = len(snap.get("id", ()))
+        if spec.mode is DatasetMode.FINITE:  # the epochs still to come are created from it too
+            per_epoch = -(-spec.records // (spec.batch_size * spec.batches_per_shard))
+            shards += per_epoch * max(0, spec.epochs - 1 - int(snap.get("epoch", 0)))
+        if self.shards_planned(but=name) + shards > self.limits.shards_per_job:
+            raise ValidationError(f"checkpoint: {checkpoint_id!r} holds {shards} shards; with the job's other "
+                                  f"datasets more than the {self.limits.shards_per_job} a job may hold "
+                                  "(PACER_SHARD_MAX_SHARDS_PER_JOB)")
         out = Outcome()
         rec = ["restore", name, checkpoint_id]
         self.apply(rec, checkpoint=snap)

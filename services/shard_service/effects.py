@@ -10,6 +10,9 @@
   JetStream object store: they can exceed the max message size.  A snapshot
   records the log sequence it covers; replay starts after it, and the log
   before it is purged to bound disk and restart time.
+* Encoding and decoding snapshots and checkpoints, and rebuilding a job
+  from its snapshot, run in a thread: they grow with the job's shards and
+  must not hold the event loop.
 """
 
 from __future__ import annotations
@@ -148,7 +151,9 @@ class ShardLogStore:
         if snap is None:
             state, start = JobShards(job), 0
         else:
-            state, start = JobShards.from_snapshot(snap["state"]), int(snap["seq"])
+            # ~7 us per shard (seconds for a large job): in a thread, so the event loop keeps serving the
+            # other jobs and renewing leases meanwhile (the state is nobody else's until load returns).
+            state, start = await asyncio.to_thread(JobShards.from_snapshot, snap["state"]), int(snap["seq"])
         seq, applied = await self.replay(job, state, start)
         state.settle()
         return state, seq, applied
@@ -156,7 +161,7 @@ class ShardLogStore:
     # ------------------------------------------------------------ snapshots
     async def put_snapshot(self, job: str, state: dict[str, Any], seq: int) -> None:
         """Store a snapshot covering the log up to ``seq``, then purge the log before it."""
-        await self.obs.put(f"snap.{job}", _pack({"seq": seq, "state": state}))
+        await self.obs.put(f"snap.{job}", await asyncio.to_thread(_pack, {"seq": seq, "state": state}))
         # Keep the message at `seq` itself so the job's subject never empties.
         await self.js.purge_stream(subjects.SHARD_LOG_STREAM, subject=subjects.shard_log(job), seq=seq)
 
@@ -165,18 +170,18 @@ class ShardLogStore:
             res = await self.obs.get(f"snap.{job}")
         except nats.js.errors.ObjectNotFoundError:
             return None
-        data: dict[str, Any] = _unpack(res.data or b"")
+        data: dict[str, Any] = await asyncio.to_thread(_unpack, res.data or b"")
         return data
 
     async def put_checkpoint(self, job: str, dataset: str, ckpt: str, snap: dict[str, Any]) -> None:
-        await self.obs.put(f"ckpt.{job}.{dataset}.{ckpt}", _pack(snap))
+        await self.obs.put(f"ckpt.{job}.{dataset}.{ckpt}", await asyncio.to_thread(_pack, snap))
 
     async def get_checkpoint(self, job: str, dataset: str, ckpt: str) -> dict[str, Any]:
         try:
             res = await self.obs.get(f"ckpt.{job}.{dataset}.{ckpt}")
         except nats.js.errors.ObjectNotFoundError:
             raise NotFound(f"no checkpoint {ckpt!r} of dataset {dataset!r} in job {job!r}") from None
-        data: dict[str, Any] = _unpack(res.data or b"")
+        data: dict[str, Any] = await asyncio.to_thread(_unpack, res.data or b"")
         return data
 
 

@@ -41,7 +41,7 @@ def build(svc: ShardService) -> dict[str, Handler]:
     async def register(job: str, msg: Msg) -> None:
         spec = decode(DatasetSpec, msg.data)
         _same_job(job, spec.job)
-        validate_spec(spec)  # before the job exists: a refused spec must not leave an empty job behind
+        validate_spec(spec, svc.cfg.limits)  # before the job exists: a refused spec must not leave an empty job behind
         rt = svc.job(job, create=True)
         out = rt.core.register(spec)
         svc.submit(rt, out, svc.reply_after_commit(msg, out.reply))

@@ -194,8 +194,7 @@ async def test_controller_owner_killed_the_other_takes_over_and_keeps_the_cool_d
         await publisher
         for p in procs:
             p.stop()
-        for s in subs:
-            await s.unsubscribe()
+        await subs.close()  # the policy's worker process too
 
 
 # ================================================================ monitor
@@ -384,5 +383,4 @@ async def test_a_stale_controller_owner_cannot_restart_anything(
         if started_b:
             await ctl_b.stop()
         await ctl_a.stop()
-        for s in subs:
-            await s.unsubscribe()
+        await subs.close()  # the policy's worker process too

@@ -1364,25 +1364,23 @@ def test_invalid_spec_names_the_field(field_: str, kw: dict[str, Any]) -> None:
 
 
 def test_size_limits_name_the_field() -> None:
-    from pacer_services.shard_service import core
+    from pacer_services.shard_service.core import DEFAULT_LIMITS, MAX_RECORDS
 
-    if not hasattr(core, "MAX_SHARDS"):
-        pytest.skip("this core has no size limits")
-    max_shards, max_records = core.MAX_SHARDS, core.MAX_RECORDS
-    # one epoch may not need more than MAX_SHARDS shards (validated, not built)
+    max_shards = DEFAULT_LIMITS.shards_per_epoch
+    # one epoch may not need more than shards_per_epoch shards (validated, not built)
     validate_spec(spec(records=max_shards * 3, batch_size=3))
     with pytest.raises(ValidationError, match=r"^records:"):
         validate_spec(spec(records=max_shards * 3 + 1, batch_size=3))
     # records * epochs must fit an int64
     big = 2**62
-    validate_spec(spec(records=big, batch_size=2**43, epochs=1))
+    validate_spec(spec(records=big, batch_size=2**50, epochs=1))
     with pytest.raises(ValidationError, match=r"^epochs:"):
-        validate_spec(spec(records=big, batch_size=2**43, epochs=2))
+        validate_spec(spec(records=big, batch_size=2**50, epochs=2))
     # appends are bounded the same way
     js, _ = new_job(stream_spec(records=0, batch_size=1))
     with pytest.raises(ValidationError, match=r"^records:"):
         js.append(DS, max_shards + 1, close=False)
-    js2, _ = new_job(stream_spec(records=max_records - 10, batch_size=2**62))
+    js2, _ = new_job(stream_spec(records=MAX_RECORDS - 10, batch_size=2**62))
     assert js2.status(DS).todo == 2
     snap = js2.snapshot()
     with pytest.raises(ValidationError, match=r"^records:"):

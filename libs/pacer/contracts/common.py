@@ -50,8 +50,32 @@ class ErrorEnvelope:
     error: ErrorReply
 
 
-def encode_error(exc: PacerError) -> bytes:
-    return encode(ErrorEnvelope(ErrorReply(exc.code, exc.message, exc.temporary)))
+#: The longest error message an error reply carries, in characters.  Messages name the bad field and
+#: often echo the bad value (a 2.5-MB string, the repr of an expanded YAML alias bomb): cut to this,
+#: every error reply fits far below any server's max payload (NATS: at least 1 MB by default).
+MAX_ERROR_MESSAGE = 2048
+#: The longest error code on the wire (codes are constants; a relayed remote one may not be).
+MAX_ERROR_CODE = 64
+
+
+def clip(text: str, limit: int = MAX_ERROR_MESSAGE) -> str:
+    """``text`` cut to at most ``limit`` characters, saying how much was cut (kept whole when it fits)."""
+    if len(text) <= limit:
+        return text
+    note = f"... [{len(text) - limit} more characters cut]"
+    return text[: max(0, limit - len(note))] + note
+
+
+def encode_error(exc: PacerError, max_bytes: int = 0) -> bytes:
+    """The wire form of an error reply, its message cut to :data:`MAX_ERROR_MESSAGE` characters (and,
+    with ``max_bytes`` > 0, shorter still until the whole reply fits in ``max_bytes``)."""
+    limit = MAX_ERROR_MESSAGE
+    while True:
+        data = encode(ErrorEnvelope(ErrorReply(clip(exc.code, MAX_ERROR_CODE), clip(exc.message, limit),
+                                               exc.temporary)))
+        if not max_bytes or len(data) <= max_bytes or limit == 0:
+            return data
+        limit //= 4  # a message of multi-byte characters: 4 bytes each at most
 
 
 T = TypeVar("T")
@@ -81,4 +105,5 @@ class Health:
     counters: dict[str, int] = field(default_factory=dict)
 
 
-__all__ = ["ErrorEnvelope", "ErrorReply", "Health", "Role", "decode", "decode_reply", "encode", "encode_error"]
+__all__ = ["MAX_ERROR_MESSAGE", "ErrorEnvelope", "ErrorReply", "Health", "Role", "clip", "decode", "decode_reply",
+           "encode", "encode_error"]

@@ -3,18 +3,21 @@
 The same functions answer ``pacer.policy.<name>.decide`` in the live system
 and drive the cluster simulator (:mod:`.registry` maps names to them).  This
 module holds what they share: which nodes take part, how fast each worker
-is.  Nothing here does IO or reads a clock: ``decision_ms`` is measured by
-whoever calls a policy (the policy service, :func:`pacer.policy.serve_policies`;
-the benchmarks), never by the policy itself.
+is, which numeric parameters are sane.  Nothing here does IO or reads a
+clock: ``decision_ms`` is measured by whoever calls a policy (the policy
+service, :func:`pacer.policy.serve_policies`; the benchmarks), never by the
+policy itself.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 
 from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats
-from pacer.contracts.policy import PolicyDecision, PolicyRequest
+from pacer.contracts.policy import MAX_NODES, PolicyDecision, PolicyRequest
+from pacer.errors import ValidationError
 
 PS_ROLE = "ps"
 
@@ -70,9 +73,37 @@ def worker_speeds(req: PolicyRequest, workers: list[NodeStats]) -> dict[str, flo
     return {w.node: known.get(w.node, typical) for w in workers}
 
 
+#: The sane range of every numeric parameter the built-in policies read: a number outside it is refused
+#: (``invalid``) before the policy works with it, e.g. ``c_max: 1e9`` would make AntDT-DD's solver
+#: enumerate a billion accumulation steps.
+PARAM_RANGES: dict[str, tuple[float, float]] = {
+    "lambda": (0.0, 1000.0),
+    "lambda_floor": (0.0, 1000.0),
+    "noise_k": (0.0, 1000.0),
+    "tolerance": (0.0, 100.0),
+    "c_min": (1.0, 64.0),
+    "c_max": (1.0, 64.0),
+    "backup": (0.0, float(MAX_NODES)),
+    "backup_window_s": (0.0, 1e9),
+    "wave_fraction": (0.0, 1.0),
+    "pending_s": (0.0, 1e7),
+    "init_s": (0.0, 1e7),
+    "ps_start_s": (0.0, 1e7),
+    "restart_outlier": (0.0, 1e6),
+    "restart_horizon_s": (0.0, 1e9),
+    "endgame_batch_factor": (0.0, 1e4),
+}
+
+
 def param_float(req: PolicyRequest, key: str, default: float) -> float:
-    """A numeric policy parameter from the job spec; a missing or unusable value means the default."""
-    value = req.params.get(key, default)
+    """A numeric policy parameter from the job spec; a missing or non-numeric value means the default,
+    a number outside :data:`PARAM_RANGES` (or not finite) is refused with :class:`ValidationError`."""
+    if key not in req.params:
+        return default
+    value = req.params[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         return default
+    lo, hi = PARAM_RANGES.get(key, (-math.inf, math.inf))
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise ValidationError(f"params.{key}: must be a finite number in [{lo:g}, {hi:g}], got {value!r}")
     return float(value)

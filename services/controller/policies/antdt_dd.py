@@ -21,6 +21,11 @@ within ``params["tolerance"]`` (default 5 %) of Eq. 4's optimum, there is
 nothing to do, so after the one adjustment the policy stays quiet as long
 as the devices keep their speeds.  BSP only (ASP has no synchronous step to
 balance).
+
+Bounded: a request whose bounds would make the exact solver's candidate
+sets too large (:data:`MAX_SOLVER_WORDS`), or whose parameters are out of
+their ranges, is refused with :class:`~pacer.errors.ValidationError` before
+the solver runs.
 """
 
 from __future__ import annotations
@@ -29,19 +34,41 @@ from collections import defaultdict
 from typing import Any
 
 from pacer.contracts.agent import ActionKind
-from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
+from pacer.contracts.policy import MAX_GLOBAL_BATCH, PolicyAction, PolicyDecision, PolicyRequest
+from pacer.errors import ValidationError
 
 from . import current_assignment, live_workers, param_float, worker_speeds
 from .batch import DeviceGroup, balance_groups
 
 NAME = "antdt-dd"
 DEFAULT_GROUP = "default"
+MAX_GROUPS = 64  # device series; a cluster has a few
+
+
+#: Most word operations (64-bit) that one decision's exact solver of AntDT Eq. 4 may need, estimated as
+#: sum_g |A_g| x B / 64 (see :func:`.batch.balance_groups`): 1-3 s on the 2-core development machine
+#: (measured: 4e7 words 0.4 s, 1.2e8 0.8 s, 3.4e8 5.7 s), below the policy service's 4-s decision limit.
+#: Beyond it the request is refused, naming the bounds that make the candidate sets large.
+MAX_SOLVER_WORDS = 200_000_000
 
 
 def _per_group(req: PolicyRequest, key: str, group: str, default: int) -> int:
     table: Any = req.params.get(key, {})
     value = table.get(group, default) if isinstance(table, dict) else default
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else default
+    if not isinstance(value, int) or isinstance(value, bool):
+        return default
+    if not 1 <= value <= MAX_GLOBAL_BATCH:
+        raise ValidationError(f"params.{key}.{group}: must be in [1, {MAX_GLOBAL_BATCH}], got {value}")
+    return value
+
+
+def solver_words(total: int, groups: list[DeviceGroup], c_min: int, c_max: int) -> int:
+    """The estimated cost of :func:`.batch.balance_groups` for these inputs, in 64-bit word operations."""
+    choices = 0
+    for g in groups:
+        cap = total // max(1, g.devices)
+        choices += sum(max(0, min(g.max_batch, cap // c) - g.min_batch + 1) for c in range(c_min, c_max + 1))
+    return choices * (total // 64 + 1)
 
 
 def decide(req: PolicyRequest) -> PolicyDecision:
@@ -60,6 +87,8 @@ def decide(req: PolicyRequest) -> PolicyDecision:
 
     c_min = int(param_float(req, "c_min", 1))
     c_max = int(param_float(req, "c_max", 5))
+    if len(members) > MAX_GROUPS:
+        raise ValidationError(f"device_groups: {len(members)} groups, more than the {MAX_GROUPS} AntDT-DD solves")
     groups = []
     for name in sorted(members):
         nodes = members[name]
@@ -73,6 +102,12 @@ def decide(req: PolicyRequest) -> PolicyDecision:
                 max_batch=_per_group(req, "max_batch_per_group", name, b_max),
             )
         )
+    words = solver_words(req.global_batch, groups, c_min, max(c_min, c_max))
+    if words > MAX_SOLVER_WORDS:
+        raise ValidationError(
+            f"max_batch: AntDT Eq. 4 for a global batch of {req.global_batch} with these per-group batch bounds "
+            f"would take ~{words:.3g} word operations (at most {MAX_SOLVER_WORDS:.3g}); bound the per-device batch "
+            "(max_batch or params.max_batch_per_group) or the accumulation steps (params.c_max)")
     try:
         plan = balance_groups(req.global_batch, groups, c_min=c_min, c_max=c_max)
     except ValueError as e:
