@@ -94,7 +94,8 @@ def progress_of(st: DatasetStatus) -> JobProgress:
     return JobProgress(shards_total=st.todo + st.doing + st.done + st.failed, shards_todo=st.todo,
                        shards_doing=st.doing, shards_done=st.done, shards_failed=st.failed,
                        records_done=st.records_done, records_total=st.records_total,
-                       records_duplicated=st.records_duplicated, epoch=st.epoch)
+                       records_duplicated=st.records_duplicated, epoch=st.epoch,
+                       records_reserved=st.records_reserved)
 
 
 def lifecycle_of(rec: JobRecord, done: frozenset[str] | set[str] = frozenset()) -> JobLifecycle:

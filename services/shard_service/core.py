@@ -3,7 +3,9 @@
 AntDT §IV (Stateful Dynamic Data Sharding: TODO/DOING/DONE, at-least-once)
 and DLRover 2023 §3.3 (dynamic sharding with TODO/DOING queues), hardened:
 leases, a DONE state, FAILED parking instead of silent drops, splits for
-straggler-sized shards (DLRover-RM §5.1), streaming datasets, checkpoints.
+straggler-sized shards (DLRover-RM §5.1), streaming datasets, checkpoints,
+and re-served pieces for records whose gradients were discarded (BSP backup
+workers drop late gradients: those records were consumed but not trained).
 
 Every change of state is a *log record* (a short list).  Decision methods
 (``register``, ``lease``, ``expire``, ``node_died``, ...) build records and
@@ -25,7 +27,7 @@ from __future__ import annotations
 import enum
 import random
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,7 @@ from pacer.contracts.shards import (
     NodeShardStats,
     Rejected,
     ShardLease,
+    ShardRange,
 )
 from pacer.errors import Conflict, NotFound, PacerError, ValidationError
 from pacer.ids import is_token
@@ -56,6 +59,11 @@ MAX_RECORDS = 2**63 - 1
 # less than one batch (a batch does not span two shards).
 TAIL_FACTOR = 2
 TAIL_MIN_PIECES = 32
+# A node is not granted the pieces of its own discarded records while another node can take them
+# (a node whose gradients are discarded is usually the slowest, and would only lose them again).
+# Skipping them scans the head of the TODO queue, where they sit; a node with this many of its
+# own pieces in a row there gets nothing this time (the others are taking them).
+OWN_PIECES_SCAN = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +90,7 @@ class ShardLimits:
     datasets_per_job: int = 16
     epochs: int = 10_000  # epochs of a finite dataset
     nodes_per_dataset: int = 10_000  # distinct nodes that may consume a dataset (each is kept in its status)
-    report_ids: int = 10_000  # ids in each list of a lease request (held, done, progress, failed, released)
+    report_ids: int = 10_000  # ids in each list of a lease request (held, done, progress, discarded, failed, released)
 
 
 DEFAULT_LIMITS = ShardLimits()
@@ -130,7 +138,8 @@ class IllegalTransition(PacerError):
 class Shard:
     """Mutable per-shard state inside the core (never leaves it as-is)."""
 
-    __slots__ = ("consumed", "epoch", "failures", "grants", "id", "length", "node", "offset", "seed", "state")
+    __slots__ = ("consumed", "discarder", "epoch", "failures", "floor", "given", "grants", "id", "length", "node",
+                 "offset", "seed", "state")
 
     def __init__(self, sid: int, epoch: int, offset: int, length: int, seed: int) -> None:
         self.id = sid
@@ -143,6 +152,12 @@ class Shard:
         self.consumed = 0  # records consumed, from offset; a re-grant resumes here
         self.failures = 0
         self.grants = 0
+        # Discarded gradients: ``given`` records of this shard were handed to re-served pieces (they
+        # count as done in those, not here); a discard may start no earlier than ``floor`` (the end
+        # of the last one, or where the current holder's grant began), so none is re-served twice.
+        self.given = 0
+        self.floor = 0
+        self.discarder = ""  # a re-served piece: the node whose gradients of these records were discarded
 
 
 @dataclass(slots=True)
@@ -181,10 +196,12 @@ class Dataset:
         self.closed = spec.mode is DatasetMode.FINITE
         self.next_id = 0
         self.done_count = 0
-        self.records_done = 0
+        self.records_done = 0  # records of DONE shards, less those handed to re-served pieces (given)
         self.records_duplicated = 0
+        self.records_reserved = 0  # records put back as pieces because their gradients were discarded
         self.node_records: dict[str, int] = {}
         self.node_done: dict[str, int] = {}
+        self.node_discarded: dict[str, int] = {}
         self.was_finished = False
         self.todo_records = 0  # records not yet consumed of the TODO shards (kept by add_shards and move)
 
@@ -209,7 +226,7 @@ class Dataset:
         )
 
     def status(self, job: str, name: str) -> DatasetStatus:
-        nodes = sorted(set(self.node_records) | set(self.doing))
+        nodes = sorted(set(self.node_records) | set(self.doing) | set(self.node_discarded))
         return DatasetStatus(
             job=job,
             dataset=name,
@@ -223,6 +240,7 @@ class Dataset:
             records_total=self.records_known * (self.spec.epochs if self.closed else max(self.epoch + 1, 1)),
             records_done=self.records_done,
             records_duplicated=self.records_duplicated,
+            records_reserved=self.records_reserved,
             finished=self.finished(),
             closed=self.closed,
             failed_shards=sorted(self.failed),
@@ -232,6 +250,7 @@ class Dataset:
                     doing=len(self.doing.get(n, ())),
                     records=self.node_records.get(n, 0),
                     shards_done=self.node_done.get(n, 0),
+                    records_discarded=self.node_discarded.get(n, 0),
                 )
                 for n in nodes
             ],
@@ -268,7 +287,7 @@ class Dataset:
         sh.state = to
         if to is S.DONE:
             self.done_count += 1
-            self.records_done += sh.length
+            self.records_done += sh.length - sh.given
         elif to is S.FAILED:
             self.failed.add(sh.id)
 
@@ -405,7 +424,7 @@ class JobShards:
         if op == "grant":
             sh = ds.shards[rec[2]]
             if not ds.todo or ds.todo[0] != sh.id:
-                ds.todo.remove(sh.id)  # not at the head: only possible in an old log
+                ds.todo.remove(sh.id)  # not at the head: the requester's own pieces were skipped (or an old log)
             else:
                 ds.todo.popleft()
             ds.move(sh, S.DOING)
@@ -414,6 +433,7 @@ class JobShards:
             if sh.grants:
                 ds.records_duplicated += sh.length - sh.consumed
             sh.grants += 1
+            sh.floor = sh.consumed  # a holder may discard only records it consumed itself
         elif op == "done":
             sh = ds.shards[rec[2]]
             node = sh.node
@@ -447,11 +467,36 @@ class JobShards:
                 raise IllegalTransition(f"bad split of shard {sh.id} at {keep}")
             part = Shard(new_id, sh.epoch, sh.offset + keep, sh.length - keep, (sh.seed * 31 + new_id) & 0x7FFFFFFF)
             part.grants = sh.grants  # the moved records were handed out as often as the parent's
+            part.discarder = sh.discarder  # a part of a re-served piece is one too
+            # ``given`` stays with the shard: discards lie below ``consumed`` < keep.
             sh.length = keep
             ds.shards[new_id] = part
             ds.next_id += 1
             pos = ds.todo.index(sh.id) if ds.todo[0] != sh.id else 0
             ds.todo.insert(pos + 1, new_id)
+        elif op == "disc":
+            # Records [start, end) of the shard were consumed but their gradients were discarded:
+            # a new TODO piece of the same epoch covers exactly them and is served first; they
+            # count as done in the piece, no longer in the shard (``given``).
+            sh = ds.shards[rec[2]]
+            start, end, new_id, node = rec[3], rec[4], rec[5], rec[6]
+            bound = sh.length if sh.state is S.DONE else sh.consumed
+            if (sh.state not in (S.DOING, S.DONE) or not sh.floor <= start < end <= bound
+                    or new_id != ds.next_id or not node):
+                raise IllegalTransition(f"bad discard of shard {sh.id} [{start}, {end})")
+            k = end - start
+            piece = Shard(new_id, sh.epoch, sh.offset + start, k, (sh.seed * 31 + new_id) & 0x7FFFFFFF)
+            piece.discarder = node
+            ds.shards[new_id] = piece
+            ds.next_id += 1
+            ds.todo.appendleft(new_id)
+            ds.todo_records += k
+            sh.given += k
+            sh.floor = end
+            if sh.state is S.DONE:
+                ds.records_done -= k
+            ds.records_reserved += k
+            ds.node_discarded[node] = ds.node_discarded.get(node, 0) + k
         elif op == "epoch":
             ds.epoch = rec[2]
             if ds.spec.mode is DatasetMode.FINITE:
@@ -547,7 +592,7 @@ class JobShards:
             raise ValidationError(f"rate: must be a finite number >= 0, got {req.rate}")
         lim = self.limits
         for name, ids in (("held", req.held), ("done", req.done), ("progress", req.progress),
-                          ("failed", req.failed), ("released", req.released)):
+                          ("discarded", req.discarded), ("failed", req.failed), ("released", req.released)):
             if len(ids) > lim.report_ids:
                 raise ValidationError(f"{name}: {len(ids)} entries, more than the {lim.report_ids} one request may "
                                       "carry (PACER_SHARD_MAX_REPORT_IDS); report in several requests")
@@ -574,9 +619,11 @@ class JobShards:
                 return sh
             return None
 
+        done_now: set[int] = set()
         for sid in req.done:
             if holder_check(sid) is not None:
                 self._do(out, ["done", req.dataset, sid])
+                done_now.add(sid)
         for p in req.progress:
             sh = holder_check(p.shard)
             if sh is not None:
@@ -584,6 +631,8 @@ class JobShards:
                     rejected.append(Rejected(p.shard, "bad_progress"))
                 elif p.consumed > sh.consumed:
                     self._do(out, ["prog", req.dataset, p.shard, p.consumed])
+        if req.discarded:
+            self._discard(out, ds, req.dataset, node, req.discarded, done_now, holder_check, rejected)
         for reason, sids in (("failed", req.failed), ("released", req.released)):
             for sid in sids:
                 if holder_check(sid) is not None:
@@ -601,7 +650,10 @@ class JobShards:
         while want > 0:
             if not ds.todo and not self._next_epoch(out, ds, req.dataset):
                 break
-            sh = shards[ds.todo[0]]
+            picked = self._pick(ds, rates, node)
+            if picked is None:
+                break  # only this node's own re-served pieces are left: another node takes them
+            sh = picked
             cap = min((c for c in (req.max_records, tail_cap(ds, rates, node)) if c > 0), default=0)
             if cap and sh.length - sh.consumed > cap:
                 self._do(out, ["split", req.dataset, sh.id, sh.consumed + cap, ds.next_id])
@@ -619,6 +671,47 @@ class JobShards:
             rejected=rejected,
         )
         return out
+
+    def _discard(self, out: Outcome, ds: Dataset, name: str, node: str, ranges: list[ShardRange],
+                 done_now: set[int], holder_check: Callable[[int], Shard | None], rejected: list[Rejected]) -> None:
+        """Put each valid discarded range back as a TODO piece; reject the others, one reason each."""
+        room = self.limits.shards_per_job - self.shards_planned()
+        for r in ranges:
+            sh = ds.shards.get(r.shard)
+            if r.shard in done_now and sh is not None:
+                bound = sh.length  # reported done in this very request: every record was consumed
+            else:
+                sh = holder_check(r.shard)
+                if sh is None:
+                    continue
+                bound = sh.consumed
+            if not 0 <= r.start < r.end <= sh.length:
+                rejected.append(Rejected(r.shard, "bad_discard"))
+            elif r.end > bound:
+                rejected.append(Rejected(r.shard, "discard_not_consumed"))  # beyond the reported progress
+            elif r.start < sh.floor:
+                # Overlaps a range reported before (a retried request that did land, most likely),
+                # or records a previous holder consumed: never re-served twice.
+                rejected.append(Rejected(r.shard, "discard_repeated"))
+            elif room <= 0:
+                rejected.append(Rejected(r.shard, "shard_limit"))  # PACER_SHARD_MAX_SHARDS_PER_JOB
+            else:
+                self._do(out, ["disc", name, r.shard, r.start, r.end, ds.next_id, node])
+                room -= 1
+
+    @staticmethod
+    def _pick(ds: Dataset, rates: NodeRates, node: str) -> Shard | None:
+        """The TODO shard to grant ``node`` next: the head of the queue, except the pieces of
+        ``node``'s own discarded records while another node with a live lease can take them."""
+        if len(rates.of) < 2:
+            return ds.shards[ds.todo[0]]  # alone: its own pieces rather than nothing
+        for i, sid in enumerate(ds.todo):
+            sh = ds.shards[sid]
+            if sh.discarder != node:
+                return sh
+            if i + 1 >= OWN_PIECES_SCAN:
+                break
+        return None
 
     def _next_epoch(self, out: Outcome, ds: Dataset, name: str) -> bool:
         """Create the next epoch's shards once the current TODO queue is empty."""
@@ -786,8 +879,10 @@ def dataset_snapshot(ds: Dataset) -> dict[str, Any]:
         "closed": ds.closed,
         "next_id": ds.next_id,
         "records_duplicated": ds.records_duplicated,
+        "records_reserved": ds.records_reserved,
         "node_records": dict(ds.node_records),
         "node_done": dict(ds.node_done),
+        "node_discarded": dict(ds.node_discarded),
         "id": [s.id for s in sh],
         "epoch_of": [s.epoch for s in sh],
         "offset": [s.offset for s in sh],
@@ -798,6 +893,9 @@ def dataset_snapshot(ds: Dataset) -> dict[str, Any]:
         "consumed": [s.consumed for s in sh],
         "failures": [s.failures for s in sh],
         "grants": [s.grants for s in sh],
+        "given": [s.given for s in sh],
+        "floor": [s.floor for s in sh],
+        "discarder": [s.discarder for s in sh],
         "todo": list(ds.todo),
     }
 
@@ -811,20 +909,26 @@ def dataset_from_snapshot(d: dict[str, Any]) -> Dataset:
     ds.records_duplicated = d["records_duplicated"]
     ds.node_records = dict(d["node_records"])
     ds.node_done = dict(d["node_done"])
+    # Snapshots and checkpoints taken before discarded gradients were re-served lack these: none then.
+    ds.records_reserved = d.get("records_reserved", 0)
+    ds.node_discarded = dict(d.get("node_discarded", {}))
+    n = len(d["id"])
     cols = zip(
         d["id"], d["epoch_of"], d["offset"], d["length"], d["seed"], d["state"], d["node"],
-        d["consumed"], d["failures"], d["grants"], strict=True,
+        d["consumed"], d["failures"], d["grants"], d.get("given", [0] * n), d.get("floor", [0] * n),
+        d.get("discarder", [""] * n), strict=True,
     )
-    for sid, ep, off, ln, seed, code, node, cons, fails, grants in cols:
+    for sid, ep, off, ln, seed, code, node, cons, fails, grants, given, floor, discarder in cols:
         sh = Shard(sid, ep, off, ln, seed)
         sh.state = _CODE_STATE[code]
         sh.node, sh.consumed, sh.failures, sh.grants = node, cons, fails, grants
+        sh.given, sh.floor, sh.discarder = given, floor, discarder
         ds.shards[sid] = sh
         if sh.state is S.DOING:
             ds.doing.setdefault(node, set()).add(sid)
         elif sh.state is S.DONE:
             ds.done_count += 1
-            ds.records_done += ln
+            ds.records_done += ln - given
         elif sh.state is S.FAILED:
             ds.failed.add(sid)
     ds.todo = deque(d["todo"])

@@ -55,6 +55,10 @@ def build(svc: ShardService) -> dict[str, Handler]:
             svc.counters.inc("shards_done", len(req.done))
         if out.reply.rejected:
             svc.counters.inc("reports_rejected", len(out.reply.rejected))
+        if req.discarded:
+            reserved = sum(r[4] - r[3] for r in out.records if r[0] == "disc")
+            svc.counters.inc("discards_rejected", len(req.discarded) - sum(r[0] == "disc" for r in out.records))
+            svc.counters.inc("records_reserved", reserved)
         svc.submit(rt, out, svc.reply_after_commit(msg, out.reply))
 
     async def status(job: str, msg: Msg) -> None:

@@ -47,6 +47,7 @@ from pacer.contracts.shards import (
     LeaseRequest,
     ShardLease,
     ShardProgress,
+    ShardRange,
 )
 from pacer.embedded import EmbeddedNats
 from pacer.errors import Conflict, DecodeError, NotFound, PacerError, ValidationError
@@ -410,6 +411,7 @@ def hostile_leases(draw: st.DrawFn) -> dict[str, Any]:
         "held": draw(ids),
         "done": done,
         "progress": draw(st.lists(st.builds(ShardProgress, SHARD_IDS, CONSUMED), max_size=8)),
+        "discarded": draw(st.lists(st.builds(ShardRange, SHARD_IDS, CONSUMED, CONSUMED), max_size=8)),
         "failed": draw(ids),
         "released": draw(ids),
         "max_records": draw(st.one_of(st.just(0), st.integers(1, 1000), st.integers(-(2**63), -1))),
@@ -428,7 +430,7 @@ def first_bad_field(req: dict[str, Any]) -> str | None:
         return "want"
     if req["max_records"] < 0:
         return "max_records"
-    for key in ("held", "done", "progress", "failed", "released"):
+    for key in ("held", "done", "progress", "discarded", "failed", "released"):
         if len(req[key]) > LIMITS.report_ids:
             return key
     return None
@@ -452,13 +454,18 @@ def test_hostile_lease_requests_are_refused_or_rejected_without_effect(h: Harnes
         for k in ("done", "failed", "released"):
             req[k] = [s for s in req[k] if s not in held]
         req["progress"] = [p for p in req["progress"] if p.shard not in held or not 0 <= p.consumed <= SHARD_LEN]
+        req["discarded"] = [r for r in req["discarded"] if r.shard not in held or not 0 <= r.start < r.end <= SHARD_LEN]
         before = h.counters()
         reply = decode_reply(LeaseReply, h.raw(rpc(JOB, ShardOp.LEASE), encode(LeaseRequest(**req))))
-        reported = len(req["done"]) + len(req["progress"]) + len(req["failed"]) + len(req["released"])
+        reported = (len(req["done"]) + len(req["progress"]) + len(req["discarded"]) + len(req["failed"])
+                    + len(req["released"]))
         assert len(reply.rejected) == reported, "every hostile report must be rejected"
         for p in req["progress"]:
             if p.shard in held:
                 assert any(r.shard == p.shard and r.reason == "bad_progress" for r in reply.rejected)
+        for d in req["discarded"]:
+            if d.shard in held:
+                assert any(r.shard == d.shard and r.reason == "bad_discard" for r in reply.rejected)
         resent = sorted(set(held) - set(req["held"]))  # shards the node holds but did not list
         assert sorted(s.shard for s in reply.shards) == resent
         assert not reply.finished and not reply.exhausted

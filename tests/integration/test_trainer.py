@@ -241,3 +241,46 @@ def test_checkpoint_restores_into_a_new_ps_set_at_the_same_step_and_shard_state(
     finally:
         for f in [*shm, *Path("/dev/shm").glob(f"pacer-flash-{job_id}-chief*")]:
             f.unlink(missing_ok=True)
+
+
+SMALL_ROWS = 4_000
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from pacer.data.criteo import generate
+
+    path = tmp_path_factory.mktemp("small") / "train.rec"
+    generate(path, SMALL_ROWS, seed=11)
+    return str(path)
+
+
+def test_bsp_backup_workers_discarded_gradients_are_trained_again(
+    stack: Stack, small_data: str, tmp_path: Path
+) -> None:
+    """n = 3, b = 1 and worker-2 sleeps 0.2 s before every step: its gradients arrive after the
+    others' closed the step and are dropped.  Its records must still reach the model: reported as
+    discarded, served again to the fast workers, until every record was trained with a kept gradient."""
+    from pacer.trainer.straggler import StragglerSpec
+
+    slow = StragglerSpec(kind="persistent", sleep_s=0.2)  # type: ignore[arg-type]
+    s = LocalJobSpec(job="discards", data=small_data, nats_url=stack.url, work_dir=str(tmp_path / "discards"),
+                     lease_s=10.0, num_ps=1, workers=3, mode="bsp", backup_workers=1, batch_size=32,
+                     batches_per_shard=5, stragglers={2: slow})
+    with LocalJob(s) as job:
+        results = job.wait(timeout=300)
+    st = run(status(stack.url, "discards"))
+    assert st.finished and st.failed == 0 and st.todo == st.doing == 0
+    assert st.records_done == st.records_total == SMALL_ROWS  # every record, each with a kept gradient
+    assert st.records_reserved > 0, "the straggler's gradients were never reported discarded"
+    assert sorted(results) == [0, 1, 2]
+    discarded = {f"worker-{i}": r["samples_discarded"] for i, r in results.items()}
+    assert discarded["worker-2"] > 0
+    # What the workers report discarded is exactly what the shard service served again ...
+    assert {n.node: n.records_discarded for n in st.nodes} == discarded
+    assert sum(discarded.values()) == st.records_reserved
+    # ... and the kept samples cover the dataset: every record read once, the discarded ones once more.
+    for r in results.values():
+        assert r["samples_kept"] + r["samples_discarded"] == r["samples"]
+    assert sum(r["samples_kept"] for r in results.values()) >= SMALL_ROWS
+    assert sum(r["samples"] for r in results.values()) == SMALL_ROWS + st.records_reserved + st.records_duplicated

@@ -26,6 +26,7 @@ from pacer.contracts.shards import (
     Rejected,
     ShardLease,
     ShardProgress,
+    ShardRange,
 )
 from pacer.errors import Conflict, NotFound, ValidationError
 from pacer_services.shard_service.core import (
@@ -113,6 +114,8 @@ def check_invariants(js: JobShards) -> None:
             assert sh.id == sid
             assert sh.length > 0
             assert 0 <= sh.consumed <= sh.length
+            # discarded ranges are disjoint, below the floor, and the floor below what was consumed
+            assert 0 <= sh.given <= sh.floor <= sh.consumed, (sid, sh.given, sh.floor, sh.consumed)
             if sh.state is S.DOING:
                 assert sh.node != "" and sh.grants >= 1
             if sh.state in (S.TODO, S.FAILED):
@@ -123,16 +126,25 @@ def check_invariants(js: JobShards) -> None:
                 assert sh.failures >= ds.spec.max_failures
             else:
                 assert sh.failures < ds.spec.max_failures
-        # shards of every epoch partition exactly [0, records of the epoch)
+        # the shards of every epoch (not the re-served pieces) partition exactly [0, records of the epoch)
         epochs = sorted({sh.epoch for sh in shards.values()})
         if ds.records_known:
             assert epochs == list(range(ds.epoch + 1))
         for ep in epochs:
             pos = 0
-            for sh in sorted((s for s in shards.values() if s.epoch == ep), key=lambda s: s.offset):
+            of_epoch = [s for s in shards.values() if s.epoch == ep]
+            for sh in sorted((s for s in of_epoch if not s.discarder), key=lambda s: s.offset):
                 assert sh.offset == pos, f"{name} epoch {ep}: gap/overlap at {pos} (shard {sh.id})"
                 pos += sh.length
             assert pos == ds.records_known
+            for sh in of_epoch:
+                assert 0 <= sh.offset < sh.offset + sh.length <= ds.records_known, "a piece outside its epoch"
+            # each record is counted by exactly one shard: discarded records by their piece, not their shard
+            assert sum(s.length - s.given for s in of_epoch) == ds.records_known
+        # every re-served record is one a node discarded, and sits in exactly one piece
+        pieces = sum(sh.length for sh in shards.values() if sh.discarder)
+        assert ds.records_reserved == pieces == sum(sh.given for sh in shards.values())
+        assert ds.records_reserved == sum(ds.node_discarded.values())
         if ds.spec.mode is DatasetMode.FINITE:
             assert ds.records_known == ds.spec.records
         # every consumed record was credited to exactly one node
@@ -147,7 +159,9 @@ def check_invariants(js: JobShards) -> None:
             by_state[S.DONE],
             by_state[S.FAILED],
         )
-        assert st_.records_done == sum(sh.length for sh in shards.values() if sh.state is S.DONE)
+        assert st_.records_done == sum(sh.length - sh.given for sh in shards.values() if sh.state is S.DONE)
+        assert st_.records_reserved == ds.records_reserved
+        assert sum(n.records_discarded for n in st_.nodes) == ds.records_reserved
         assert st_.failed_shards == sorted(i for i, sh in shards.items() if sh.state is S.FAILED)
         assert st_.records_done <= st_.records_total
         last = ds.spec.epochs - 1 if ds.spec.mode is DatasetMode.FINITE else 0
@@ -181,6 +195,7 @@ class Client:
         self.leases: dict[
             int, list[Any]
         ] = {}  # sid -> [ShardLease, next record to read, reported pos]
+        self.discarded = 0  # records whose discard the server accepted
 
     def read(self, rng: random.Random, n: int, reads: Counter[tuple[int, int]] | None) -> None:
         for sid in sorted(self.leases):
@@ -204,16 +219,29 @@ class Client:
         max_records: int = 0,
         fail_p: float = 0.0,
         release_p: float = 0.0,
+        discard_p: float = 0.0,
         dataset: str = DS,
     ) -> tuple[Outcome, list[tuple[int, int, int]]]:
-        """Send one report-and-get; return the outcome and the ranges the server confirmed."""
+        """Send one report-and-get; return the outcome and the ranges the server confirmed trained.
+
+        With ``discard_p``, some of the records read since the last report had their
+        gradients discarded: reported as ``discarded``, they are not confirmed trained.
+        """
         done, progress, failed, released, held = [], [], [], [], []
-        pending: dict[int, tuple[int, int, int]] = {}
+        discarded: list[ShardRange] = []
+        pending: dict[int, tuple[int, list[tuple[int, int]], int]] = {}  # sid -> (epoch, kept ranges, new pos)
         for sid, (le, pos, rep) in sorted(self.leases.items()):
             roll = rng.random()
+            if pos == le.end or (pos > rep and roll >= fail_p + release_p):
+                kept = [(rep, pos)]
+                if discard_p and rng.random() < discard_p:
+                    a = rng.randint(rep, pos - 1)
+                    b = rng.randint(a + 1, pos)
+                    discarded.append(ShardRange(sid, a - le.offset, b - le.offset))
+                    kept = [(x, y) for x, y in ((rep, a), (b, pos)) if y > x]
+                pending[sid] = (le.epoch, kept, pos)
             if pos == le.end:
                 done.append(sid)
-                pending[sid] = (le.epoch, rep, le.end)
             elif roll < fail_p:
                 failed.append(sid)
             elif roll < fail_p + release_p:
@@ -222,7 +250,6 @@ class Client:
                 held.append(sid)
                 if pos > rep:
                     progress.append(ShardProgress(sid, pos - le.offset))
-                    pending[sid] = (le.epoch, rep, pos)
         out = js.lease(
             req(
                 self.node,
@@ -231,6 +258,7 @@ class Client:
                 held=held,
                 done=done,
                 progress=progress,
+                discarded=discarded,
                 failed=failed,
                 released=released,
                 max_records=max_records,
@@ -239,12 +267,13 @@ class Client:
         )
         reply: LeaseReply = out.reply
         bad = {r.shard for r in reply.rejected}
-        confirmed = [pending[s] for s in pending if s not in bad]
+        confirmed = [(ep, a, b) for s, (ep, kept, _) in pending.items() if s not in bad for a, b in kept]
+        self.discarded += sum(r.end - r.start for r in discarded if r.shard not in bad)
         for s in done + failed + released:
             self.leases.pop(s, None)
         for s in bad:
             self.leases.pop(s, None)
-        for s, (_ep, _rep, pos) in pending.items():
+        for s, (_ep, _kept, pos) in pending.items():
             if s in self.leases and s not in bad:
                 self.leases[s][2] = pos
         for le in reply.shards:
@@ -459,24 +488,39 @@ def _random_lease(js: JobShards, data: st.DataObject, name: str, node: str, now:
     kw: dict[str, list[Any]] = {
         "done": [],
         "progress": [],
+        "discarded": [],
         "failed": [],
         "released": [],
         "held": [],
     }
     for sid in mine:
+        sh = ds.shards[sid]
         tag = data.draw(
             st.sampled_from(["done", "progress", "failed", "released", "held", "held", "forget"])
         )
+        consumed = sh.length if tag == "done" else sh.consumed
         if tag == "progress":
-            sh = ds.shards[sid]
-            kw["progress"].append(ShardProgress(sid, data.draw(st.integers(-1, sh.length + 1))))
+            consumed = data.draw(st.integers(-1, sh.length + 1))
+            kw["progress"].append(ShardProgress(sid, consumed))
             if data.draw(st.booleans()):
                 kw["held"].append(sid)
         elif tag != "forget":
             kw[tag].append(sid)
+        # gradients of some of what it consumed discarded: mostly a valid range, sometimes not
+        how = data.draw(st.sampled_from(["none", "valid", "valid", "any"]))
+        if how == "valid" and tag == "held" and consumed <= sh.floor < sh.length:
+            consumed = data.draw(st.integers(sh.floor + 1, sh.length))  # consumed more first
+            kw["progress"].append(ShardProgress(sid, consumed))
+        if how == "valid" and sh.floor < consumed <= sh.length:
+            a = data.draw(st.integers(sh.floor, consumed - 1))
+            kw["discarded"].append(ShardRange(sid, a, data.draw(st.integers(a + 1, consumed))))
+        elif how == "any":
+            a = data.draw(st.integers(-1, sh.length + 1))
+            kw["discarded"].append(ShardRange(sid, a, data.draw(st.integers(a - 1, sh.length + 2))))
     if data.draw(st.integers(0, 5)) == 0:  # a report about someone else's or a bogus shard
         bogus = data.draw(st.integers(0, ds.next_id + 2))
-        kw[data.draw(st.sampled_from(["done", "failed", "released"]))].append(bogus)
+        where = data.draw(st.sampled_from(["done", "failed", "released", "discarded"]))
+        kw[where].append(ShardRange(bogus, 0, 1) if where == "discarded" else bogus)
     return js.lease(
         req(
             node,
@@ -620,6 +664,7 @@ def test_snapshot_tail_replay_simple() -> None:
     p_silence=st.sampled_from([0.0, 0.05, 0.2]),
     p_fail=st.sampled_from([0.0, 0.0, 0.05]),
     p_release=st.sampled_from([0.0, 0.0, 0.05]),
+    p_discard=st.sampled_from([0.0, 0.1, 0.4]),
     split=st.booleans(),
     rseed=st.integers(0, 2**32),
 )
@@ -634,9 +679,13 @@ def test_at_least_once_under_failures(
     p_silence: float,
     p_fail: float,
     p_release: float,
+    p_discard: float,
     split: bool,
     rseed: int,
 ) -> None:
+    """Every record is trained with a kept gradient at least once, whatever nodes die, fall
+    silent, fail, release or have their gradients discarded; the counts say exactly how much
+    was handed out again."""
     rnd = random.Random(rseed)
     lease_s = 5.0
     sp = spec(
@@ -674,6 +723,7 @@ def test_at_least_once_under_failures(
                 max_records=max_rec,
                 fail_p=p_fail if chaos else 0.0,
                 release_p=p_release if chaos else 0.0,
+                discard_p=p_discard if step < 400 else 0.0,  # then nobody's gradients are discarded any more
             )
             log += out.records
             for ep, a, b in conf:
@@ -714,15 +764,23 @@ def test_at_least_once_under_failures(
     st_ = js.status(DS)
     assert st_.finished, "did not finish"
     assert st_.records_done == st_.records_total == records * epochs
-    assert sum(n.records for n in st_.nodes) == records * epochs
-    everything = {(e, r) for e in range(epochs) for r in range(records)}
-    assert set(confirmed) == everything, "a record was never reported consumed"
-    assert set(reads) == everything
     total = records * epochs
-    # records_duplicated counts exactly the records handed out again ...
-    assert st_.records_duplicated == handed_out - total
+    reserved = sum(c.discarded for c in clients.values())
+    assert st_.records_reserved == reserved, "re-served records are exactly the discarded ones accepted"
+    assert sum(n.records_discarded for n in st_.nodes) == reserved
+    assert {n.node: n.records_discarded for n in st_.nodes if n.records_discarded} == {
+        c.node: c.discarded for c in clients.values() if c.discarded}
+    # consumed = every record once, plus the re-served ones once more
+    assert sum(n.records for n in st_.nodes) == total + reserved
+    everything = {(e, r) for e in range(epochs) for r in range(records)}
+    assert set(confirmed) == everything, "a record was never trained with a kept gradient"
+    assert set(reads) == everything
+    if lost == 0:
+        assert set(confirmed.values()) == {1}, "without a loss, every record is kept exactly once"
+    # records_duplicated and records_reserved count exactly the records handed out again ...
+    assert st_.records_duplicated + st_.records_reserved == handed_out - total
     # ... which bounds the records actually read more than once
-    assert sum(n - 1 for n in reads.values()) <= st_.records_duplicated
+    assert sum(n - 1 for n in reads.values()) <= st_.records_duplicated + st_.records_reserved
     if lost == 0:
         assert st_.records_duplicated == 0
     assert fold(JOB, log).snapshot() == js.snapshot()
@@ -1527,3 +1585,210 @@ def test_done_then_progress_in_one_request_and_request_order() -> None:
     # lost work is served first, resuming shard 1 at its progress
     got = js.lease(req("b", want=2), 0.0).reply.shards
     assert {(le.shard, le.start) for le in got} == {(1, 15), (2, 20)}
+
+
+# =========================================================================== discarded gradients
+def _discard_job(records: int = 30) -> JobShards:
+    """Shards of 10 records (two batches of 5), in order, never cut near the end; node b has a live
+    lease, holding nothing."""
+    js, _ = new_job(spec(records=records, batch_size=5, batches_per_shard=2, shuffle=False, tail_split=False))
+    js.lease(req("b"), 0.0)
+    return js
+
+
+def test_discarded_records_are_served_again_to_another_node() -> None:
+    js = _discard_job()
+    assert [le.shard for le in js.lease(req("a", want=1), 0.0).reply.shards] == [0]
+    out = js.lease(req("a", held=[0], progress=[ShardProgress(0, 6)], discarded=[ShardRange(0, 2, 6)]), 0.0)
+    assert out.records == [["prog", DS, 0, 6], ["disc", DS, 0, 2, 6, 3, "a"]] and not out.reply.rejected
+    st_ = js.status(DS)
+    assert (st_.records_reserved, st_.records_done, st_.todo) == (4, 0, 3)
+    assert {n.node: n.records_discarded for n in st_.nodes} == {"a": 4}
+    check_invariants(js)
+    # served before untouched shards, but not to the node whose gradients were discarded ...
+    assert [le.shard for le in js.lease(req("a", held=[0], want=1), 0.0).reply.shards] == [1]
+    # ... to the next one that asks: exactly those records, of the same epoch, a first grant
+    piece = js.lease(req("b", want=1), 0.0).reply.shards
+    assert piece == [ShardLease(shard=3, epoch=0, start=2, end=6, offset=2, seed=piece[0].seed, attempt=0)]
+    js.lease(req("a", done=[0, 1]), 0.0)
+    assert js.status(DS).records_done == 10 + 10 - 4, "the discarded records count as done in their piece only"
+    js.lease(req("b", done=[3]), 0.0)
+    assert js.status(DS).records_done == 20
+    rest = js.lease(req("b", want=1), 0.0).reply.shards
+    out = js.lease(req("b", done=[le.shard for le in rest]), 0.0)
+    st_ = js.status(DS)
+    assert out.reply.finished and st_.finished and kinds(out) == ["finished"]
+    assert st_.records_done == st_.records_total == 30
+    assert (st_.records_reserved, st_.records_duplicated) == (4, 0)
+    assert {n.node: (n.records, n.records_discarded) for n in st_.nodes} == {"a": (20, 4), "b": (14, 0)}
+    check_invariants(js)
+
+
+def test_discards_reported_with_done_keep_the_dataset_unfinished_until_their_piece_is_done() -> None:
+    js = _discard_job(records=10)
+    js.lease(req("a", want=1), 0.0)
+    out = js.lease(req("a", done=[0], discarded=[ShardRange(0, 0, 5), ShardRange(0, 7, 10)]), 0.0)
+    assert ops(out) == ["done", "disc", "disc"] and not out.reply.finished
+    st_ = js.status(DS)
+    assert (st_.done, st_.todo, st_.records_done, st_.records_reserved, st_.finished) == (1, 2, 2, 8, False)
+    check_invariants(js)
+    got = js.lease(req("b", want=2), 0.0).reply.shards
+    assert sorted((le.start, le.end) for le in got) == [(0, 5), (7, 10)]
+    out = js.lease(req("b", done=[got[0].shard]), 0.0)
+    assert not out.reply.finished and js.status(DS).records_done == 2 + lease_len(got[0])
+    out = js.lease(req("b", done=[got[1].shard]), 0.0)
+    assert out.reply.finished and kinds(out) == ["finished"]
+    assert js.status(DS).records_done == 10
+    check_invariants(js)
+
+
+def test_a_piece_discarded_again_is_served_again() -> None:
+    js = _discard_job(records=10)
+    js.lease(req("a", want=1), 0.0)
+    js.lease(req("a", done=[0], discarded=[ShardRange(0, 0, 10)]), 0.0)
+    piece = js.lease(req("b", want=1), 0.0).reply.shards[0]
+    assert (piece.start, piece.end) == (0, 10)
+    js.lease(req("b", done=[piece.shard], discarded=[ShardRange(piece.shard, 4, 6)]), 0.0)
+    again = js.lease(req("a", want=1), 0.0).reply.shards[0]  # b's piece may go to a
+    assert (again.start, again.end, again.epoch) == (4, 6, 0)
+    out = js.lease(req("a", done=[again.shard]), 0.0)
+    st_ = js.status(DS)
+    assert out.reply.finished and st_.records_done == 10 and st_.records_reserved == 12
+    assert {n.node: n.records_discarded for n in st_.nodes} == {"a": 10, "b": 2}
+    check_invariants(js)
+
+
+def test_a_node_alone_gets_its_own_discarded_records_back() -> None:
+    js, _ = new_job(spec(records=20, batch_size=5, batches_per_shard=2, shuffle=False, lease_s=5.0,
+                         tail_split=False))
+    js.lease(req("a", want=1), 0.0)
+    js.lease(req("b"), 0.0)
+    js.lease(req("a", done=[0], discarded=[ShardRange(0, 0, 5)]), 1.0)
+    assert [le.shard for le in js.lease(req("a", want=1), 1.0).reply.shards] == [1], "b can take a's piece"
+    js.lease(req("a", held=[1]), 7.0)
+    assert ops(js.expire(10.0)) == []  # b's lease ran out (it held nothing): nobody else can take a's piece
+    got = js.lease(req("a", held=[1], want=1), 10.0).reply.shards
+    assert [(le.start, le.end) for le in got] == [(0, 5)]
+
+
+def test_only_own_pieces_left_means_nothing_now_not_a_finished_dataset() -> None:
+    js = _discard_job(records=10)
+    js.lease(req("a", want=1), 0.0)
+    out = js.lease(req("a", done=[0], discarded=[ShardRange(0, 0, 10)], want=1), 0.0)
+    assert out.reply.shards == [] and out.reply.exhausted and not out.reply.finished
+    assert [le.shard for le in js.lease(req("b", want=1), 0.0).reply.shards] == [1]
+
+
+def _holding_a_after_one_discard() -> JobShards:
+    """a holds shard 0 (10 records) with progress 6 and [0, 2) discarded; b holds 1; 2 is DONE by b."""
+    js = _discard_job()
+    js.lease(req("a", want=1), 0.0)
+    js.lease(req("b", want=2), 0.0)
+    js.lease(req("b", held=[1], done=[2]), 0.0)
+    out = js.lease(req("a", held=[0], progress=[ShardProgress(0, 6)], discarded=[ShardRange(0, 0, 2)]), 0.0)
+    assert ops(out) == ["prog", "disc"]
+    return js
+
+
+@pytest.mark.parametrize(
+    ("rng", "reason"),
+    [
+        (ShardRange(0, 6, 8), "discard_not_consumed"),  # beyond its reported progress
+        (ShardRange(0, 4, 7), "discard_not_consumed"),
+        (ShardRange(0, 3, 3), "bad_discard"),  # empty
+        (ShardRange(0, 4, 2), "bad_discard"),
+        (ShardRange(0, -1, 2), "bad_discard"),
+        (ShardRange(0, 5, 11), "bad_discard"),  # past the shard's end
+        (ShardRange(0, 0, 2), "discard_repeated"),  # the same range again (a retried request that landed)
+        (ShardRange(0, 1, 4), "discard_repeated"),  # overlapping it
+        (ShardRange(1, 0, 1), "not_holder"),
+        (ShardRange(2, 0, 1), "not_doing:done"),  # done in an earlier request
+        (ShardRange(3, 0, 1), "not_doing:todo"),  # the piece itself, not granted yet
+        (ShardRange(99, 0, 1), "unknown_shard"),
+    ],
+)
+def test_bad_discards_are_rejected_one_by_one_and_change_nothing(rng: ShardRange, reason: str) -> None:
+    js = _holding_a_after_one_discard()
+    snap = js.snapshot()
+    out = js.lease(req("a", held=[0], discarded=[rng]), 0.0)
+    assert out.reply.rejected == [Rejected(rng.shard, reason)]
+    assert out.records == [] and js.snapshot() == snap
+    # the next valid range of the same request still counts
+    out = js.lease(req("a", held=[0], discarded=[rng, ShardRange(0, 2, 6)]), 0.0)
+    assert out.reply.rejected == [Rejected(rng.shard, reason)] and ops(out) == ["disc"]
+    check_invariants(js)
+
+
+def test_a_new_holder_cannot_discard_what_the_previous_one_consumed() -> None:
+    js = _discard_job()
+    js.lease(req("a", want=1), 0.0)
+    js.lease(req("a", held=[0], progress=[ShardProgress(0, 6)]), 0.0)
+    js.node_died("a")
+    assert js.lease(req("b", want=1), 0.0).reply.shards[0].start == 6  # resumes after a's progress
+    out = js.lease(req("b", held=[0], progress=[ShardProgress(0, 8)], discarded=[ShardRange(0, 4, 8)]), 0.0)
+    assert out.reply.rejected == [Rejected(0, "discard_repeated")] and ops(out) == ["prog"]
+    out = js.lease(req("b", held=[0], discarded=[ShardRange(0, 6, 8)]), 0.0)
+    assert ops(out) == ["disc"] and not out.reply.rejected
+
+
+def test_discard_limits() -> None:
+    from pacer_services.shard_service.core import ShardLimits
+
+    js = JobShards(JOB, limits=ShardLimits(report_ids=2, shards_per_job=4))
+    js.register(spec(records=30, batch_size=5, batches_per_shard=2, shuffle=False))
+    js.lease(req("a", want=1), 0.0)
+    snap = js.snapshot()
+    with pytest.raises(ValidationError, match=r"^discarded: 3 entries"):
+        js.lease(req("a", done=[0], discarded=[ShardRange(0, i, i + 1) for i in range(3)]), 0.0)
+    assert js.snapshot() == snap
+    # the job may hold 4 shards: 3 of the epoch and one piece, then no more
+    out = js.lease(req("a", done=[0], discarded=[ShardRange(0, 0, 1), ShardRange(0, 2, 3)]), 0.0)
+    assert ops(out) == ["done", "disc"] and out.reply.rejected == [Rejected(0, "shard_limit")]
+    check_invariants(js)
+
+
+def test_checkpoint_and_restore_keep_pieces_and_what_they_took() -> None:
+    js = _holding_a_after_one_discard()
+    cp = copy.deepcopy(js.checkpoint(DS))
+    js.lease(req("b", want=3), 0.0)  # takes the piece, a's shard goes on elsewhere
+    js.restore(DS, "cp", cp)
+    check_invariants(js)
+    st_ = js.status(DS)
+    assert (st_.records_reserved, st_.doing, st_.records_done) == (2, 0, 10)
+    # everything left is consumed once more: the dataset finishes with every record counted once
+    c = Client("c")
+    for step in range(50):
+        c.read(random.Random(step), 100, None)
+        if c.request(js, 1.0, random.Random(step), want=4)[0].reply.finished:
+            break
+    st_ = js.status(DS)
+    assert st_.finished and st_.records_done == st_.records_total == 30
+    check_invariants(js)
+
+
+def test_snapshots_and_messages_from_before_discards_still_load() -> None:
+    import msgpack
+    from pacer.codec import decode, encode
+    from pacer.contracts.shards import DatasetStatus, NodeShardStats
+
+    js = _discard_job()
+    js.lease(req("a", want=2), 0.0)
+    js.lease(req("a", held=[1], done=[0], progress=[ShardProgress(1, 3)]), 0.0)
+    snap = js.snapshot()
+    old = copy.deepcopy(snap)
+    for d in old["datasets"].values():  # what a snapshot of the previous version holds
+        for k in ("given", "floor", "discarder", "records_reserved", "node_discarded"):
+            del d[k]
+    rebuilt = JobShards.from_snapshot(old)
+    check_invariants(rebuilt)
+    assert rebuilt.status(DS) == js.status(DS)
+    # messages of senders that know nothing of discards
+    wire = msgpack.unpackb(encode(req("a", held=[1])), raw=False)
+    del wire["discarded"]
+    assert decode(LeaseRequest, msgpack.packb(wire)).discarded == []
+    st_ = msgpack.unpackb(encode(js.status(DS)), raw=False)
+    del st_["records_reserved"]
+    for n in st_["nodes"]:
+        del n["records_discarded"]
+    back = decode(DatasetStatus, msgpack.packb(st_))
+    assert back.records_reserved == 0 and all(isinstance(n, NodeShardStats) for n in back.nodes)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pacer.agent.ipc import AgentIPC
@@ -154,8 +155,47 @@ def test_finish_writes_the_result_line_the_executor_keeps(tmp_path: Path, capsys
     w.finish(loss=0.4)
     out = capsys.readouterr().out
     assert parse_result("noise\n" + out) == {"node": "worker-1", "exit": 0, "local_steps": 1, "samples": 10,
-                                             "actions": [], "loss": 0.4}
+                                             "samples_kept": 10, "samples_discarded": 0, "actions": [],
+                                             "loss": 0.4}
     assert json.loads(Path(tmp_path / "result.json").read_text())["loss"] == 0.4
+
+
+def test_discarded_batches_go_to_the_shard_client_before_the_shard_is_done(tmp_path: Path) -> None:
+    class Shards:
+        def __init__(self) -> None:
+            self.reports: list[tuple[Any, ...]] = []
+
+        def next(self, wait: bool = True) -> ShardLease | None:
+            return None if self.reports else shard
+
+        def progress(self, shard: ShardLease, consumed: int) -> None:
+            self.reports.append(("progress", shard.shard, consumed))
+
+        def discarded(self, shard: ShardLease, start: int, end: int) -> None:
+            self.reports.append(("discarded", shard.shard, start, end))
+
+        def done(self, shard: ShardLease) -> None:
+            self.reports.append(("done", shard.shard))
+
+        def trained(self, records: int) -> None:
+            pass
+
+    w = Worker(env(tmp_path, agent_ipc="", batch_size=100))
+    fake = w._client = Shards()
+    shard = ShardLease(shard=7, epoch=0, start=1030, end=1300, offset=1000, seed=1)
+    for sh in w.shards():
+        for lo, hi in w.batches(sh):
+            if lo == 1130:  # this step's gradient was dropped
+                w.discarded(lo, hi)
+            w.step_done(hi - lo)
+    assert fake.reports == [("progress", 7, 130), ("discarded", 7, 130, 230), ("progress", 7, 230),
+                            ("progress", 7, 300), ("done", 7)]
+    with pytest.raises(ValueError, match="not a range of records of shard 7"):
+        w.discarded(1290, 1301)
+    with pytest.raises(ValueError, match="not a range of records"):
+        w.discarded(5, 5, shard=shard)
+    res = w.finish()
+    assert (res["samples"], res["samples_kept"], res["samples_discarded"]) == (270, 170, 100)
 
 
 # ------------------------------------------------ the spec's trainer section (pacer.jobs.spec)

@@ -265,6 +265,8 @@ class JobProgress:
     records_total: int = 0
     records_duplicated: int = field(default=0, metadata=doc("records served more than once (re-served after a node died)"))
     epoch: int = 0
+    records_reserved: int = field(default=0, metadata=doc(
+        "records served again because the gradients they were trained with were discarded (BSP backup workers)"))
 
 
 @message("job.OutboxEntry")

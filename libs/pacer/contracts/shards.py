@@ -56,15 +56,26 @@ class ShardProgress:
     consumed: int
 
 
+@message("shard.ShardRange")
+@dataclass(frozen=True, slots=True)
+class ShardRange:
+    """Records [start, end) of a held shard, counted from the shard's offset like ``ShardProgress.consumed``."""
+
+    shard: int
+    start: int = field(metadata=doc("first position, 0 <= start < end"))
+    end: int = field(metadata=doc("one past the last position, <= the shard's length"))
+
+
 @message("shard.LeaseRequest")
 @dataclass(frozen=True, slots=True)
 class LeaseRequest:
     """Combined report-and-get, also the holder's heartbeat (``lease``).
 
     Processed in this order: ``done`` shards become DONE, ``progress`` is
-    recorded, ``failed`` shards go back to TODO (one failure each),
-    ``released`` shards go back to TODO (no failure), then up to ``want`` new
-    shards are granted.  Any lease request renews the node's lease on every
+    recorded, ``discarded`` ranges become new TODO pieces (served again, to
+    another node when one can take them), ``failed`` shards go back to TODO
+    (one failure each), ``released`` shards go back to TODO (no failure), then
+    up to ``want`` new shards are granted.  Any lease request renews the node's lease on every
     shard it holds.  DOING shards of this node that are neither in ``held``
     nor reported (a reply that was lost) are returned again first.
     """
@@ -85,6 +96,10 @@ class LeaseRequest:
         default=0.0, metadata=doc("records per second the node trains now (0: not known yet); its share of the "
                                   "data left near the end of a dataset (``DatasetSpec.tail_split``)")
     )
+    discarded: list[ShardRange] = field(default_factory=list, metadata=doc(
+        "records this node consumed whose gradients were discarded (BSP backup workers: a late gradient is "
+        "dropped as stale); each range, of a shard it holds or reports done in this request, within what it "
+        "consumed and after any range it reported before, is served again"))
 
 
 @message("shard.ShardLease")
@@ -143,6 +158,8 @@ class NodeShardStats:
     doing: int
     records: int = field(metadata=doc("records this node reported consumed"))
     shards_done: int
+    records_discarded: int = field(
+        default=0, metadata=doc("records this node consumed whose gradients were discarded (served again)"))
 
 
 @message("shard.DatasetStatus")
@@ -168,6 +185,9 @@ class DatasetStatus:
     closed: bool = field(metadata=doc("no more records will be appended (always true for finite datasets)"))
     failed_shards: list[int] = field(default_factory=list)
     nodes: list[NodeShardStats] = field(default_factory=list)
+    records_reserved: int = field(default=0, metadata=doc(
+        "records served again because the gradients they were trained with were discarded (BSP backup workers); "
+        "records_done counts only records trained with a kept gradient"))
 
 
 @message("shard.CheckpointRequest")

@@ -8,6 +8,7 @@ Usage (async)::
         for i, record in enumerate(read(shard.start, shard.end)):
             ...
             client.progress(shard, done_records)   # optional, cheap
+            client.discarded(shard, lo, hi)        # that step's gradient was discarded: serve them again
         client.done(shard)
     await client.close()
 
@@ -22,8 +23,13 @@ loses nothing and a retried request grants nothing twice.
 :class:`BlockingShardClient` offers the same API to threads (TensorFlow input
 pipelines) by running the async client on a private event loop thread.
 
-Concurrency: ``ShardClient`` is used from one event loop; ``done`` and
-``progress`` only queue and never block.
+Records whose gradients were discarded (BSP with backup workers drops late
+gradients as stale) are reported with ``discarded`` before the shard is
+reported done; the service serves them again, to another node when one can
+take them.
+
+Concurrency: ``ShardClient`` is used from one event loop; ``done``,
+``progress`` and ``discarded`` only queue and never block.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from pacer.contracts.shards import (
     LeaseRequest,
     ShardLease,
     ShardProgress,
+    ShardRange,
 )
 from pacer.errors import PacerError
 from pacer.subjects import ShardOp
@@ -123,6 +130,7 @@ class ShardClient:
         self._done: list[int] = []
         self._failed: list[int] = []
         self._progress: dict[int, int] = {}
+        self._discarded: list[ShardRange] = []
         self._lock = asyncio.Lock()
         self._lease_s = 30.0
         self._since_sync = 0.0
@@ -131,6 +139,7 @@ class ShardClient:
         self.finished = False
         self.requests = 0
         self.rejected = 0
+        self.records_discarded = 0  # records reported with ``discarded``
         self.rate = 0.0  # records/s trained, as last measured (0: not yet)
         self._trained = 0  # records trained so far (``trained``)
         self._rate_mark: tuple[float, int] | None = None  # (when, _trained) the rate is measured from
@@ -150,7 +159,7 @@ class ShardClient:
                     await t
         self._hb = self._bg = None
         released = [s.shard for s in self._ready] if release else []
-        if self._done or self._progress or self._failed or released:
+        if self._done or self._progress or self._failed or self._discarded or released:
             with contextlib.suppress(PacerError):
                 await self._sync(0, released=released)
         self._ready.clear()
@@ -188,6 +197,23 @@ class ShardClient:
     def progress(self, shard: ShardLease, consumed: int) -> None:
         """Records of ``shard`` consumed so far, counted from ``shard.offset``."""
         self._progress[shard.shard] = consumed
+
+    def discarded(self, shard: ShardLease, start: int, end: int) -> None:
+        """Records [start, end) of ``shard`` (counted from ``shard.offset``, like ``progress``) were
+        consumed but the gradient they were trained with was discarded: the service serves them again.
+
+        Call it before ``done(shard)`` (a range reported after the shard is done is refused) and in
+        the order the records were consumed.  The request that carries it also reports progress up
+        to ``end`` at least: the service accepts only ranges within what the node reported consumed.
+        """
+        if end <= start:
+            return
+        last = self._discarded[-1] if self._discarded else None
+        if last is not None and last.shard == shard.shard and last.end == start:
+            self._discarded[-1] = ShardRange(shard.shard, last.start, end)  # one piece, not one per batch
+        else:
+            self._discarded.append(ShardRange(shard.shard, start, end))
+        self.records_discarded += end - start
 
     def trained(self, records: int) -> None:
         """A step trained ``records`` records: the rate this node reports with its requests, which
@@ -242,9 +268,12 @@ class ShardClient:
 
     async def _sync(self, want: int, released: list[int] | None = None) -> LeaseReply:
         async with self._lock:
-            done, failed = self._done, self._failed
+            done, failed, discarded = self._done, self._failed, self._discarded
+            for d in discarded:  # a discarded range lies within the progress sent with it
+                if d.shard in self._held and self._progress.get(d.shard, 0) < d.end:
+                    self._progress[d.shard] = d.end
             progress = [ShardProgress(k, v) for k, v in self._progress.items()]
-            self._done, self._failed = [], []
+            self._done, self._failed, self._discarded = [], [], []
             sent_progress = dict(self._progress)
             req = LeaseRequest(
                 job=self.job,
@@ -258,6 +287,7 @@ class ShardClient:
                 released=released or [],
                 max_records=self.max_records,
                 rate=self._measure_rate(),
+                discarded=discarded,
             )
             t0 = time.perf_counter()
             try:
@@ -265,6 +295,7 @@ class ShardClient:
             except BaseException:
                 # Not sent for sure: report again next time (a duplicate is rejected harmlessly).
                 self._done, self._failed = done + self._done, failed + self._failed
+                self._discarded = discarded + self._discarded
                 raise
             self.requests += 1
             self._since_sync = asyncio.get_running_loop().time()
@@ -277,8 +308,9 @@ class ShardClient:
                 self._held.pop(sid, None)
             self._lease_s = reply.lease_s
             for r in reply.rejected:
-                # A retried report that did land shows up as not_doing:done: not a problem.
-                if r.reason != "not_doing:done":
+                # A retried report that did land shows up as not_doing:done (or, for a discarded
+                # range, discard_repeated): not a problem.
+                if r.reason not in ("not_doing:done", "discard_repeated"):
                     self.rejected += 1
                     log.warning("shard report rejected", extra={"fields": {"shard": r.shard, "reason": r.reason}})
             for s in reply.shards:
@@ -319,6 +351,9 @@ class BlockingShardClient:
 
     def failed(self, shard: ShardLease) -> None:
         self._loop.call_soon_threadsafe(self._client.failed, shard)
+
+    def discarded(self, shard: ShardLease, start: int, end: int) -> None:
+        self._loop.call_soon_threadsafe(self._client.discarded, shard, start, end)
 
     def trained(self, records: int) -> None:
         self._loop.call_soon_threadsafe(self._client.trained, records)

@@ -16,7 +16,9 @@ A worker loop::
             for lo, hi in w.batches(shard):            # record ranges of the current batch size
                 w.check()                              # applies ADJUST_BS / ADJUST_LR / BACKUP_WORKERS;
                                                        # KILL_RESTART raises RestartRequested (exit 75)
-                loss = train_step(w.read(lo, hi), lr=w.learning_rate)
+                loss, kept = train_step(w.read(lo, hi), lr=w.learning_rate)
+                if not kept:                           # BSP: the gradient was dropped as stale
+                    w.discarded(lo, hi)                # the shard service serves these records again
                 w.step_done(samples=hi - lo)           # the agent's BPT window; progress to the shards
         w.finish(loss=loss)                            # the result line the executor keeps (chief)
 
@@ -35,6 +37,11 @@ Semantics the built-in worker has too (``pacer.trainer.worker``):
   records ran (at-least-once); a worker that exits in the middle of a shard
   keeps it leased, and its next incarnation (same node) gets it back from
   the last progress report;
+* records whose gradient was discarded (BSP with backup workers drops a
+  late gradient as stale) are reported with :meth:`Worker.discarded`
+  before the shard is done: the shard service serves them again, to
+  another worker when one can take them (at-least-once, as after a
+  relaunch);
 * exit codes: 0 finished, 75 (:data:`EXIT_RESTART`) relaunch me, anything
   else is a failure of the user's code.
 
@@ -217,10 +224,12 @@ class Worker:
     backup_workers: int = 0  # BACKUP_WORKERS (BSP: the chief applies it to its aggregation)
     step: int = 0  # steps recorded by step_done in this incarnation
     samples: int = 0  # records those steps trained
+    samples_discarded: int = 0  # records reported with discarded() (their gradients were dropped)
     applied: list[dict[str, Any]] = field(default_factory=list)  # {seq, kind, iteration, payload}
     _ipc: TrainerIPC | None = None
     _client: Any = None  # pacer.shards.client.BlockingShardClient, made on first use
     _records: Any = None  # pacer.data.criteo.RecordFile, opened on first read
+    _shard: ShardLease | None = None  # the shard batches() is reading
     _t_check: float = 0.0
     _closed: bool = False
 
@@ -294,11 +303,32 @@ class Worker:
         progress is reported, so a relaunch resumes after the last trained batch.
         """
         lo = shard.start
+        self._shard = shard
         while lo < shard.end:
             hi = min(shard.end, lo + max(1, self.batch_size))
             yield lo, hi
             self.progress(shard, hi - shard.offset)
             lo = hi
+
+    def discarded(self, lo: int, hi: int, shard: ShardLease | None = None) -> None:
+        """The gradient trained on records ``[lo, hi)`` was discarded: the shard service serves them again.
+
+        ``lo`` and ``hi`` are record indices as :meth:`batches` yields them; ``shard``
+        defaults to the shard :meth:`batches` is reading.  BSP with backup workers
+        (``SyncReplicasOptimizer``) drops the gradients that arrive after the first
+        n - b of a step; report such a batch here, after its step and before the
+        shard is done (:meth:`shards` reports it done when the loop body ends).
+        Queued, never blocks.  When unsure whether a gradient was kept, report it:
+        a record trained twice is better than one never trained.
+        """
+        sh = shard or self._shard
+        if sh is None:
+            raise ValueError("discarded: no shard given and batches() is reading none")
+        if not sh.offset <= lo < hi <= sh.end:
+            raise ValueError(f"discarded: [{lo}, {hi}) is not a range of records of shard {sh.shard} "
+                             f"[{sh.offset}, {sh.end})")
+        self.samples_discarded += hi - lo
+        self.shard_client.discarded(sh, lo - sh.offset, hi - sh.offset)
 
     def read(self, lo: int, hi: int) -> Any:
         """Records ``[lo, hi)`` of the job's record file (a numpy array of ``pacer.data.criteo.RECORD_DTYPE``)."""
@@ -379,11 +409,13 @@ class Worker:
 
         The executor keeps the chief's (worker 0) line as the job's result
         (``pacer job get``); values must be JSON.  ``node``, ``exit``,
-        ``local_steps``, ``samples`` and ``actions`` are filled in (a keyword
+        ``local_steps``, ``samples``, ``samples_kept``, ``samples_discarded`` and
+        ``actions`` are filled in (a keyword
         given here wins).  A worker leaving for KILL_RESTART through ``with``
         prints the same line with ``"exit": 75``.
         """
         out = {"node": self.env.node, "exit": 0, "local_steps": self.step, "samples": self.samples,
+               "samples_kept": self.samples - self.samples_discarded, "samples_discarded": self.samples_discarded,
                "actions": self.applied, **result}
         line = json.dumps(out)
         if self.env.result:

@@ -12,7 +12,10 @@ Modes
 * ``bsp``: ``SyncReplicasOptimizer``; the chief's queue runner aggregates the
   first ``n - b`` gradients of each step (``b`` backup workers, whose late
   gradients are dropped as stale).  The aggregation count is a PS variable so
-  that BACKUP_WORKERS can change it while the job runs.
+  that BACKUP_WORKERS can change it while the job runs.  A worker whose
+  gradient was dropped reports the batch's records to the shard service as
+  discarded, which serves them again (see ``Trainer.push``): a late worker's
+  records are trained by the others instead of being lost.
 
 Global batch (AntDT §V-C): with per-worker batch sizes B_i and gradient accumulation C_i
 (AntDT-DD, Eq. 4), B = sum_i B_i * C_i samples per step.  The accumulator
@@ -96,21 +99,30 @@ class ShardFeed:
     asking for the next shard before the step that finishes the current one
     has run would hold that shard unreported, and if it were the last one
     the dataset could never finish.  Progress and completion are reported
-    after the step that consumed the records (at-least-once).
+    after the step that consumed the records (at-least-once), and so are the
+    records of a step whose gradient was discarded, before the shard is done.
+
+    A shard is read in record order: the service counts a holder's progress,
+    resumes a lost shard and re-serves a discarded range by position from the
+    shard's offset, so position p must be the same record for every reader
+    (a shuffle inside the shard would resume or re-serve other records than
+    the ones not trained).  The order of the shards is shuffled per epoch by
+    the service (``DatasetSpec.shuffle``), and a batch's gradient does not
+    depend on the order of its records.
     """
 
     def __init__(self, client: Any, records: Any, hash_buckets: int) -> None:
-        from pacer.data.criteo import features, shuffle_within
+        from pacer.data.criteo import features
 
         self._features = features
-        self._shuffle = shuffle_within
         self.client = client
         self.records = records
         self.hash_buckets = hash_buckets
         self._cur: Any = None  # the shard being read
         self._arr: np.ndarray | None = None
         self._pos = 0
-        self.pending: list[tuple[Any, int, bool]] = []  # (shard, consumed, done) after the next step
+        # (shard, first position, one past the last, shard done) of each batch since the last commit
+        self.pending: list[tuple[Any, int, int, bool]] = []
         self._taken = 0  # records in the batches since the last commit
 
     def batch(self, size: int, wait: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -121,21 +133,24 @@ class ShardFeed:
             if shard is None:
                 return None
             self._cur, self._pos = shard, 0
-            self._arr = self._shuffle(self.records.read(shard.start, shard.end), shard.seed)
+            self._arr = self.records.read(shard.start, shard.end)
         take = self._arr[self._pos:self._pos + size]
+        first = self._cur.start - self._cur.offset + self._pos
         self._pos += len(take)
         self._taken += len(take)
-        consumed = self._cur.start - self._cur.offset + self._pos
-        self.pending.append((self._cur, consumed, self._pos >= len(self._arr)))
+        self.pending.append((self._cur, first, first + len(take), self._pos >= len(self._arr)))
         return self._features(take, self.hash_buckets)
 
-    def commit(self, report_progress: bool) -> None:
-        """The step ran: report what it consumed."""
-        for shard, consumed, done in self.pending:
+    def commit(self, report_progress: bool, kept: bool = True) -> None:
+        """The step ran: report what it consumed; ``kept=False``: its gradient was discarded,
+        so the service serves those records again (reported before the shard is done)."""
+        for shard, first, end, done in self.pending:
+            if not kept:
+                self.client.discarded(shard, first, end)
             if done:
                 self.client.done(shard)
             elif report_progress:
-                self.client.progress(shard, consumed)
+                self.client.progress(shard, end)
         self.pending.clear()
         if self._taken:
             self.client.trained(self._taken)
@@ -161,7 +176,7 @@ class MemoryFeed:
         self.pos += len(arr)
         return self._features(arr, self.hash_buckets)
 
-    def commit(self, report_progress: bool) -> None:
+    def commit(self, report_progress: bool, kept: bool = True) -> None:
         pass
 
 
@@ -183,6 +198,7 @@ class Trainer:
         self.checkpoint_on_exit = False  # set by a KILL_RESTART {"checkpoint": true} (migration)
         self.step_t0 = 0.0  # perf_counter at the start of the current step (straggler delay included)
         self.own_s = 0.0  # BSP: the current step's time up to the barrier
+        self.kept = True  # BSP: whether the last step's gradient was kept (see ``push``)
 
     # ------------------------------------------------------------ graph
     def build(self) -> None:
@@ -263,6 +279,13 @@ class Trainer:
                 with tf.compat.v1.device(dequeue.device):
                     token = self.sync._sync_token_queue.dequeue()
                 self.barrier_op = self.sync._local_step.assign(token)
+                # Was the gradient kept?  The global step read once the push is in, in the same run
+                # (no extra round trip), and the local step the gradient was pushed for (``push``).
+                # It waits on the accumulator pushes themselves, on the PS, not on push_op (a no-op
+                # on this worker): a wait routed through the worker cost ~1 ms more per step.
+                with tf.compat.v1.device(self.global_step.device), tf.control_dependencies(dequeue.control_inputs):
+                    step_after_push = tf.identity(self.global_step.read_value())
+                self.push_probe = [step_after_push, tf.identity(self.sync._local_step.read_value())]
             self.saver = tf.compat.v1.train.Saver(sharded=True, max_to_keep=3, allow_empty=True)
             self.flash = None
             if cfg.flash and cfg.checkpoint_dir and self.is_chief:
@@ -372,8 +395,36 @@ class Trainer:
         if self.sync is None:
             loss, _, gstep = self.sess.run([self.model.loss, self.train_op, self.global_step], feed, options=opts)
             return float(loss), int(gstep)
-        loss, _ = self.sess.run([self.model.loss, self.push_op], feed, options=opts)
+        loss = self.push([self.model.loss], feed, opts)[0]
         return float(loss), self.barrier(opts)
+
+    def push(self, fetches: list[Any], feed: dict[Any, Any], opts: Any) -> list[Any]:
+        """BSP: push this worker's gradient into the accumulators; sets :attr:`kept`.
+
+        With backup workers (b > 0) each accumulator drops a gradient whose local step
+        is behind its own time step: once the first n - b gradients of a step are in,
+        the step is taken and every later push for it is lost (TF
+        ``ConditionalAccumulator.apply_grad``).  The global step grows only after every
+        accumulator took the step, so a global step past the local step, read once the
+        push is in, says the step was over before the read: before this gradient
+        arrived (discarded), or just after (kept, but reported discarded: those records
+        are only trained again).  A worker whose step was over when it pushed (a
+        straggler, or a worker that took a straggler's leftover sync token: its local
+        step lags) is always caught.  Not caught: a gradient that arrives while its step
+        is being taken (some accumulators took it, the global step has not moved yet);
+        SyncReplicas' per-variable accumulators may then keep it for some variables and
+        drop it for others, and nothing a worker can read tells.  Without backup
+        workers nothing is dropped and nothing is read.  A push that fails (a timeout)
+        counts as discarded.
+        """
+        detect = self.cfg.backup_workers > 0
+        self.kept = not detect
+        if not detect:
+            return list(self.sess.run([*fetches, self.push_op], feed, options=opts))[:len(fetches)]
+        # The probe waits on every accumulator push: fetching it runs the push (push_op is not needed).
+        *out, after, local = self.sess.run([*fetches, *self.push_probe], feed, options=opts)
+        self.kept = int(after) <= int(local)
+        return list(out)
 
     def barrier(self, opts: Any = None) -> int:
         """BSP: wait for this step's token (the other workers' gradients); marks the own part's end."""
@@ -409,7 +460,7 @@ class Trainer:
         if self.sync is None:
             _, gstep = self.sess.run([self.train_op, self.global_step], feed2, options=opts)
             return float(np.mean(losses)), int(gstep)
-        self.sess.run(self.push_op, feed2, options=opts)
+        self.push([], feed2, opts)
         return float(np.mean(losses)), self.barrier(opts)
 
     def checkpoint(self, shard_admin: Any) -> str:
@@ -538,7 +589,10 @@ def run(cfg: WorkerConfig) -> int:
     exit_code = 0
     loss = float("nan")  # a first BSP step that times out at the barrier has no loss yet
     bsp = trainer.sync is not None
-    stats: dict[str, Any] = {"steps": 0, "null_steps": 0}
+    # samples_kept + samples_discarded = samples: BSP gradients dropped as stale (backup workers)
+    # are reported to the shard service, which serves their records again.
+    stats: dict[str, Any] = {"steps": 0, "null_steps": 0, "samples_kept": 0, "samples_discarded": 0,
+                             "steps_discarded": 0}
     try:
         while True:
             iteration = gstep if bsp else local_step
@@ -581,8 +635,8 @@ def run(cfg: WorkerConfig) -> int:
                 else:
                     loss, gstep = trainer.step(batches[0], timeout)
             except tf.errors.DeadlineExceededError:
-                # BSP: the gradient went into the accumulators before the step blocked on
-                # the token barrier (SyncReplicasOptimizer), so the records count as trained.
+                # BSP: timed out at the token barrier (SyncReplicasOptimizer) after the push, whose
+                # outcome ``trainer.kept`` holds, or in the push itself: counted as discarded.
                 stats["barrier_timeouts"] = stats.get("barrier_timeouts", 0) + 1
                 gstep = int(trainer.sess.run(trainer.global_step))
             # BPT = this worker's own time (BSP: up to the barrier), the straggler signal.
@@ -592,7 +646,10 @@ def run(cfg: WorkerConfig) -> int:
             local_step += 1
             n = sum(len(b[2]) for b in batches)
             samples += n
-            feed.commit(local_step % cfg.progress_every == 0)
+            kept = trainer.kept or not bsp
+            stats["samples_kept" if kept else "samples_discarded"] += n
+            stats["steps_discarded"] += not kept
+            feed.commit(local_step % cfg.progress_every == 0, kept)
             if ipc is not None:
                 ipc.record_step(local_step, gstep if bsp else local_step, bpt, trainer.batch_size, n)
             stats["steps"] = local_step
