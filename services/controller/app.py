@@ -104,7 +104,8 @@ class ControllerServiceConfig:
         env = os.environ
         return cls(decide_every_s=float(env.get("PACER_CONTROLLER_EVERY_S", cls.decide_every_s)),
                    policy_timeout_s=float(env.get("PACER_POLICY_TIMEOUT_S", cls.policy_timeout_s)),
-                   core=ControllerConfig(cooldown_s=float(env.get("PACER_CONTROLLER_COOLDOWN_S", "600"))),
+                   core=ControllerConfig(cooldown_s=float(env.get("PACER_CONTROLLER_COOLDOWN_S", "600")),
+                                         guard=env.get("PACER_CONTROLLER_GUARD", "1") != "0"),
                    lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)))
 
 

@@ -340,7 +340,7 @@ async def test_a_stale_controller_owner_cannot_restart_anything(
 
     def config(name: str) -> ControllerServiceConfig:
         return ControllerServiceConfig(decide_every_s=0.0, policy_timeout_s=2.0, lease_ttl_s=TTL, instance=name,
-                                       core=ControllerConfig(cooldown_s=3600.0, max_restarts_per_window=10))
+                                       core=ControllerConfig(cooldown_s=3600.0, max_restarts_per_window=10, guard=False))
 
     def frozen_a(b: Bus) -> ControllerService:
         svc = ControllerService(b, config("ctl-a"))

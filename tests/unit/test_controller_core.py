@@ -6,6 +6,7 @@ Every test injects ``now``; nothing reads a clock.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -54,7 +55,12 @@ def adjust(sizes: dict[str, Any], accs: dict[str, Any] | None = None) -> PolicyA
 
 
 def core_of(setup: JobSetup = SETUP, cfg: ControllerConfig | None = None) -> ControllerCore:
-    return ControllerCore(JOB, setup, cfg, policy="test")
+    """A core with AntDT's guards; the never-worse guard only where a test asks for it (``GUARDED``): the
+    shape tests' statistics (every BPT 1.0) would make it refuse every rebalance as noise-chasing."""
+    return ControllerCore(JOB, setup, cfg or ControllerConfig(guard=False), policy="test")
+
+
+GUARDED = ControllerConfig()
 
 
 def review(core: ControllerCore, d: PolicyDecision, now: float = T0, busy: bool = False) -> Any:
@@ -177,9 +183,8 @@ GOOD = {"worker-0": 150, "worker-1": 100, "worker-2": 50}
         (adjust(GOOD | {"ps-0": 0}), "not live ['ps-0']"),
         (adjust({"worker-0": 150.0, "worker-1": 100, "worker-2": 50}), "not an integer"),
         (adjust({"worker-0": True, "worker-1": 199, "worker-2": 100}), "not an integer"),
-        (adjust({"worker-0": 300, "worker-1": 0, "worker-2": 0}), "not an integer >= 1"),
-        (adjust({"worker-0": 150, "worker-1": 100, "worker-2": 51}), "sum of B_i * C_i is 301"),
-        (adjust(GOOD, {"worker-0": 2}), "sum of B_i * C_i is 450"),
+        (adjust({"worker-0": 300, "worker-1": -1, "worker-2": 1}), "not an integer >= 0"),
+        (adjust(GOOD, {"worker-0": 2}), "sum of B_i * C_i 450 != global batch 300"),
         (adjust(GOOD, {"worker-0": 0}), "accumulation 0"),
         (adjust(GOOD, {"worker-3": 1}), "not live"),
         (PolicyAction(kind=ActionKind.ADJUST_BS, payload={"batch_sizes": [1, 2]}), "must be maps"),
@@ -204,10 +209,40 @@ def test_adjust_bs_accepted_and_applied_to_the_setup() -> None:
     assert req.accumulations == {"worker-0": 2, "worker-1": 1, "worker-2": 1}
 
 
+@pytest.mark.parametrize(("asked", "setup", "want"), [
+    # a cap: what is over it goes to the others, in the proportions asked
+    (GOOD, JobSetup(global_batch=300, max_batch=120), {"worker-0": 120, "worker-1": 120, "worker-2": 60}),
+    # a device's own cap (a device group's), below the job's
+    ({"worker-0": 100, "worker-1": 100, "worker-2": 100}, JobSetup(global_batch=300, caps={"worker-1": 60}),
+     {"worker-0": 120, "worker-1": 60, "worker-2": 120}),
+    # the floor: a worker cut to nothing keeps the floor, paid for by the others
+    ({"worker-0": 300, "worker-1": 0, "worker-2": 0}, JobSetup(global_batch=300, min_batch=12),
+     {"worker-0": 276, "worker-1": 12, "worker-2": 12}),
+    # the global batch: a sum that misses it is split again as asked
+    ({"worker-0": 150, "worker-1": 100, "worker-2": 51}, SETUP, {"worker-0": 150, "worker-1": 100, "worker-2": 50}),
+])
+def test_adjust_bs_is_clamped_to_the_limits_whichever_policy_asked(
+        asked: dict[str, int], setup: JobSetup, want: dict[str, int]) -> None:
+    core = core_of(setup)
+    r = review(core, decision(adjust(asked)))
+    assert not r.refused and len(r.execute) == 1
+    got = r.execute[0].payload["batch_sizes"]
+    assert got == want
+    assert not setup.limits().violations(got, {})
+    assert "clamped to the batch limits" in r.execute[0].reason and r.clamped
+    rnd = core.round(core.request(stats(), T0), decision(adjust(asked)), T0)
+    assert "clamped to the batch limits" in rnd.reason  # the decision event says so
+
+
+def test_adjust_bs_that_no_clamp_brings_within_the_limits_is_refused() -> None:
+    r = review(core_of(JobSetup(global_batch=300, max_batch=90)), decision(adjust(GOOD)))
+    assert r.execute == [] and "caps sum to 270" in r.refused[0].reason
+    r = review(core_of(JobSetup(global_batch=300, min_batch=120)), decision(adjust(GOOD)))
+    assert r.execute == [] and "floor 120" in r.refused[0].reason
+
+
 def test_adjust_bs_respects_max_batch_and_one_per_decision() -> None:
     setup = JobSetup(global_batch=300, max_batch=120)
-    r = review(core_of(setup), decision(adjust(GOOD)))
-    assert "max batch 120" in r.refused[0].reason
     ok = adjust({"worker-0": 100, "worker-1": 100, "worker-2": 100})
     r = review(core_of(setup), decision(ok, ok))
     assert r.execute == [ok] and "only one" in r.refused[0].reason
@@ -216,7 +251,7 @@ def test_adjust_bs_respects_max_batch_and_one_per_decision() -> None:
 @pytest.mark.parametrize(("b", "ok"), [(0, True), (2, True), (3, False), (-1, False), ("1", False), (True, False)])
 def test_backup_workers_must_keep_one_live_gradient(b: Any, ok: bool) -> None:
     a = PolicyAction(kind=ActionKind.BACKUP_WORKERS, payload={"backup": b})
-    r = review(core_of(), decision(a))
+    r = review(core_of(cfg=ControllerConfig(guard=False)), decision(a))  # the shape only (the guard: below)
     assert (r.execute == [a]) is ok
     if not ok:
         assert "backup" in r.refused[0].reason
@@ -293,7 +328,7 @@ def test_round_carries_the_policy_reason_and_time_and_records_refusals() -> None
 
 
 def test_a_failed_action_is_reported_and_not_recorded() -> None:
-    core = core_of(cfg=ControllerConfig(max_restarts_per_window=5))
+    core = core_of(cfg=ControllerConfig(max_restarts_per_window=5, guard=False))
     good = adjust({"worker-0": 100, "worker-1": 50, "worker-2": 150})
     rnd = core.round(core.request(stats(), T0), decision(restart("worker-1"), good), T0)
     out = core.applied(rnd, ["executor: timeout", "not applied: busy"], T0)
@@ -305,7 +340,7 @@ def test_a_failed_action_is_reported_and_not_recorded() -> None:
 
 
 def test_batch_sizes_are_sent_again_to_a_worker_relaunched_since_adjust_bs_bsp() -> None:
-    core = core_of(cfg=ControllerConfig(cooldown_s=60, max_restarts_per_window=5))
+    core = core_of(cfg=ControllerConfig(cooldown_s=60, max_restarts_per_window=5, guard=False))
     sizes = {"worker-0": 150, "worker-1": 50, "worker-2": 100}
     rnd = core.round(core.request(all_running(), T0), decision(adjust(sizes)), T0)
     core.applied(rnd, [""], T0)
@@ -335,7 +370,7 @@ def test_batch_sizes_are_sent_again_to_a_worker_relaunched_since_adjust_bs_bsp()
 
 
 def test_the_policy_adjust_bs_replaces_the_resend_and_asp_never_resends() -> None:
-    core = core_of(cfg=ControllerConfig(max_restarts_per_window=5))
+    core = core_of(cfg=ControllerConfig(max_restarts_per_window=5, guard=False))
     core.setup = SETUP.apply(adjust({"worker-0": 150, "worker-1": 50, "worker-2": 100}))
     core.resync = True
     new = adjust({"worker-0": 100, "worker-1": 100, "worker-2": 100})
@@ -376,3 +411,130 @@ def test_a_round_is_due_once_per_fresh_short_window_and_at_least_every_interval(
     # A window longer than the interval never delays a round past the interval; no window: the interval.
     assert round_due(0.0, 60.0, 60.0, stats(300.0)) and round_due(0.0, 60.0, 60.0, stats(0.0))
     assert not round_due(0.0, 59.0, 60.0, stats(0.0))
+
+
+# ---------------------------------------------------------------- never worse than doing nothing
+
+
+def workers_at(*bpts: float, throughput: float = 0.0, left: int = 0) -> JobStatistics:
+    from pacer.contracts.monitor import ShardSummary
+
+    nodes = [node("ps-0", role="ps", bpt=0.1)] + [node(f"worker-{i}", bpt=b) for i, b in enumerate(bpts)]
+    shards = ShardSummary(todo=1, doing=1, done=0, failed=0, records_done=0, records_total=left) if left else None
+    return JobStatistics(job=JOB, ts=T0, window_short_s=300.0, window_long_s=600.0,
+                         throughput_samples_per_s=throughput, nodes=nodes, shards=shards)
+
+
+@pytest.mark.parametrize(("bpts", "ok"), [
+    ((1.0, 1.0, 1.0, 3.0), True),   # one worker 3x slower: leaving it behind trains 3/4 in a third of the time
+    ((1.0, 1.0, 2.9, 3.0), False),  # two slow ones: the step still waits for the other, and a quarter is discarded
+    ((1.0, 1.0, 1.0, 1.2), False),  # a mild one: 20 % shorter steps do not pay for a quarter discarded
+])
+def test_backup_workers_are_refused_when_the_measured_bpts_say_they_cost_more(
+        bpts: tuple[float, ...], ok: bool) -> None:
+    core = core_of(cfg=GUARDED)
+    a = PolicyAction(kind=ActionKind.BACKUP_WORKERS, payload={"backup": 1})
+    r = core.review(core.request(workers_at(*bpts), T0), decision(a), T0)
+    assert (r.execute == [a]) is ok, r.refused
+    if not ok:
+        assert "slower" in r.refused[0].reason
+
+
+def test_a_restart_that_costs_more_than_it_can_gain_is_refused() -> None:
+    """A PS a third slower, a relaunch of (default) 60 s pending + 120 s start-up: worth it with hours left,
+    not with two minutes."""
+    core = core_of(cfg=ControllerConfig(max_restarts_per_window=5))  # the guard on
+    ps_slow = [node("ps-0", role="ps", bpt=0.4), node("ps-1", role="ps", bpt=0.1)]
+
+    def st(left_s: float) -> JobStatistics:
+        base = workers_at(1.0, 1.0, throughput=100.0, left=int(left_s * 100))
+        return JobStatistics(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                                "nodes": ps_slow + base.nodes[1:]})
+
+    long = core.review(core.request(st(36_000), T0), decision(restart("ps-0")), T0)
+    assert [a.node for a in long.execute] == ["ps-0"], long.refused
+    short = core.review(core.request(st(120), T0), decision(restart("ps-0")), T0)
+    assert short.execute == [] and "would cost" in short.refused[0].reason
+
+
+def test_an_action_after_which_the_job_ran_slower_is_undone_and_held_back() -> None:
+    """BSP: the job's rate is the global batch over the slowest worker's BPT (300 / 3.0 = 100 samples/s)."""
+    core = core_of(cfg=GUARDED)
+    for i in range(4):  # quiet rounds: the rate's noise is about 1 %
+        core.request(workers_at(1.0, 1.0, 3.0 + 0.03 * (i % 2)), T0 + i * 300)
+    t = T0 + 1200
+    req = core.request(workers_at(1.0, 1.0, 3.0), t)
+    bs = adjust({"worker-0": 130, "worker-1": 130, "worker-2": 40})
+    rnd = core.round(req, decision(bs), t)
+    core.applied(rnd, [""] * len(rnd.execute), t)
+    assert core.trial is not None and core.trial.before == pytest.approx(100.0)
+    # Too early (not a whole short window after it): nothing judged.
+    core.request(workers_at(1.0, 1.0, 6.0), t + 100)
+    assert core.trial is not None and not core.pending_undo
+    # A window later, 20 % slower (its step 3.75 s): undone (the setup before it, sent again) and held back one
+    # long window.
+    req2 = core.request(workers_at(1.0, 1.0, 3.75), t + 300)
+    assert req2.held == {"ADJUST_BS": 600.0}
+    again = adjust({"worker-0": 140, "worker-1": 140, "worker-2": 20})
+    rnd2 = core.round(req2, decision(again), t + 300)
+    assert rnd2.undo == 1 and rnd2.execute[0].payload["batch_sizes"] == {"worker-0": 100, "worker-1": 100,
+                                                                          "worker-2": 100}
+    assert [a for a in rnd2.execute if a.payload.get("batch_sizes") == again.payload["batch_sizes"]] == []
+    assert any("held back" in r.reason for r in rnd2.refused) and "undo ADJUST_BS" in rnd2.reason
+    out = core.applied(rnd2, [""] * len(rnd2.execute), t + 300)
+    assert out.executed[0].kind is ActionKind.ADJUST_BS and core.trial is None  # an undo is not on trial
+    # A second undo of the kind in a row is held back twice as long.
+    later = t + 1000
+    rnd3 = core.round(core.request(workers_at(1.0, 1.0, 3.0), later), decision(bs), later)
+    core.applied(rnd3, [""] * len(rnd3.execute), later)
+    assert core.request(workers_at(1.0, 1.0, 4.3), later + 300).held == {"ADJUST_BS": 1200.0}
+
+
+def test_the_rate_of_a_bsp_job_is_its_slowest_step_and_its_kept_share() -> None:
+    """The monitor's throughput sums each worker's own B_i / BPT_i and misses the barrier wait."""
+    core = core_of(cfg=GUARDED)
+    st = workers_at(1.0, 1.0, 3.0, throughput=999.0)
+    assert core.rate(st) == pytest.approx(300 / 3.0)
+    assert core.rate(st, backup=1) == pytest.approx(300 * (2 / 3) / 1.0)  # the slowest left behind
+    asp = core_of(JobSetup(global_batch=300, mode="asp"), cfg=GUARDED)
+    assert asp.rate(st) == 999.0
+
+
+def test_within_the_noise_or_across_a_changed_scene_nothing_is_undone() -> None:
+    core = core_of(cfg=GUARDED)
+    req = core.request(workers_at(1.0, 1.0, 3.0), T0)
+    rnd = core.round(req, decision(adjust({"worker-0": 130, "worker-1": 130, "worker-2": 40})), T0)
+    core.applied(rnd, [""] * len(rnd.execute), T0)
+    core.request(workers_at(1.0, 1.0, 3.06), T0 + 300)  # 2 %: within the 3 % tolerance
+    assert not core.pending_undo and not core.held
+    rnd = core.round(core.request(workers_at(1.0, 1.0, 3.0), T0 + 600),
+                     decision(adjust({"worker-0": 120, "worker-1": 120, "worker-2": 60})), T0 + 600)
+    core.applied(rnd, [""] * len(rnd.execute), T0 + 600)
+    # A worker left meanwhile: whatever the rate did, the action is not what changed it.
+    core.request(workers_at(1.0, 6.0), T0 + 900)
+    assert not core.pending_undo and not core.held
+
+
+def test_an_adjust_bs_that_only_chases_the_noise_is_refused() -> None:
+    """Equal BPTs: no split shortens the step (the plainest model); a worker 3x slower: cutting it does."""
+    core = core_of(cfg=GUARDED)
+    bs = adjust({"worker-0": 130, "worker-1": 130, "worker-2": 40})
+    flat = core.review(core.request(workers_at(1.0, 1.02, 0.98), T0), decision(bs), T0)
+    assert flat.execute == [] and "no nearer the even split" in flat.refused[0].reason
+    tiny = adjust({"worker-0": 101, "worker-1": 100, "worker-2": 99})
+    noise = core.review(core.request(workers_at(1.0, 1.0, 1.01), T0), decision(tiny), T0)
+    assert noise.execute == [] and "within the noise" in noise.refused[0].reason
+    slow = core.review(core.request(workers_at(1.0, 1.0, 3.0), T0), decision(bs), T0)
+    assert len(slow.execute) == 1, slow.refused
+
+
+def test_a_return_to_the_even_split_is_not_refused_on_stale_bpts() -> None:
+    """worker-2 was cut to 40 while slow and is back to speed, but the window still holds its slow steps:
+    restoring its batch looks slower on those BPTs.  It is the undo guard's to judge, not a refusal."""
+    core = core_of(replace(SETUP, batch_sizes={"worker-0": 130, "worker-1": 130, "worker-2": 40}), cfg=GUARDED)
+    even = adjust({"worker-0": 100, "worker-1": 100, "worker-2": 100})
+    back = core.review(core.request(workers_at(1.3, 1.3, 1.2), T0), decision(even), T0)
+    assert len(back.execute) == 1, back.refused
+    further = adjust({"worker-0": 140, "worker-1": 140, "worker-2": 20})
+    away = core.review(core.request(workers_at(1.3, 1.3, 1.2), T0), decision(further), T0)
+    assert away.execute == [] and "no nearer the even split" in away.refused[0].reason

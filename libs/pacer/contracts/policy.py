@@ -51,9 +51,13 @@ class PolicyRequest:
     backup_workers: int = 0
     min_batch: int = field(default=1, metadata=doc("no worker's B_i may go below this"))
     max_batch: int = field(default=0, metadata=doc("no worker's B_i may exceed this (0: unbounded; AntDT-DD: device memory)"))
+    batch_caps: dict[str, int] = field(default_factory=dict, metadata=doc(
+        "worker -> the largest B_i its device holds, where lower than max_batch (the controller clamps ADJUST_BS to it)"))
     device_groups: dict[str, str] = field(default_factory=dict, metadata=doc("worker -> device group (AntDT-DD)"))
     params: dict[str, Any] = field(default_factory=dict, metadata=doc("policy parameters from the job spec"))
     restart_blocked: list[str] = field(default_factory=list, metadata=doc("nodes in KILL_RESTART cool-down"))
+    held: dict[str, float] = field(default_factory=dict, metadata=doc(
+        "action kind -> seconds the controller still refuses it: the last one made the job slower and was undone"))
 
 
 @message("policy.PolicyAction")
@@ -153,9 +157,16 @@ def validate_request(req: PolicyRequest) -> None:
         _nodes(name, table)
         for node, v in table.items():
             _in(f"{name}.{node}", v, lo, hi)
+    _count("batch_caps", req.batch_caps, MAX_NODES)
+    _nodes("batch_caps", req.batch_caps)
+    for node, v in req.batch_caps.items():
+        _in(f"batch_caps.{node}", v, 0, MAX_GLOBAL_BATCH)
     _count("device_groups", req.device_groups, MAX_NODES)
     _nodes("device_groups", req.device_groups)
     _count("restart_blocked", req.restart_blocked, MAX_NODES)
+    _count("held", req.held, len(ActionKind))
+    for kind, left in req.held.items():
+        _in(f"held.{kind}", left, 0, math.inf)
     _count("params", req.params, MAX_PARAMS)
     st = req.stats
     _count("stats.nodes", st.nodes, MAX_NODES)

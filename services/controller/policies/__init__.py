@@ -43,6 +43,17 @@ def even_split(global_batch: int, workers: int, min_batch: int = 1) -> int:
     return max(min_batch, global_batch // max(1, workers))
 
 
+def batch_caps(req: PolicyRequest, names: list[str]) -> list[int] | None:
+    """Per worker of ``names``, the largest B_i it may get: its device's cap (``req.batch_caps``, a device
+    group's memory), else ``max_batch``, else the global batch; None when no worker has a cap.  The
+    controller clamps any ADJUST_BS to these anyway (:mod:`.limits`); planning within them keeps the
+    policy's own intent (a clamp spreads the excess in the policy's proportions, not by speed)."""
+    if not req.batch_caps and not req.max_batch:
+        return None
+    default = req.max_batch or req.global_batch
+    return [min(default, req.batch_caps.get(n, 0) or default) for n in names]
+
+
 def current_assignment(req: PolicyRequest, workers: list[NodeStats]) -> tuple[dict[str, int], dict[str, int]]:
     """(B_i, C_i) of every live worker; a worker without a B_i gets the even split."""
     even = even_split(req.global_batch, len(workers), req.min_batch)

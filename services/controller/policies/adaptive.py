@@ -104,7 +104,7 @@ from pacer.contracts.agent import ActionKind
 from pacer.contracts.monitor import NodeState, NodeStats
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 
-from . import current_assignment, is_worker, live_servers, live_workers, param_float
+from . import batch_caps, current_assignment, is_worker, live_servers, live_workers, param_float
 from .batch import balance, makespan
 
 NAME = "pacer-adaptive"
@@ -354,9 +354,10 @@ def decide(req: PolicyRequest) -> PolicyDecision:
     if model is not None and not actions:
         sizes, accs = current_assignment(req, workers)
         speeds = [1.0 / model.per_sample] * len(model.names)
+        caps = batch_caps(req, model.names)
         d = [model.delays[x] for x in model.names]
         try:
-            target = balance(req.global_batch, speeds, lo=req.min_batch, hi=req.max_batch or None, offsets=d)
+            target = balance(req.global_batch, speeds, lo=req.min_batch, hi=caps, offsets=d)
             t_bal = _working_step(target, speeds, d, req.min_batch)
         except ValueError:
             target, t_bal = [], 0.0
@@ -405,7 +406,7 @@ def decide(req: PolicyRequest) -> PolicyDecision:
             if restarting:  # sized as a healthy worker: it comes back fresh
                 d = [0.0 if x in restarting else model.delays[x] for x in model.names]
                 try:
-                    target = balance(req.global_batch, speeds, lo=req.min_batch, hi=req.max_batch or None, offsets=d)
+                    target = balance(req.global_batch, speeds, lo=req.min_batch, hi=caps, offsets=d)
                     t_bal = _working_step(target, speeds, d, req.min_batch)
                 except ValueError:
                     target = []
@@ -419,7 +420,8 @@ def decide(req: PolicyRequest) -> PolicyDecision:
                 cap = max(req.min_batch, min(cap, req.max_batch) if req.max_batch else cap)
                 try:
                     target = balance(req.global_batch, speeds, lo=req.min_batch,
-                                     hi=[cap if b else req.global_batch for b in busy],
+                                     hi=[min(cap, c) if b else c for b, c in
+                                         zip(busy, caps or [req.global_batch] * len(busy), strict=True)],
                                      offsets=[v if b else IDLE_OFFSET_S for v, b in zip(d, busy, strict=True)])
                 except ValueError:
                     pass  # the bounds do not fit: keep the balanced target

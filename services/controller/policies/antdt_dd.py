@@ -7,8 +7,9 @@ keeps its full (memory-bound) batch and the fast ones accumulate more
 micro-batches, so every group's step time C_g B_g / v_g is balanced.
 
 Inputs: ``PolicyRequest.device_groups`` (worker -> group; a worker without
-one is in group ``"default"``), the per-device speed v_g = mean over the
-group's live workers of B_i C_i / T_i^trans, and the bounds:
+one is in group ``"default"``), the per-device speed v_g = the slowest of
+the group's live workers' B_i C_i / T_i^trans (the group's step waits for
+it; for identical devices, the paper's v_g), and the bounds:
 
 * ``min_batch`` / ``max_batch`` of the request (B^min, B^max; ``max_batch``
   0 means no memory bound), overridden per group by
@@ -97,7 +98,11 @@ def decide(req: PolicyRequest) -> PolicyDecision:
             DeviceGroup(
                 name=name,
                 devices=len(nodes),
-                speed=sum(speeds[n] for n in nodes) / len(nodes),
+                # Every device of a group gets the same B_g and C_g, and a synchronous step waits for the
+                # slowest of them: the group's step time is C_g B_g / (its slowest device's speed).  The mean
+                # speed (the paper's v_g for identical devices) under-sizes nothing only when no device of the
+                # group straggles; one that does would set every step while the plan ignored it.
+                speed=min(speeds[n] for n in nodes),
                 min_batch=_per_group(req, "min_batch_per_group", name, req.min_batch),
                 max_batch=_per_group(req, "max_batch_per_group", name, b_max),
             )
@@ -117,7 +122,7 @@ def decide(req: PolicyRequest) -> PolicyDecision:
     best = max(p.samples / by_name[g].speed for g, p in plan.items())
     sizes, accs = current_assignment(req, workers)
     group_of = {n: g for g, nodes in members.items() for n in nodes}
-    current = max(sizes[n] * accs[n] / by_name[group_of[n]].speed for n in group_of)
+    current = max(sizes[n] * accs[n] / speeds[n] for n in group_of)
     if current <= best * (1 + param_float(req, "tolerance", 0.05)):
         return nothing(f"already balanced: predicted step {current:.3g}s vs {best:.3g}s at the optimum of AntDT Eq. 4")
     batch_sizes = {n: plan[group_of[n]].batch for n in sorted(group_of)}

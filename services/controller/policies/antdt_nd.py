@@ -32,6 +32,7 @@ from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 
 from . import (
     PS_ROLE,
+    batch_caps,
     current_assignment,
     live_servers,
     live_workers,
@@ -78,7 +79,7 @@ def adjust_batch(req: PolicyRequest, lam: float, expected: dict[str, float] | No
     names = [w.node for w in workers]
     v = [speeds[n] for n in names]
     try:
-        target = balance(req.global_batch, v, lo=req.min_batch, hi=req.max_batch or None)
+        target = balance(req.global_batch, v, lo=req.min_batch, hi=batch_caps(req, names))
     except ValueError as e:
         return f"cannot rebalance: {e}"
     new = dict(zip(names, target, strict=True))

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pacer.contracts.agent import ActionKind
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 
-from . import current_assignment, live_workers, param_float, worker_speeds
+from . import batch_caps, current_assignment, live_workers, param_float, worker_speeds
 from .batch import balance, makespan
 
 LB_BSP = "lb-bsp"
@@ -42,7 +42,7 @@ def lb_bsp(req: PolicyRequest) -> PolicyDecision:
     names = [w.node for w in workers]
     v = [speeds[n] for n in names]
     try:
-        target = balance(req.global_batch, v, lo=req.min_batch, hi=_memory_caps(req, names))
+        target = balance(req.global_batch, v, lo=req.min_batch, hi=batch_caps(req, names))
     except ValueError as e:
         return nothing(f"cannot rebalance: {e}")
     sizes, accs = current_assignment(req, workers)
@@ -56,19 +56,6 @@ def lb_bsp(req: PolicyRequest) -> PolicyDecision:
         reason=f"B_i proportional to measured speed (AntDT Eq. 3): predicted step {now_s:.3g}s -> {best:.3g}s",
     )
     return PolicyDecision(job=req.job, policy=LB_BSP, actions=[action], reason="load balancing")
-
-
-def _memory_caps(req: PolicyRequest, names: list[str]) -> list[int] | int | None:
-    """Per-worker batch caps: a device group's memory (``params.max_batch_per_group``), else ``max_batch``.
-
-    LB-BSP has no gradient accumulation, so a device's memory bounds its batch
-    (AntDT §VI-B: this is what leaves LB-BSP short on heterogeneous devices).
-    """
-    caps = req.params.get("max_batch_per_group") or {}
-    if not isinstance(caps, dict) or not req.device_groups:
-        return req.max_batch or None
-    default = req.max_batch or req.global_batch
-    return [int(caps.get(req.device_groups.get(n, ""), default) or default) for n in names]
 
 
 def backup_workers(req: PolicyRequest) -> PolicyDecision:
