@@ -34,7 +34,7 @@ from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
 import numpy as np
-from pacer.data.criteo import NUM_CAT, NUM_DENSE, RecordFile, features, shuffle_within
+from pacer.data.criteo import NUM_CAT, NUM_DENSE, RecordFile, features
 from pacer.models.metrics import auc, logloss
 from pacer.trainer import sdk
 
@@ -163,12 +163,14 @@ def train(w: sdk.Worker, buckets: int, step_ms: float) -> dict[str, Any]:
     ps = PSClient(w.env)
     samples, loss = 0, float("nan")
     for shard in w.shards():
-        # The shard's records in the order its seed gives (the same order again if it is re-served).
-        records = shuffle_within(w.read(shard.offset, shard.end), shard.seed)
+        # Each batch is records [lo, hi) in record order: the shard's end can move while it is read (the
+        # shard service gives its tail to an idle worker), and then exactly [offset, new end) must have
+        # been trained here.  A permutation of the whole shard would train some of the stolen tail and
+        # leave some of the kept head untrained.
         for lo, hi in w.batches(shard):
             t0 = time.perf_counter()
             w.check()  # global actions land here, before the step of their iteration
-            loss = step(ps, records[lo - shard.offset:hi - shard.offset], buckets, w.learning_rate)
+            loss = step(ps, w.read(lo, hi), buckets, w.learning_rate)
             if step_ms:  # emulate a heavier model (tests: lets an action arrive mid-training)
                 time.sleep(max(0.0, step_ms / 1000 - (time.perf_counter() - t0)))
             samples += hi - lo

@@ -4,8 +4,11 @@ AntDT §IV (Stateful Dynamic Data Sharding: TODO/DOING/DONE, at-least-once)
 and DLRover 2023 §3.3 (dynamic sharding with TODO/DOING queues), hardened:
 leases, a DONE state, FAILED parking instead of silent drops, splits for
 straggler-sized shards (DLRover-RM §5.1), streaming datasets, checkpoints,
-and re-served pieces for records whose gradients were discarded (BSP backup
-workers drop late gradients: those records were consumed but not trained).
+re-served pieces for records whose gradients were discarded (BSP backup
+workers drop late gradients: those records were consumed but not trained),
+and a tail without idle nodes: rate-weighted pieces of the last TODO shards
+(weighted factoring) and, once none is left, work stealing from the DOING
+shard of the node expected to finish last.
 
 Every change of state is a *log record* (a short list).  Decision methods
 (``register``, ``lease``, ``expire``, ``node_died``, ...) build records and
@@ -19,12 +22,14 @@ calls one job's core from one task at a time.
 
 Lease deadlines are deliberately *not* logged (a heartbeat would otherwise
 cost an append); after a rebuild every holder gets a fresh lease, which can
-only delay, never lose, a shard.
+only delay, never lose, a shard.  Nor are the nodes' rates: both steer
+decisions (piece sizes, steals), whose outcome is logged; neither is state.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -33,6 +38,7 @@ from typing import Any
 
 from pacer.codec import from_dict, to_dict
 from pacer.contracts.shards import (
+    REPORTS_PER_LEASE,
     DatasetMode,
     DatasetSpec,
     DatasetStatus,
@@ -59,6 +65,21 @@ MAX_RECORDS = 2**63 - 1
 # less than one batch (a batch does not span two shards).
 TAIL_FACTOR = 2
 TAIL_MIN_PIECES = 32
+# Work stealing at the end of a finite dataset (``DatasetSpec.tail_split``), after Blumofe and
+# Leiserson, "Scheduling multithreaded computations by work stealing" (JACM 1999): a node that asks
+# for work when no TODO shard is left takes the last part of a DOING shard of another node, the
+# node expected to finish last (its records left over its rate), instead of idling until that node
+# is done.  The records left of that node and of the requester are shared in proportion to their
+# rates, so both finish together.  The holder keeps a margin: what it read since its last report
+# and until it learns of the cut (its next request, at most lease_s / REPORTS_PER_LEASE away, its
+# client's heartbeat), at its rate, plus STEAL_SLACK_S for a step in flight and progress reported
+# every few steps; never less than a batch.  A steal is made only when the stolen part is at least
+# STEAL_MIN_BATCHES batches and the holder's time left is at least STEAL_GAIN times what the requester
+# needs for the stolen part and what it holds already: then the last of the two finishes sooner.
+# Nothing is stolen while no node reported a rate (the margin could not be sized).
+STEAL_MIN_BATCHES = 2
+STEAL_GAIN = 1.5
+STEAL_SLACK_S = 2.0
 # A node is not granted the pieces of its own discarded records while another node can take them
 # (a node whose gradients are discarded is usually the slowest, and would only lose them again).
 # Skipping them scans the head of the TODO queue, where they sit; a node with this many of its
@@ -138,8 +159,8 @@ class IllegalTransition(PacerError):
 class Shard:
     """Mutable per-shard state inside the core (never leaves it as-is)."""
 
-    __slots__ = ("consumed", "discarder", "epoch", "failures", "floor", "given", "grants", "id", "length", "node",
-                 "offset", "seed", "state")
+    __slots__ = ("consumed", "cut", "discarder", "epoch", "failures", "floor", "given", "grants", "id", "length",
+                 "node", "offset", "over", "seed", "state", "told")
 
     def __init__(self, sid: int, epoch: int, offset: int, length: int, seed: int) -> None:
         self.id = sid
@@ -158,6 +179,12 @@ class Shard:
         self.given = 0
         self.floor = 0
         self.discarder = ""  # a re-served piece: the node whose gradients of these records were discarded
+        # Work stealing: ``cut`` records were cut off the end of this DOING shard since it was granted to its
+        # holder, which was sent ``told`` of them (``LeaseReply.shortened``) and reported ``over`` records past
+        # the end read (counted duplicated).  A grant resets all three.
+        self.cut = 0
+        self.told = 0
+        self.over = 0
 
 
 @dataclass(slots=True)
@@ -335,6 +362,10 @@ class NodeRates:
         if not self.known:
             self.total = 0.0  # no drift left behind by the float sums
 
+    def rate(self, node: str) -> float:
+        """``node``'s rate; a node without one counts as the mean of the known ones (1.0 when none is known)."""
+        return self.of.get(node) or (self.total / self.known if self.known else 1.0)
+
     def share(self, node: str) -> tuple[float, float]:
         """``node``'s share of the summed rates and its rate over the mean; a node without a
         rate counts as the mean of the known ones (every node equal when none is known)."""
@@ -434,19 +465,29 @@ class JobShards:
                 ds.records_duplicated += sh.length - sh.consumed
             sh.grants += 1
             sh.floor = sh.consumed  # a holder may discard only records it consumed itself
+            sh.cut = sh.told = sh.over = 0
         elif op == "done":
             sh = ds.shards[rec[2]]
             node = sh.node
             ds.node_records[node] = ds.node_records.get(node, 0) + sh.length - sh.consumed
             ds.node_done[node] = ds.node_done.get(node, 0) + 1
             sh.consumed = sh.length
+            self._untold(ds, sh)
             ds.move(sh, S.DONE)
         elif op == "prog":
             sh = ds.shards[rec[2]]
-            ds.node_records[sh.node] = ds.node_records.get(sh.node, 0) + rec[3] - sh.consumed
-            sh.consumed = rec[3]
+            pos = rec[3]
+            if pos > sh.length:
+                # Read past the end its shard was cut to before the holder learnt of the cut: those
+                # records are the stealer's too, trained twice (at-least-once), counted once each.
+                ds.records_duplicated += max(0, pos - sh.length - sh.over)
+                sh.over = max(sh.over, pos - sh.length)
+                pos = sh.length
+            ds.node_records[sh.node] = ds.node_records.get(sh.node, 0) + pos - sh.consumed
+            sh.consumed = pos
         elif op == "lost":
             sh = ds.shards[rec[2]]
+            self._untold(ds, sh)
             if sh.consumed >= sh.length:
                 ds.move(sh, S.DONE)  # every record was consumed before the loss
             else:
@@ -497,6 +538,29 @@ class JobShards:
                 ds.records_done -= k
             ds.records_reserved += k
             ds.node_discarded[node] = ds.node_discarded.get(node, 0) + k
+        elif op == "steal":
+            # Work stealing: [offset+at, end) of a DOING shard becomes a new shard, DOING at once for
+            # ``node``; its holder keeps [offset, offset+at).  The records never pass through TODO.
+            sh = ds.shards[rec[2]]
+            at, new_id, node = rec[3], rec[4], rec[5]
+            if (sh.state is not S.DOING or not sh.consumed < at < sh.length or new_id != ds.next_id or not node
+                    or node == sh.node):
+                raise IllegalTransition(f"bad steal of shard {sh.id} at {at}")
+            k = sh.length - at
+            part = Shard(new_id, sh.epoch, sh.offset + at, k, (sh.seed * 31 + new_id) & 0x7FFFFFFF)
+            part.discarder = sh.discarder  # a part of a re-served piece is one too
+            part.state, part.node, part.grants = S.DOING, node, 1
+            sh.length = at
+            sh.cut += k
+            ds.shards[new_id] = part
+            ds.next_id += 1
+            ds.doing.setdefault(node, set()).add(new_id)
+        elif op == "told":
+            # The holder was sent the end its shard was cut to (``LeaseReply.shortened``).
+            sh = ds.shards[rec[2]]
+            if sh.state is not S.DOING or not sh.cut:
+                raise IllegalTransition(f"shard {sh.id} was not cut: nothing to tell")
+            sh.told = sh.cut
         elif op == "epoch":
             ds.epoch = rec[2]
             if ds.spec.mode is DatasetMode.FINITE:
@@ -521,6 +585,14 @@ class JobShards:
             self.datasets[rec[1]] = dataset_from_snapshot(checkpoint)
         else:
             raise IllegalTransition(f"unknown log record {op!r}")
+
+    @staticmethod
+    def _untold(ds: Dataset, sh: Shard) -> None:
+        """A cut shard leaves its holder, which may not have learnt of (all of) the cut: it may have
+        read up to the end it knew, past the end the shard has now, so count those records as
+        duplicated (an upper bound, as for a re-grant after a loss); what it reported past the end
+        (``over``) was counted already."""
+        ds.records_duplicated += max(0, sh.cut - sh.told - sh.over)
 
     @staticmethod
     def _append(ds: Dataset, count: int) -> None:
@@ -619,17 +691,29 @@ class JobShards:
                 return sh
             return None
 
+        # Progress of a cut shard past its new end, reported beside its ``done``: how far its holder
+        # read before it learnt of the cut (those records are counted duplicated, not refused).
+        past = {p.shard: p.consumed for p in req.progress}
+        past_done: set[int] = set()
         done_now: set[int] = set()
         for sid in req.done:
-            if holder_check(sid) is not None:
+            sh = holder_check(sid)
+            if sh is not None:
+                pos = past.get(sid, 0)
+                if sh.cut and sh.length < pos <= sh.length + sh.cut:
+                    past_done.add(sid)
+                    if pos - sh.length > sh.over:
+                        self._do(out, ["prog", req.dataset, sid, pos])
                 self._do(out, ["done", req.dataset, sid])
                 done_now.add(sid)
         for p in req.progress:
+            if p.shard in past_done:
+                continue
             sh = holder_check(p.shard)
             if sh is not None:
-                if not 0 <= p.consumed <= sh.length:
+                if not 0 <= p.consumed <= sh.length + sh.cut:  # a cut shard: up to the end it was granted
                     rejected.append(Rejected(p.shard, "bad_progress"))
-                elif p.consumed > sh.consumed:
+                elif min(p.consumed, sh.length) > sh.consumed or p.consumed - sh.length > sh.over:
                     self._do(out, ["prog", req.dataset, p.shard, p.consumed])
         if req.discarded:
             self._discard(out, ds, req.dataset, node, req.discarded, done_now, holder_check, rejected)
@@ -660,8 +744,21 @@ class JobShards:
             self._do(out, ["grant", req.dataset, sh.id, node])
             granted.append(ds.lease_of(sh))
             want -= 1
+        if want > 0 and not ds.todo:
+            stolen = self._steal(out, ds, req.dataset, node, rates, now, req.max_records)
+            if stolen is not None:
+                granted.append(stolen)
         if not ds.todo:
             self._next_epoch(out, ds, req.dataset)
+        # Every reply tells the node the ends its shards were cut to (idempotent: a lost reply is
+        # healed by the next one); the first is logged, so a loss of the shard knows what it knew.
+        shortened: list[ShardLease] = []
+        for sid in sorted(ds.doing.get(node, ())):
+            sh = shards[sid]
+            if sh.cut:
+                if sh.told < sh.cut:
+                    self._do(out, ["told", req.dataset, sid])
+                shortened.append(ds.lease_of(sh))
         finished = self._check_finished(out, ds, req.dataset)
         out.reply = LeaseReply(
             shards=granted,
@@ -669,8 +766,55 @@ class JobShards:
             finished=finished,
             exhausted=not granted and not finished and req.want > 0,
             rejected=rejected,
+            shortened=shortened,
         )
         return out
+
+    def _steal(self, out: Outcome, ds: Dataset, name: str, node: str, rates: NodeRates, now: float,
+               max_records: int) -> ShardLease | None:
+        """Work stealing (see :data:`STEAL_GAIN`): cut the DOING shard of the node expected to finish
+        last and grant its last part to ``node``; None when no steal is worth it."""
+        if not ds.spec.tail_split or ds.spec.mode is not DatasetMode.FINITE or ds.todo:
+            return None
+        if not rates.known:
+            return None  # no node reported a rate: who finishes last, and the holder's margin, are unknown
+        if self.shards_planned() >= self.limits.shards_per_job:
+            return None
+        shards = ds.shards
+
+        def left(sids: Iterable[int]) -> int:
+            return sum(shards[s].length - shards[s].consumed for s in sids)
+
+        # The holder expected to finish last: its records left over its rate (ties: the first by name).
+        holder, t_holder = "", 0.0
+        for h in sorted(ds.doing):
+            if h != node and (t := left(ds.doing[h]) / rates.rate(h)) > t_holder:
+                holder, t_holder = h, t
+        if not holder:
+            return None
+        cand = [shards[s] for s in sorted(ds.doing[holder]) if shards[s].discarder != node]
+        if not cand:
+            return None  # only pieces of the requester's own discarded records: it would lose them again
+        sh = max(cand, key=lambda s: s.length - s.consumed)
+        r_h, r_q = rates.rate(holder), rates.rate(node)
+        left_h, left_q = left(ds.doing[holder]), left(ds.doing.get(node, ()))
+        b = ds.spec.batch_size
+        deadline = self.deadlines.get((name, holder))
+        since = max(0.0, now - (deadline - ds.spec.lease_s)) if deadline is not None else 0.0
+        margin = max(b, math.ceil(r_h * (max(since, ds.spec.lease_s / REPORTS_PER_LEASE) + STEAL_SLACK_S)))
+        # Both finish together: (left_h - k) / r_h == (left_q + k) / r_q.
+        k = (left_h * r_q - left_q * r_h) / (r_h + r_q)
+        k = min(k, sh.length - sh.consumed - margin)
+        if max_records:
+            k = min(k, max_records)
+        k = int(max(k, 0)) // b * b  # whole batches: the piece ends where a step of the nominal batch does
+        if k < STEAL_MIN_BATCHES * b:
+            return None
+        if t_holder < STEAL_GAIN * (left_q + k) / r_q:
+            return None  # the requester would not be done with it clearly before the holder with the rest
+        new_id = ds.next_id
+        self._do(out, ["steal", name, sh.id, sh.length - k, new_id, node])
+        return ds.lease_of(shards[new_id])
 
     def _discard(self, out: Outcome, ds: Dataset, name: str, node: str, ranges: list[ShardRange],
                  done_now: set[int], holder_check: Callable[[int], Shard | None], rejected: list[Rejected]) -> None:
@@ -685,9 +829,15 @@ class JobShards:
                 if sh is None:
                     continue
                 bound = sh.consumed
-            if not 0 <= r.start < r.end <= sh.length:
+            if not 0 <= r.start < r.end <= sh.length + sh.cut:
                 rejected.append(Rejected(r.shard, "bad_discard"))
-            elif r.end > bound:
+                continue
+            if r.end > sh.length:
+                # Read past the end its shard was cut to: those records are the stealer's, which trains them.
+                if r.start >= sh.length:
+                    continue
+                r = ShardRange(r.shard, r.start, sh.length)
+            if r.end > bound:
                 rejected.append(Rejected(r.shard, "discard_not_consumed"))  # beyond the reported progress
             elif r.start < sh.floor:
                 # Overlaps a range reported before (a retried request that did land, most likely),
@@ -896,6 +1046,9 @@ def dataset_snapshot(ds: Dataset) -> dict[str, Any]:
         "given": [s.given for s in sh],
         "floor": [s.floor for s in sh],
         "discarder": [s.discarder for s in sh],
+        "cut": [s.cut for s in sh],
+        "told": [s.told for s in sh],
+        "over": [s.over for s in sh],
         "todo": list(ds.todo),
     }
 
@@ -909,20 +1062,23 @@ def dataset_from_snapshot(d: dict[str, Any]) -> Dataset:
     ds.records_duplicated = d["records_duplicated"]
     ds.node_records = dict(d["node_records"])
     ds.node_done = dict(d["node_done"])
-    # Snapshots and checkpoints taken before discarded gradients were re-served lack these: none then.
+    # Snapshots and checkpoints taken before discarded gradients were re-served, or before shards were cut
+    # by work stealing, lack these: none then.
     ds.records_reserved = d.get("records_reserved", 0)
     ds.node_discarded = dict(d.get("node_discarded", {}))
     n = len(d["id"])
     cols = zip(
         d["id"], d["epoch_of"], d["offset"], d["length"], d["seed"], d["state"], d["node"],
         d["consumed"], d["failures"], d["grants"], d.get("given", [0] * n), d.get("floor", [0] * n),
-        d.get("discarder", [""] * n), strict=True,
+        d.get("discarder", [""] * n), d.get("cut", [0] * n), d.get("told", [0] * n), d.get("over", [0] * n),
+        strict=True,
     )
-    for sid, ep, off, ln, seed, code, node, cons, fails, grants, given, floor, discarder in cols:
+    for sid, ep, off, ln, seed, code, node, cons, fails, grants, given, floor, discarder, cut, told, over in cols:
         sh = Shard(sid, ep, off, ln, seed)
         sh.state = _CODE_STATE[code]
         sh.node, sh.consumed, sh.failures, sh.grants = node, cons, fails, grants
         sh.given, sh.floor, sh.discarder = given, floor, discarder
+        sh.cut, sh.told, sh.over = cut, told, over
         ds.shards[sid] = sh
         if sh.state is S.DOING:
             ds.doing.setdefault(node, set()).add(sid)

@@ -55,6 +55,10 @@ def build(svc: ShardService) -> dict[str, Handler]:
             svc.counters.inc("shards_done", len(req.done))
         if out.reply.rejected:
             svc.counters.inc("reports_rejected", len(out.reply.rejected))
+        for rec in out.records:
+            if rec[0] == "steal":  # work stealing near the end: the requester took the end of another's shard
+                svc.counters.inc("shards_stolen")
+                svc.counters.inc("records_stolen", rt.core.datasets[req.dataset].shards[rec[4]].length)
         if req.discarded:
             reserved = sum(r[4] - r[3] for r in out.records if r[0] == "disc")
             svc.counters.inc("discards_rejected", len(req.discarded) - sum(r[0] == "disc" for r in out.records))

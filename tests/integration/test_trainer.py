@@ -284,3 +284,46 @@ def test_bsp_backup_workers_discarded_gradients_are_trained_again(
         assert r["samples_kept"] + r["samples_discarded"] == r["samples"]
     assert sum(r["samples_kept"] for r in results.values()) >= SMALL_ROWS
     assert sum(r["samples"] for r in results.values()) == SMALL_ROWS + st.records_reserved + st.records_duplicated
+
+
+async def _hold_every_shard(url: str, job: str, node: str) -> int:
+    """Lease every shard of the job's dataset to ``node`` before its worker runs: its first request gets
+    them (the service re-sends shards a node holds but does not list, as after a lost reply)."""
+    from pacer.contracts.shards import LeaseReply, LeaseRequest
+
+    bus = await Bus.connect(url)
+    try:
+        reply = await bus.request(subjects.rpc(subjects.SHARD_SERVICE, job, subjects.ShardOp.LEASE),
+                                  LeaseRequest(job=job, dataset="train", node=node, want=64), LeaseReply)
+        return sum(le.end - le.start for le in reply.shards)
+    finally:
+        await bus.close()
+
+
+def test_a_stragglers_shard_is_stolen_by_the_fast_worker_and_every_record_is_trained(
+    stack: Stack, small_data: str, tmp_path: Path
+) -> None:
+    """ASP, 1 PS + 2 workers; the dataset is one shard, held by the chief from the start (as a
+    worker that took its shard while fast and slowed down after: it sleeps 0.2 s before every
+    step).  The other worker asks when nothing is TODO and gets the end of that shard (work
+    stealing), and again once it is done with that; the straggler learns its shorter lease and
+    stops there.  (With a 30 s lease a holder reports every 7.5 s, and keeps a margin for that.)  Every record is trained, and the ones trained twice (a holder past the new end before
+    it learnt of it) are exactly those counted as duplicated."""
+    from pacer.trainer.straggler import StragglerSpec
+
+    slow = StragglerSpec(kind="persistent", sleep_s=0.2)  # type: ignore[arg-type]
+    s = LocalJobSpec(job="steal", data=small_data, nats_url=stack.url, work_dir=str(tmp_path / "steal"),
+                     lease_s=30.0, num_ps=1, workers=2, mode="asp", batch_size=32,
+                     batches_per_shard=SMALL_ROWS // 32 + 1, stragglers={0: slow})
+    job = LocalJob(s)
+    run(job.register())
+    assert run(_hold_every_shard(stack.url, "steal", "worker-0")) == SMALL_ROWS
+    with job:
+        results = job.wait(timeout=300)
+    st = run(status(stack.url, "steal"))
+    assert st.finished and st.failed == 0 and st.todo == st.doing == 0 and st.epochs == 1
+    assert st.records_done == st.records_total == SMALL_ROWS
+    assert sorted(results) == [0, 1]
+    assert results[1]["samples"] > 0, "the fast worker never got a part of the straggler's shard"
+    assert results[0]["records_stolen"] > 0 and results[0]["samples"] < SMALL_ROWS, "the straggler read it all"
+    assert sum(r["samples"] for r in results.values()) == SMALL_ROWS + st.records_duplicated

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-from pacer.shards import client as client_mod
 from pacer.shards.client import RATE_EVERY_S, ShardClient
 
 
@@ -14,10 +13,9 @@ class Clock:
         return self.t
 
 
-def test_the_rate_is_records_trained_over_time_averaged_with_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_rate_is_records_trained_over_time_averaged_with_the_last() -> None:
     clock = Clock()
-    monkeypatch.setattr(client_mod.time, "monotonic", clock)
-    c = ShardClient(None, "j", "d", "w0")  # type: ignore[arg-type]  # no request is sent: no bus
+    c = ShardClient(None, "j", "d", "w0", clock=clock)  # type: ignore[arg-type]  # no request is sent: no bus
     assert c._measure_rate() == 0.0  # nothing measured yet: "not known"
     c.trained(500)
     clock.t += RATE_EVERY_S / 2

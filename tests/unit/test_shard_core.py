@@ -9,10 +9,12 @@ themselves, replay equality, at-least-once delivery under failures.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 import random
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,6 +31,7 @@ from pacer.contracts.shards import (
     ShardRange,
 )
 from pacer.errors import Conflict, NotFound, ValidationError
+from pacer_services.shard_service import core
 from pacer_services.shard_service.core import (
     MAX_WANT,
     TAIL_FACTOR,
@@ -118,6 +121,9 @@ def check_invariants(js: JobShards) -> None:
             assert 0 <= sh.given <= sh.floor <= sh.consumed, (sid, sh.given, sh.floor, sh.consumed)
             if sh.state is S.DOING:
                 assert sh.node != "" and sh.grants >= 1
+                # cut by work stealing: told of at most the cut, past its end at most the cut
+                assert 0 <= sh.told <= sh.cut and 0 <= sh.over <= sh.cut, (sid, sh.cut, sh.told, sh.over)
+                assert not sh.over or sh.consumed == sh.length
             if sh.state in (S.TODO, S.FAILED):
                 assert sh.node == ""
             if sh.state is S.DONE:
@@ -196,6 +202,9 @@ class Client:
             int, list[Any]
         ] = {}  # sid -> [ShardLease, next record to read, reported pos]
         self.discarded = 0  # records whose discard the server accepted
+        # Records of its leases it never got to read: the ends cut off its shards by work stealing
+        # (``LeaseReply.shortened``), less what it had read past the new end before it learnt of it.
+        self.cut_back = 0
 
     def read(self, rng: random.Random, n: int, reads: Counter[tuple[int, int]] | None) -> None:
         for sid in sorted(self.leases):
@@ -217,6 +226,7 @@ class Client:
         *,
         want: int,
         max_records: int = 0,
+        rate: float = 0.0,
         fail_p: float = 0.0,
         release_p: float = 0.0,
         discard_p: float = 0.0,
@@ -229,19 +239,25 @@ class Client:
         """
         done, progress, failed, released, held = [], [], [], [], []
         discarded: list[ShardRange] = []
+        reserve: dict[int, int] = {}  # sid -> records of its discarded range the server will serve again
         pending: dict[int, tuple[int, list[tuple[int, int]], int]] = {}  # sid -> (epoch, kept ranges, new pos)
         for sid, (le, pos, rep) in sorted(self.leases.items()):
             roll = rng.random()
-            if pos == le.end or (pos > rep and roll >= fail_p + release_p):
+            if pos >= le.end or (pos > rep and roll >= fail_p + release_p):
                 kept = [(rep, pos)]
                 if discard_p and rng.random() < discard_p:
                     a = rng.randint(rep, pos - 1)
                     b = rng.randint(a + 1, pos)
                     discarded.append(ShardRange(sid, a - le.offset, b - le.offset))
                     kept = [(x, y) for x, y in ((rep, a), (b, pos)) if y > x]
+                    # records past the end the shard was cut to are its stealer's: never served again
+                    sh = js.datasets[dataset].shards[sid]
+                    reserve[sid] = max(0, min(b, sh.offset + sh.length) - a)
                 pending[sid] = (le.epoch, kept, pos)
-            if pos == le.end:
+            if pos >= le.end:
                 done.append(sid)
+                if pos > le.end:  # read past the end it learnt its shard was cut to: say how far
+                    progress.append(ShardProgress(sid, pos - le.offset))
             elif roll < fail_p:
                 failed.append(sid)
             elif roll < fail_p + release_p:
@@ -262,13 +278,14 @@ class Client:
                 failed=failed,
                 released=released,
                 max_records=max_records,
+                rate=rate,
             ),
             now,
         )
         reply: LeaseReply = out.reply
         bad = {r.shard for r in reply.rejected}
         confirmed = [(ep, a, b) for s, (ep, kept, _) in pending.items() if s not in bad for a, b in kept]
-        self.discarded += sum(r.end - r.start for r in discarded if r.shard not in bad)
+        self.discarded += sum(reserve[r.shard] for r in discarded if r.shard not in bad)
         for s in done + failed + released:
             self.leases.pop(s, None)
         for s in bad:
@@ -278,6 +295,11 @@ class Client:
                 self.leases[s][2] = pos
         for le in reply.shards:
             self.leases[le.shard] = [le, le.start, le.start]
+        for le in reply.shortened:  # work stealing took the end of a shard it holds: stop there
+            old, pos, _rep = self.leases[le.shard]
+            assert le.end <= old.end and (le.offset, le.epoch) == (old.offset, old.epoch)
+            self.cut_back += old.end - max(le.end, min(pos, old.end))
+            self.leases[le.shard][0] = dataclasses.replace(old, end=le.end)
         return out, confirmed
 
 
@@ -383,13 +405,14 @@ def test_nodes_consume_every_record_exactly_once(
     )
     js, _ = new_job(sp)
     clients = [Client(f"n{i}") for i in range(nnodes)]
-    granted: dict[int, list[tuple[int, int]]] = {e: [] for e in range(epochs)}
+    granted: dict[int, tuple[int, int, int]] = {}  # shard -> (epoch, start, end as last told)
+    reads: Counter[tuple[int, int]] = Counter()
     events: list[str] = []
     now = 0.0
     finished_seen = False
     for _step in range(20_000):
         c = rnd.choice(clients)
-        c.read(rnd, rnd.randint(0, 3 * batch_size * bps), None)
+        c.read(rnd, rnd.randint(0, 3 * batch_size * bps), reads)
         prefetch = rnd.randint(0, 4)
         max_rec = rnd.randint(1, batch_size * bps + 2) if split and rnd.random() < 0.5 else 0
         want = max(0, prefetch - len(c.leases))
@@ -397,7 +420,8 @@ def test_nodes_consume_every_record_exactly_once(
         reply: LeaseReply = out.reply
         events += kinds(out)
         assert not reply.rejected
-        assert ops(out).count("grant") == len(reply.shards), (
+        # a new shard is granted from TODO, or cut off the end of another node's (work stealing)
+        assert ops(out).count("grant") + ops(out).count("steal") == len(reply.shards), (
             "a lease was re-returned without a lost reply"
         )
         for le in reply.shards:
@@ -405,7 +429,9 @@ def test_nodes_consume_every_record_exactly_once(
             assert le.start == le.offset
             if max_rec:
                 assert lease_len(le) <= max_rec
-            granted[le.epoch].append((le.start, le.end))
+            granted[le.shard] = (le.epoch, le.start, le.end)
+        for le in reply.shortened:
+            granted[le.shard] = (le.epoch, granted[le.shard][1], le.end)
         ds = js.datasets[DS]
         all_done = all(sh.state is S.DONE for sh in ds.shards.values()) and ds.epoch == epochs - 1
         assert reply.finished is all_done
@@ -418,13 +444,19 @@ def test_nodes_consume_every_record_exactly_once(
             check_invariants(js)
     assert finished_seen
     check_invariants(js)
+    # the leases as their holders last knew them; one holder reported its last shard done before it
+    # heard of its cut (it read up to the end it knew): its stealer's piece is the truth
+    ends = {sid: (sh.epoch, sh.offset, sh.offset + sh.length) for sid, sh in js.datasets[DS].shards.items()}
+    assert all(granted[sid][:2] == ends[sid][:2] and granted[sid][2] >= ends[sid][2] for sid in ends)
     for e in range(epochs):
-        covered_exactly(granted[e], records)
+        covered_exactly([(a, b) for ep, a, b in ends.values() if ep == e], records)
     st_ = js.status(DS)
     assert (st_.todo, st_.doing, st_.failed) == (0, 0, 0)
     assert st_.done == len(js.datasets[DS].shards)
     assert st_.records_done == st_.records_total == records * epochs
-    assert st_.records_duplicated == 0
+    assert set(reads) == {(e, r) for e in range(epochs) for r in range(records)}
+    # no failure: a record is read twice only when a holder read past the end its shard was cut to
+    assert st_.records_duplicated == sum(n - 1 for n in reads.values())
     assert st_.epoch == epochs - 1 and st_.finished
     assert sum(n.records for n in st_.nodes) == records * epochs
     assert sum(n.shards_done for n in st_.nodes) == st_.done
@@ -500,12 +532,15 @@ def _random_lease(js: JobShards, data: st.DataObject, name: str, node: str, now:
         )
         consumed = sh.length if tag == "done" else sh.consumed
         if tag == "progress":
-            consumed = data.draw(st.integers(-1, sh.length + 1))
+            # a cut shard's holder may report up to the end it was granted (past the new end)
+            consumed = data.draw(st.integers(-1, sh.length + sh.cut + 1))
             kw["progress"].append(ShardProgress(sid, consumed))
             if data.draw(st.booleans()):
                 kw["held"].append(sid)
         elif tag != "forget":
             kw[tag].append(sid)
+            if tag == "done" and sh.cut and data.draw(st.booleans()):  # and how far past the new end it read
+                kw["progress"].append(ShardProgress(sid, data.draw(st.integers(sh.length, sh.length + sh.cut))))
         # gradients of some of what it consumed discarded: mostly a valid range, sometimes not
         how = data.draw(st.sampled_from(["none", "valid", "valid", "any"]))
         if how == "valid" and tag == "held" and consumed <= sh.floor < sh.length:
@@ -527,6 +562,7 @@ def _random_lease(js: JobShards, data: st.DataObject, name: str, node: str, now:
             name,
             want=data.draw(st.integers(0, 4)),
             max_records=data.draw(st.sampled_from([0, 0, 1, 2, 3, 7])),
+            rate=data.draw(st.sampled_from([0.0, 0.1, 1.0, 5.0])),  # slow holders' shards get stolen
             **kw,
         ),
         now,
@@ -538,7 +574,7 @@ fin_specs = st.builds(
     dataset=st.just(FIN),
     records=st.integers(1, 60),
     batch_size=st.integers(1, 7),
-    batches_per_shard=st.integers(1, 3),
+    batches_per_shard=st.integers(1, 6),
     epochs=st.integers(1, 3),
     shuffle=st.booleans(),
     seed=st.integers(0, 1000),
@@ -565,7 +601,7 @@ def test_fold_and_snapshots_rebuild_the_live_state(
     cps: dict[str, Any] = {}
     boundaries = [(len(log), js.snapshot())]  # snapshot() returns fresh containers
     now = 0.0
-    kinds_ = ["lease"] * 6 + ["expire", "died", "retry", "append", "append", "noop"]
+    kinds_ = ["lease"] * 6 + ["hoard", "expire", "died", "retry", "append", "append", "noop"]
     if with_restore:
         kinds_ += ["checkpoint", "restore"]
     for _ in range(data.draw(st.integers(0, 30))):
@@ -575,6 +611,9 @@ def test_fold_and_snapshots_rebuild_the_live_state(
         out: Outcome | None = None
         if kind == "lease":
             out = _random_lease(js, data, name, data.draw(st.sampled_from(NODES)), now)
+        elif kind == "hoard":  # a slow node takes many shards: the others, once idle, steal their ends
+            want = data.draw(st.sampled_from([8, MAX_WANT]))
+            out = js.lease(req(data.draw(st.sampled_from(NODES)), name, want=want, rate=0.1), now)
         elif kind == "expire":
             now += data.draw(st.sampled_from([0.5, 2.0, 4.0, 11.0]))
             out = js.expire(now)
@@ -619,9 +658,10 @@ def test_fold_and_snapshots_rebuild_the_live_state(
     for idx in {0, len(boundaries) // 2, data.draw(st.integers(0, len(boundaries) - 1))}:
         at, snap = boundaries[idx]
         assert replay(log[at:], cps, base=snap).snapshot() == live
-    # a rebuilt state decides exactly as the live one once it knows the nodes' rates: soft state, like the
-    # lease deadlines, not logged but reported again with every lease request (tail pieces depend on them)
+    # a rebuilt state decides exactly as the live one once it knows the nodes' rates and lease deadlines: soft
+    # state, not logged but reported again with every lease request (tail pieces and steals depend on them)
     rebuilt.rates = copy.deepcopy(js.rates)
+    rebuilt.deadlines = dict(js.deadlines)
     for name in (FIN, STR):
         a = js.lease(req("n1", name, want=2, max_records=2), now)
         b = rebuilt.lease(req("n1", name, want=2, max_records=2), now)
@@ -656,7 +696,7 @@ def test_snapshot_tail_replay_simple() -> None:
 @given(
     records=st.integers(1, 150),
     batch_size=st.integers(1, 8),
-    bps=st.integers(1, 3),
+    bps=st.integers(1, 6),
     epochs=st.integers(1, 3),
     nnodes=st.integers(1, 4),
     max_failures=st.integers(1, 5),
@@ -666,6 +706,8 @@ def test_snapshot_tail_replay_simple() -> None:
     p_release=st.sampled_from([0.0, 0.0, 0.05]),
     p_discard=st.sampled_from([0.0, 0.1, 0.4]),
     split=st.booleans(),
+    slow=st.sampled_from([1, 4, 30]),
+    under=st.sampled_from([1.0, 0.2]),
     rseed=st.integers(0, 2**32),
 )
 def test_at_least_once_under_failures(
@@ -681,11 +723,15 @@ def test_at_least_once_under_failures(
     p_release: float,
     p_discard: float,
     split: bool,
+    slow: int,
+    under: float,
     rseed: int,
 ) -> None:
     """Every record is trained with a kept gradient at least once, whatever nodes die, fall
-    silent, fail, release or have their gradients discarded; the counts say exactly how much
-    was handed out again."""
+    silent, fail, release, have their gradients discarded or the end of their shard stolen by
+    an idle node (n0 turns ``slow`` times slower than the others; with ``under`` < 1 every node
+    reports a lower rate than it reads at, so the service leaves too small a margin and holders
+    read past the end their shard was cut to); the counts say exactly how much was handed out again."""
     rnd = random.Random(rseed)
     lease_s = 5.0
     sp = spec(
@@ -707,11 +753,15 @@ def test_at_least_once_under_failures(
     parked_events = 0
     now = 0.0
     shard_size = batch_size * bps
+    steals = 0
+    turn = rnd.randint(0, 3)  # n0 turns slow here, with the shards it took while fast
     for step in range(5_000):
         chaos = step < 120
         for name in rnd.sample(sorted(clients), len(clients)):
             c = clients[name]
-            c.read(rnd, rnd.randint(0, 2 * shard_size), reads)  # silent nodes keep reading (stall)
+            pace = slow if name == "n0" and nnodes > 1 and step >= turn else 1  # reads one step in ``pace``
+            if rnd.random() * pace < 1:
+                c.read(rnd, rnd.randint(0, 2 * shard_size), reads)  # silent nodes keep reading (stall)
             if silent_until[name] >= now:
                 continue
             max_rec = rnd.randint(1, shard_size + 1) if split and rnd.random() < 0.3 else 0
@@ -721,6 +771,7 @@ def test_at_least_once_under_failures(
                 rnd,
                 want=max(0, 2 - len(c.leases)),
                 max_records=max_rec,
+                rate=shard_size / pace * under,
                 fail_p=p_fail if chaos else 0.0,
                 release_p=p_release if chaos else 0.0,
                 discard_p=p_discard if step < 400 else 0.0,  # then nobody's gradients are discarded any more
@@ -729,7 +780,8 @@ def test_at_least_once_under_failures(
             for ep, a, b in conf:
                 for r in range(a, b):
                     confirmed[(ep, r)] += 1
-            assert ops(out).count("grant") == len(out.reply.shards)
+            assert ops(out).count("grant") + ops(out).count("steal") == len(out.reply.shards)
+            steals += ops(out).count("steal")
             for le in out.reply.shards:
                 assert le.start < le.end
                 if max_rec:
@@ -775,14 +827,20 @@ def test_at_least_once_under_failures(
     everything = {(e, r) for e in range(epochs) for r in range(records)}
     assert set(confirmed) == everything, "a record was never trained with a kept gradient"
     assert set(reads) == everything
-    if lost == 0:
-        assert set(confirmed.values()) == {1}, "without a loss, every record is kept exactly once"
-    # records_duplicated and records_reserved count exactly the records handed out again ...
+    if lost == 0 and not js.status(DS).records_duplicated:
+        assert set(confirmed.values()) == {1}, "without a loss or a steal's overlap, every record is kept exactly once"
+    # records_duplicated and records_reserved count exactly the records handed out again (less the ends
+    # of shards stolen before their holder read them) ...
+    handed_out -= sum(c.cut_back for c in clients.values())
     assert st_.records_duplicated + st_.records_reserved == handed_out - total
     # ... which bounds the records actually read more than once
     assert sum(n - 1 for n in reads.values()) <= st_.records_duplicated + st_.records_reserved
     if lost == 0:
-        assert st_.records_duplicated == 0
+        # without a loss, only a holder that read past the end its shard was cut to reads twice
+        assert sum(n - 1 for n in reads.values()) == st_.records_duplicated + st_.records_reserved
+        assert sum(n - 1 for n in confirmed.values()) <= st_.records_duplicated
+        if steals == 0:
+            assert st_.records_duplicated == 0
     assert fold(JOB, log).snapshot() == js.snapshot()
 
 
@@ -1216,6 +1274,348 @@ def test_a_bad_rate_is_refused() -> None:
         with pytest.raises(ValidationError, match="rate"):
             js.lease(req("a", want=1, rate=bad), 0.0)
     assert js.status(DS).doing == 0
+
+
+# =========================================================================== the tail (work stealing)
+def _one_slow_holder(**kw: Any) -> JobShards:
+    """One shard of 1000 records (100 batches of 10); lease 4 s, so a holder reports at least every
+    second.  ``slow`` (10 records/s) holds it from 0 s and reported 20 records consumed at 1 s."""
+    base: dict[str, Any] = dict(records=1000, batch_size=10, batches_per_shard=100, lease_s=4.0)
+    base.update(kw)
+    js, _ = new_job(spec(**base))
+    (le,) = js.lease(req("slow", want=1, rate=10.0), 0.0).reply.shards
+    assert (le.start, le.end) == (0, 1000), "a node alone gets whole shards"
+    js.lease(req("slow", held=[0], progress=[ShardProgress(0, 20)], rate=10.0), 1.0)
+    return js
+
+
+def _stolen_at_120() -> tuple[JobShards, ShardLease]:
+    """``fast`` (90 records/s) asks at 1.5 s and gets [120, 1000) of shard 0; ``slow`` keeps [20, 120)."""
+    js = _one_slow_holder()
+    out = js.lease(req("fast", want=1, rate=90.0), 1.5)
+    (piece,) = out.reply.shards
+    return js, piece
+
+
+def test_an_idle_node_takes_the_end_of_a_slow_holders_shard_split_by_their_rates() -> None:
+    js = _one_slow_holder()
+    out = js.lease(req("fast", want=1, rate=90.0), 1.5)
+    # 980 records left, shared 10:90 -> 882 for fast, in whole batches 880; slow keeps a margin of
+    # 10/s x (1 s until its next report + 2 s) = 30 records past its last report, far less than 100.
+    assert out.records == [["steal", DS, 0, 120, 1, "fast"]]
+    (piece,) = out.reply.shards
+    assert (piece.shard, piece.epoch, piece.start, piece.end, piece.offset, piece.attempt) == (1, 0, 120, 1000, 120, 0)
+    assert not out.reply.exhausted and out.reply.shortened == []
+    assert abs((120 - 20) / 10.0 - (1000 - 120) / 90.0) < 10 / 10.0, "both finish together, to a batch of slow's"
+    st_ = js.status(DS)
+    assert (st_.todo, st_.doing, st_.records_duplicated) == (0, 2, 0)
+    assert {n.node: n.doing for n in st_.nodes} == {"slow": 1, "fast": 1}
+    check_invariants(js)
+    # at most one steal per request, and the stolen piece is not cut again for its own holder's sake
+    again = js.lease(req("other", want=4, rate=90.0), 1.5)
+    assert ops(again) == ["steal"] and len(again.reply.shards) == 1
+    check_invariants(js)
+
+
+def test_the_holder_is_told_in_every_reply_until_it_is_done_and_the_dataset_finishes() -> None:
+    js, piece = _stolen_at_120()
+    out = js.lease(req("slow", held=[0], rate=10.0), 2.0)
+    cut = ShardLease(shard=0, epoch=0, start=20, end=120, offset=0, seed=out.reply.shortened[0].seed, attempt=0)
+    assert out.reply.shortened == [cut] and out.reply.shards == []
+    assert out.records == [["told", DS, 0]], "the first reply that tells it is logged"
+    out = js.lease(req("slow", held=[0], progress=[ShardProgress(0, 60)], rate=10.0), 3.0)
+    assert out.reply.shortened == [dataclasses.replace(cut, start=60)], "again: a lost reply loses nothing"
+    assert ops(out) == ["prog"]
+    assert js.lease(req("fast", held=[1], rate=90.0), 3.0).reply.shortened == [], "only the holder is told"
+    out = js.lease(req("slow", done=[0], rate=10.0), 11.0)
+    assert ops(out) == ["done"] and out.reply.shortened == [] and not out.reply.finished
+    out = js.lease(req("fast", done=[piece.shard], rate=90.0), 11.5)
+    st_ = js.status(DS)
+    assert out.reply.finished and st_.finished and kinds(out) == ["finished"]
+    assert (st_.records_done, st_.records_duplicated, st_.done) == (1000, 0, 2)
+    assert {n.node: n.records for n in st_.nodes} == {"slow": 120, "fast": 880}
+    check_invariants(js)
+
+
+def test_progress_past_the_new_end_is_accepted_and_counted_duplicated() -> None:
+    js, _piece = _stolen_at_120()
+    # slow read on before it learnt of the cut: 30 records of fast's piece are read twice
+    out = js.lease(req("slow", held=[0], progress=[ShardProgress(0, 150)], rate=10.0), 2.0)
+    assert out.reply.rejected == [] and out.records == [["prog", DS, 0, 150], ["told", DS, 0]]
+    assert out.reply.shortened[0].end == 120
+    sh = js.datasets[DS].shards[0]
+    assert (sh.consumed, sh.length, sh.over) == (120, 120, 30)
+    assert js.status(DS).records_duplicated == 30
+    assert {n.node: n.records for n in js.status(DS).nodes}["slow"] == 120, "consumed up to the new end"
+    check_invariants(js)
+    # the same report again changes nothing; further past counts only what is new
+    assert js.lease(req("slow", held=[0], progress=[ShardProgress(0, 150)]), 2.1).records == []
+    assert ops(js.lease(req("slow", held=[0], progress=[ShardProgress(0, 160)]), 2.2)) == ["prog"]
+    assert js.status(DS).records_duplicated == 40
+    # past the end it was granted is a bad report, as ever
+    out = js.lease(req("slow", held=[0], progress=[ShardProgress(0, 1001)]), 2.3)
+    assert out.reply.rejected == [Rejected(0, "bad_progress")] and out.records == []
+    # how far it read, beside its done (the client keeps a report past the new end for that)
+    out = js.lease(req("slow", done=[0], progress=[ShardProgress(0, 170)]), 2.4)
+    assert out.records == [["prog", DS, 0, 170], ["done", DS, 0]] and out.reply.rejected == []
+    st_ = js.status(DS)
+    assert (st_.records_duplicated, st_.done, st_.records_done) == (50, 1, 120)
+    check_invariants(js)
+
+
+def test_a_discard_past_the_new_end_is_left_to_the_stealer() -> None:
+    js, _piece = _stolen_at_120()
+    out = js.lease(req("slow", held=[0], progress=[ShardProgress(0, 150)],
+                       discarded=[ShardRange(0, 100, 140), ShardRange(0, 140, 150)]), 2.0)
+    # [100, 120) is served again; [120, 150) is the stealer's, which trains it: neither refused nor re-served
+    assert ops(out) == ["prog", "disc", "told"] and out.reply.rejected == []
+    assert out.records[1] == ["disc", DS, 0, 100, 120, 2, "slow"]
+    assert js.status(DS).records_reserved == 20
+    check_invariants(js)
+
+
+@pytest.mark.parametrize("end", ["done", "died", "expired", "released"])
+def test_a_holder_that_was_not_told_may_have_read_the_whole_cut(end: str) -> None:
+    """Its shard leaves it before any reply told it of the cut: it may have read up to the end it was
+    granted, so the cut counts as duplicated (an upper bound, as a re-grant after a loss)."""
+    js, _piece = _stolen_at_120()
+    if end == "done":
+        js.lease(req("slow", done=[0]), 2.0)
+    elif end == "died":
+        js.node_died("slow")
+    elif end == "expired":
+        js.lease(req("fast", held=[1]), 4.0)
+        assert ops(js.expire(5.5)) == ["lost"]
+    else:
+        js.lease(req("slow", released=[0]), 2.0)
+    assert js.status(DS).records_duplicated == 880
+    check_invariants(js)
+
+
+def test_a_holder_that_was_told_counts_nothing_more_when_it_goes() -> None:
+    js, _piece = _stolen_at_120()
+    js.lease(req("slow", held=[0], progress=[ShardProgress(0, 125)]), 2.0)  # told in this reply
+    js.node_died("slow")
+    st_ = js.status(DS)
+    assert st_.records_duplicated == 5 and st_.done == 1, "fully consumed up to its new end: done"
+    check_invariants(js)
+
+
+def test_a_shard_cut_twice_tells_its_holder_again() -> None:
+    js, _piece = _stolen_at_120()
+    js.lease(req("slow", held=[0], rate=1.0), 2.0)  # told of 120; and it is slower still
+    out = js.lease(req("fast", done=[1], want=1, rate=90.0), 2.5)
+    assert ops(out) == ["done", "steal"]
+    new_end = out.records[1][3]
+    assert 20 < new_end < 120
+    out = js.lease(req("slow", held=[0], rate=1.0), 3.0)
+    assert out.records == [["told", DS, 0]] and out.reply.shortened[0].end == new_end
+    # it read to 120 (the end it knew) before this reply: only [new_end, 120) counts twice
+    js.lease(req("slow", done=[0], progress=[ShardProgress(0, 120)]), 3.5)
+    assert js.status(DS).records_duplicated == 120 - new_end
+    check_invariants(js)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["todo_left", "tail_split_off", "stream", "too_little_left", "requester_slower", "max_records", "requester_busy",
+     "no_rate_known"],
+)
+def test_no_steal(case: str) -> None:
+    if case == "no_rate_known":  # clients that report no rate: nobody can tell who finishes last
+        js, _ = new_job(spec(records=1000, batch_size=10, batches_per_shard=100, lease_s=4.0))
+        js.lease(req("slow", want=1), 0.0)
+        out = js.lease(req("fast", want=1), 1.5)
+    elif case == "stream":
+        js, _ = new_job(stream_spec(records=1000, batch_size=10, batches_per_shard=100, lease_s=4.0))
+        js.lease(req("slow", want=1, rate=10.0), 0.0)
+        out = js.lease(req("fast", want=1, rate=90.0), 1.5)
+    elif case == "todo_left":
+        js = _one_slow_holder(records=2000)  # a second shard is still TODO
+        out = js.lease(req("fast", want=1, rate=90.0), 1.5)
+        assert ops(out) == ["split", "grant"] and out.reply.shards[0].offset == 1000
+    else:
+        js = _one_slow_holder(tail_split=case != "tail_split_off")
+        kw: dict[str, Any] = dict(want=1, rate=90.0)
+        if case == "too_little_left":  # 30 left, all of it within slow's margin
+            js.lease(req("slow", held=[0], progress=[ShardProgress(0, 970)], rate=10.0), 1.0)
+        elif case == "requester_slower":  # 1 record/s: slow would be done with the rest long before
+            kw["rate"] = 1.0
+        elif case == "max_records":  # a piece as short as the requester asks would be under two batches
+            kw["max_records"] = 15
+        elif case == "requester_busy":  # as fast as slow, it holds more work than slow has left
+            js.apply(["steal", DS, 0, 500, 1, "fast"])  # made up: a piece cut for it by hand
+            kw.update(held=[1], rate=10.0)
+        out = js.lease(req("fast", **kw), 1.5)
+    assert "steal" not in ops(out)
+    assert out.reply.shards == [] or case == "todo_left"
+    check_invariants(js)
+
+
+def test_steals_replay_and_snapshot_exactly_and_old_snapshots_load() -> None:
+    import msgpack
+    from pacer.codec import decode, encode
+
+    js, log = new_job(spec(records=1000, batch_size=10, batches_per_shard=100, lease_s=4.0))
+    snap0 = copy.deepcopy(js.snapshot())
+    at0 = len(log)
+    log += js.lease(req("slow", want=1, rate=10.0), 0.0).records
+    log += js.lease(req("slow", held=[0], progress=[ShardProgress(0, 20)], rate=10.0), 1.0).records
+    old = copy.deepcopy(js.snapshot())  # before any cut: what a snapshot of the previous version holds
+    log += js.lease(req("fast", want=1, rate=90.0), 1.5).records
+    log += js.lease(req("slow", held=[0], progress=[ShardProgress(0, 130)]), 2.0).records
+    log += js.lease(req("other", want=1, rate=50.0), 2.5).records  # cuts fast's piece
+    assert [r[0] for r in log].count("steal") == 2 and "told" in [r[0] for r in log]
+    live = js.snapshot()
+    assert fold(JOB, log).snapshot() == live
+    assert replay(log[at0:], {}, base=snap0).snapshot() == live
+    assert JobShards.from_snapshot(copy.deepcopy(live)).snapshot() == live
+    for d in old["datasets"].values():
+        for k in ("cut", "told", "over"):
+            del d[k]
+    rebuilt = JobShards.from_snapshot(old)
+    check_invariants(rebuilt)
+    assert all((sh.cut, sh.told, sh.over) == (0, 0, 0) for sh in rebuilt.datasets[DS].shards.values())
+    # a reply of a sender that knows nothing of steals
+    wire = msgpack.unpackb(encode(LeaseReply(shards=[], lease_s=4.0, finished=False)), raw=False)
+    del wire["shortened"]
+    assert decode(LeaseReply, msgpack.packb(wire)).shortened == []
+
+
+def test_a_bad_steal_record_is_refused() -> None:
+    js, _piece = _stolen_at_120()
+    for bad in (["steal", DS, 0, 20, 2, "x"],  # not past what the holder consumed
+                ["steal", DS, 0, 120, 2, "x"],  # nothing left to take
+                ["steal", DS, 0, 60, 9, "x"],  # new id out of sequence
+                ["steal", DS, 0, 60, 2, "slow"]):  # from itself
+        with pytest.raises(IllegalTransition, match="bad steal"):
+            js.apply(bad)
+    js.lease(req("slow", done=[0]), 2.0)
+    with pytest.raises(IllegalTransition, match="bad steal"):
+        js.apply(["steal", DS, 0, 60, 2, "x"])  # not DOING any more
+    with pytest.raises(IllegalTransition, match="nothing to tell"):
+        js.apply(["told", DS, 1])  # never cut
+
+
+class Timed:
+    """Nodes reading at their own rates in simulated time, one tick a second: each reads, then reports
+    its progress every ``report_every`` ticks (its heartbeat), asks for a shard when it has none, reports
+    a shard done once it read to the end it knows, and applies ``shortened``.  ``reads`` counts how
+    often each record was read."""
+
+    def __init__(self, js: JobShards, report_every: int = 1) -> None:
+        self.js = js
+        self.report_every = report_every
+        self.reads: Counter[int] = Counter()
+        self.holding: dict[str, list[Any]] = {}  # node -> [lease as known, next record, last report tick]
+        self.log: list[list[Any]] = []
+        self.steals = 0
+
+    def tick(self, t: int, node: str, reads: int, reports: float) -> None:
+        h = self.holding.get(node)
+        kw: dict[str, Any] = {}
+        if h is not None:
+            le, pos, last = h
+            k = min(reads, le.end - pos)
+            self.reads.update(range(pos, pos + k))
+            h[1] = pos = pos + k
+            if pos >= le.end:
+                kw = dict(done=[le.shard], want=1)
+                if pos > le.end:  # read past the end it was told its shard was cut to
+                    kw["progress"] = [ShardProgress(le.shard, pos - le.offset)]
+                del self.holding[node]
+            elif t - last >= self.report_every:
+                kw = dict(progress=[ShardProgress(le.shard, pos - le.offset)])
+                h[2] = t
+            else:
+                return
+        else:
+            kw = dict(want=1)
+        out = self.js.lease(req(node, rate=reports, **kw), float(t))
+        self.log += out.records
+        self.steals += ops(out).count("steal")
+        for le in out.reply.shards:
+            self.holding[node] = [le, le.start, t]
+        for le in out.reply.shortened:
+            cur = self.holding[node]
+            assert le.shard == cur[0].shard and le.end <= cur[0].end  # every reply: the same end again
+            cur[0] = dataclasses.replace(cur[0], end=le.end)  # already there or past it: done next tick
+
+    def run(self, reads: Callable[[str, int], int], reports: Callable[[str, int], float], nodes: list[str],
+            ticks: int = 100_000) -> int:
+        """Until the dataset is finished; returns the tick it finished at."""
+        for t in range(ticks):
+            for n in nodes:
+                self.tick(t, n, reads(n, t), reports(n, t))
+            if t % 50 == 0:
+                check_invariants(self.js)
+            if self.js.datasets[DS].finished():
+                return t
+        raise AssertionError("did not finish")
+
+
+def test_work_stealing_ends_a_stragglers_tail_with_every_record_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes at 50 records/s; b turns 10x slower at 2 s, holding a piece it took while fast (the
+    tail pieces cannot foresee that).  a takes the end of b's piece instead of idling."""
+    def finish(steal: bool) -> tuple[int, Timed]:
+        if not steal:
+            monkeypatch.setattr(core, "STEAL_MIN_BATCHES", 10**9)
+        js, _ = new_job(spec(records=2_000, batch_size=10, batches_per_shard=50, shuffle=False, lease_s=4.0))
+        sim = Timed(js)
+        rate = lambda n, t: 5 if n == "b" and t >= 2 else 50  # noqa: E731
+        return sim.run(rate, lambda n, t: float(rate(n, t)), ["a", "b"]), sim
+
+    t_steal, sim = finish(steal=True)
+    st_ = sim.js.status(DS)
+    assert st_.finished and st_.records_done == 2_000 and sim.steals >= 1
+    assert set(sim.reads) == set(range(2_000)) and set(sim.reads.values()) == {1}, "every record read once"
+    assert st_.records_duplicated == 0
+    check_invariants(sim.js)
+    assert fold(JOB, new_job(sim.js.datasets[DS].spec)[1] + sim.log).snapshot() == sim.js.snapshot()
+    t_wait, other = finish(steal=False)
+    assert other.steals == 0 and other.js.status(DS).finished
+    assert t_steal < 0.8 * t_wait, (t_steal, t_wait)
+
+
+@PROPS
+@given(
+    records=st.integers(100, 3_000),
+    batch_size=st.integers(1, 10),
+    bps=st.integers(4, 40),
+    speeds=st.lists(st.integers(2, 60), min_size=2, max_size=4),
+    drops=st.lists(st.tuples(st.integers(0, 40), st.sampled_from([1, 5, 20])), min_size=4, max_size=4),
+    under=st.sampled_from([1.0, 1.0, 0.5, 0.2]),
+    report_every=st.sampled_from([1, 2]),
+    shuffle=st.booleans(),
+)
+def test_steals_cover_every_record_and_count_every_record_read_twice(
+    records: int, batch_size: int, bps: int, speeds: list[int], drops: list[tuple[int, int]], under: float,
+    report_every: int, shuffle: bool,
+) -> None:
+    """Nodes of different speeds, some of which turn slower at some point, report their rates
+    truthfully or too low (``under``: they then read past the end their shard was cut to before they
+    learn of it).  Every record is read, records_done is exact, and records_duplicated is exactly
+    the number of extra reads; truthful rates read nothing twice."""
+    js, log = new_job(spec(records=records, batch_size=batch_size, batches_per_shard=bps, shuffle=shuffle,
+                           lease_s=4.0 * report_every))
+    nodes = [f"n{i}" for i in range(len(speeds))]
+
+    def rate(n: str, t: int) -> int:
+        i = nodes.index(n)
+        at, factor = drops[i]
+        return max(1, speeds[i] // factor) if t >= at else speeds[i]
+
+    sim = Timed(js, report_every)
+    sim.run(rate, lambda n, t: rate(n, t) * under, nodes)
+    st_ = js.status(DS)
+    assert st_.finished and st_.records_done == st_.records_total == records
+    assert set(sim.reads) == set(range(records)), "a record was never read"
+    assert sum(n - 1 for n in sim.reads.values()) == st_.records_duplicated
+    if under == 1.0:
+        assert st_.records_duplicated == 0, "a truthful holder learns of a cut before it reaches it"
+    assert sum(n.records for n in st_.nodes) == records
+    check_invariants(js)
+    assert fold(JOB, log + sim.log).snapshot() == js.snapshot()
 
 
 # =========================================================================== streaming

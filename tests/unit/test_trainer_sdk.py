@@ -135,6 +135,9 @@ def test_batches_follow_the_current_batch_size_and_report_progress(tmp_path: Pat
         def done(self, shard: ShardLease) -> None:
             self.reports.append(("done", shard.shard, 0))
 
+        def end_of(self, shard: ShardLease) -> int:
+            return shard.end  # never cut (work stealing: tests/unit/test_shard_client_steal.py)
+
     w = Worker(env(tmp_path, agent_ipc=""))
     fake = w._client = Shards()
     shard = ShardLease(shard=7, epoch=0, start=1030, end=1300, offset=1000, seed=1)  # 30 already trained
@@ -176,6 +179,9 @@ def test_discarded_batches_go_to_the_shard_client_before_the_shard_is_done(tmp_p
 
         def done(self, shard: ShardLease) -> None:
             self.reports.append(("done", shard.shard))
+
+        def end_of(self, shard: ShardLease) -> int:
+            return shard.end
 
         def trained(self, records: int) -> None:
             pass

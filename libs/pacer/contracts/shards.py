@@ -11,6 +11,12 @@ from dataclasses import dataclass, field
 
 from pacer.codec import doc, message
 
+# A holder's client sends a lease request at least every ``lease_s / REPORTS_PER_LEASE`` (its
+# heartbeat, with the progress queued since the last one): the lease survives three lost
+# heartbeats, and the service knows how stale a holder's last reported progress can be when it
+# cuts the holder's shard near the end of a dataset (``LeaseReply.shortened``).
+REPORTS_PER_LEASE = 4
+
 
 class DatasetMode(str, enum.Enum):
     """How a dataset's records come to exist."""
@@ -75,9 +81,17 @@ class LeaseRequest:
     recorded, ``discarded`` ranges become new TODO pieces (served again, to
     another node when one can take them), ``failed`` shards go back to TODO
     (one failure each), ``released`` shards go back to TODO (no failure), then
-    up to ``want`` new shards are granted.  Any lease request renews the node's lease on every
-    shard it holds.  DOING shards of this node that are neither in ``held``
-    nor reported (a reply that was lost) are returned again first.
+    up to ``want`` new shards are granted; when a finite dataset with
+    ``tail_split`` has no TODO shard left, the requester may be granted the
+    last part of the shard of the node expected to finish last instead (work
+    stealing; that holder learns it from ``LeaseReply.shortened``).  Any lease
+    request renews the node's lease on every shard it holds.  DOING shards of
+    this node that are neither in ``held`` nor reported (a reply that was
+    lost) are returned again first.
+
+    A holder whose shard was cut may report progress past the new end (up to
+    the end it was granted; also beside ``done`` of that shard): it is
+    accepted, and the records past the new end are counted as duplicated.
     """
 
     job: str
@@ -128,7 +142,7 @@ class Rejected:
 @message("shard.LeaseReply")
 @dataclass(frozen=True, slots=True)
 class LeaseReply:
-    """Reply to ``lease``: granted shards and the dataset's state."""
+    """Reply to ``lease``: granted shards, held shards cut short for an idle node, and the dataset's state."""
 
     shards: list[ShardLease]
     lease_s: float
@@ -138,6 +152,12 @@ class LeaseReply:
         metadata=doc("nothing to grant now although not finished (others hold shards, parked shards, or a stream awaits data): retry later"),
     )
     rejected: list[Rejected] = field(default_factory=list)
+    shortened: list[ShardLease] = field(default_factory=list, metadata=doc(
+        "shards this node holds whose end moved down since they were granted to it: near the end of a "
+        "finite dataset the service gave their records from ``end`` on to an idle node (work stealing). "
+        "Only ``end`` is news: stop reading the shard there and report it done as usual. Sent in every reply "
+        "while the node holds the shard (applying it twice changes nothing); progress reported past the new "
+        "end is accepted, those records counted as duplicated"))
 
 
 @message("shard.DatasetRef")
@@ -179,7 +199,8 @@ class DatasetStatus:
     records_total: int = field(metadata=doc("records over all epochs known so far"))
     records_done: int
     records_duplicated: int = field(
-        metadata=doc("records handed out more than once (re-granted after a loss): an upper bound on records trained twice")
+        metadata=doc("records handed out more than once (re-granted after a loss, or read by a holder past the end "
+                     "its shard was cut to near the end of the dataset): an upper bound on records trained twice")
     )
     finished: bool
     closed: bool = field(metadata=doc("no more records will be appended (always true for finite datasets)"))

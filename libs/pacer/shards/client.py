@@ -5,9 +5,10 @@ Usage (async)::
     client = ShardClient(bus, job, dataset, node, prefetch=4)
     await client.start()
     while (shard := await client.next()) is not None:
-        for i, record in enumerate(read(shard.start, shard.end)):
-            ...
-            client.progress(shard, done_records)   # optional, cheap
+        pos = shard.start
+        while pos < client.end_of(shard):          # the end may move down: another node took the rest
+            ...                                    # a batch of records [pos, hi), hi <= end_of(shard)
+            client.progress(shard, hi - shard.offset)   # optional, cheap
             client.discarded(shard, lo, hi)        # that step's gradient was discarded: serve them again
         client.done(shard)
     await client.close()
@@ -28,8 +29,17 @@ gradients as stale) are reported with ``discarded`` before the shard is
 reported done; the service serves them again, to another node when one can
 take them.
 
+Near the end of a finite dataset the service may give the last part of a
+shard this node holds to an idle node (work stealing); the reply says so
+(``LeaseReply.shortened``) and :meth:`ShardClient.end_of` returns the new end
+from then on.  A reader checks it before each batch, stops there and reports
+the shard done as usual.  If it had already read past the new end, it reports
+how far (``progress``, kept beside the ``done``): those records were trained
+twice, which the service counts as duplicated.
+
 Concurrency: ``ShardClient`` is used from one event loop; ``done``,
 ``progress`` and ``discarded`` only queue and never block.
+:meth:`BlockingShardClient.end_of` may be called from any thread.
 """
 
 from __future__ import annotations
@@ -40,12 +50,14 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from pacer import subjects
 from pacer.bus import DEFAULT_RETRY, Bus, RetryPolicy
 from pacer.contracts.shards import (
+    REPORTS_PER_LEASE,
     AppendRequest,
     CheckpointReply,
     CheckpointRequest,
@@ -114,6 +126,7 @@ class ShardClient:
         timeout: float = 2.0,
         retry: RetryPolicy = WORKER_RETRY,
         poll_s: float = 0.2,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if not 1 <= prefetch <= 64:
             raise ValueError("prefetch must be in [1, 64]")
@@ -124,6 +137,7 @@ class ShardClient:
         self.timeout = timeout
         self.retry = retry
         self.poll_s = poll_s
+        self.clock = clock or time.monotonic  # what the rate is measured against (tests inject their own)
         self._subject = subjects.rpc(subjects.SHARD_SERVICE, job, ShardOp.LEASE)
         self._ready: deque[ShardLease] = deque()  # granted, not yet handed out
         self._held: dict[int, ShardLease] = {}  # granted and not reported done
@@ -140,6 +154,7 @@ class ShardClient:
         self.requests = 0
         self.rejected = 0
         self.records_discarded = 0  # records reported with ``discarded``
+        self.records_stolen = 0  # records cut off the end of held shards for other nodes (work stealing)
         self.rate = 0.0  # records/s trained, as last measured (0: not yet)
         self._trained = 0  # records trained so far (``trained``)
         self._rate_mark: tuple[float, int] | None = None  # (when, _trained) the rate is measured from
@@ -189,9 +204,19 @@ class ShardClient:
                     return None
                 await asyncio.sleep(self.poll_s)  # others hold the rest, or a stream awaits data
 
+    def end_of(self, shard: ShardLease) -> int:
+        """One past the last record of ``shard`` to read now: ``shard.end``, or less once the service
+        gave the rest of it to another node (``LeaseReply.shortened``, work stealing)."""
+        held = self._held.get(shard.shard)
+        return shard.end if held is None else min(shard.end, held.end)
+
     def done(self, shard: ShardLease) -> None:
-        self._held.pop(shard.shard, None)
-        self._progress.pop(shard.shard, None)
+        held = self._held.pop(shard.shard, None)
+        read = self._progress.pop(shard.shard, None)
+        if held is not None and read is not None and read > held.end - held.offset:
+            # Read past the end its shard was cut to before it learnt of the cut: the service counts
+            # those records as trained twice when this progress comes beside the done.
+            self._progress[shard.shard] = read
         self._done.append(shard.shard)
 
     def progress(self, shard: ShardLease, consumed: int) -> None:
@@ -223,7 +248,7 @@ class ShardClient:
     def _measure_rate(self) -> float:
         """Records/s since the last measurement at least :data:`RATE_EVERY_S` ago, averaged with the
         one before (an idle node's rate decays towards 0, i.e. "not known", the mean)."""
-        now = time.monotonic()
+        now = self.clock()
         if self._rate_mark is None:
             self._rate_mark = (now, self._trained)
         elif now - self._rate_mark[0] >= RATE_EVERY_S:
@@ -258,9 +283,12 @@ class ShardClient:
         while True:
             # Wake at least every 0.25 s: the dataset's lease is only learnt from the
             # first reply and may be much shorter than the 30 s assumed before it (a
-            # sleep begun with the old value would outlive a 1 s lease).
-            await asyncio.sleep(min(max(self._lease_s / 4, 0.05), 0.25))
-            if loop.time() - self._since_sync >= self._lease_s / 4:
+            # sleep begun with the old value would outlive a 1 s lease).  The service
+            # counts on a request every lease_s / REPORTS_PER_LEASE (it sizes the margin
+            # a holder keeps when its shard is cut by it).
+            every = self._lease_s / REPORTS_PER_LEASE
+            await asyncio.sleep(min(max(every, 0.05), 0.25))
+            if loop.time() - self._since_sync >= every:
                 try:
                     await self._sync(0)
                 except PacerError as exc:
@@ -317,8 +345,22 @@ class ShardClient:
                 if s.shard not in self._held:
                     self._held[s.shard] = s
                     self._ready.append(s)
+            if reply.shortened:
+                self._shorten(reply.shortened)
             self.finished = reply.finished
             return reply
+
+    def _shorten(self, leases: list[ShardLease]) -> None:
+        """Apply ``LeaseReply.shortened``: the shards end earlier (idempotent: every reply repeats it)."""
+        for s in leases:
+            held = self._held.get(s.shard)
+            if held is None or s.end >= held.end:
+                continue  # reported done meanwhile, or known already
+            self.records_stolen += held.end - s.end
+            new = replace(held, end=s.end)
+            self._held[s.shard] = new  # end_of() sees it from now on
+            # Not handed out yet: hand it out with its new end.
+            self._ready = deque(new if r.shard == s.shard else r for r in self._ready)
 
 
 class BlockingShardClient:
@@ -358,9 +400,18 @@ class BlockingShardClient:
     def trained(self, records: int) -> None:
         self._loop.call_soon_threadsafe(self._client.trained, records)
 
+    def end_of(self, shard: ShardLease) -> int:
+        # Read without a trip through the loop (a reader calls it before every batch): one dict lookup
+        # of an immutable lease, which the loop thread replaces whole.
+        return self._client.end_of(shard)
+
     @property
     def finished(self) -> bool:
         return self._client.finished
+
+    @property
+    def records_stolen(self) -> int:
+        return self._client.records_stolen
 
     def close(self, release: bool = True) -> None:
         async def shut() -> None:

@@ -42,6 +42,11 @@ Semantics the built-in worker has too (``pacer.trainer.worker``):
   before the shard is done: the shard service serves them again, to
   another worker when one can take them (at-least-once, as after a
   relaunch);
+* near the end of the data the shard service may give the last part of the
+  shard being read to an idle worker (work stealing): :meth:`Worker.batches`
+  then ends at the new end (no batch crosses it) and :meth:`Worker.shards`
+  moves on to the next shard.  A batch already past it when the news came
+  was trained twice; its progress report says so, and the service counts it;
 * exit codes: 0 finished, 75 (:data:`EXIT_RESTART`) relaunch me, anything
   else is a failure of the user's code.
 
@@ -301,13 +306,16 @@ class Worker:
 
         After each batch's step (when the loop asks for the next range) its
         progress is reported, so a relaunch resumes after the last trained batch.
+        The end is read again before each range: the shard service may have
+        given the rest of the shard to an idle worker (work stealing), and then
+        the ranges stop at the new end.
         """
         lo = shard.start
         self._shard = shard
-        while lo < shard.end:
-            hi = min(shard.end, lo + max(1, self.batch_size))
+        while lo < (end := self.shard_client.end_of(shard)):
+            hi = min(end, lo + max(1, self.batch_size))
             yield lo, hi
-            self.progress(shard, hi - shard.offset)
+            self.progress(shard, hi - shard.offset)  # past a new end: the client keeps it beside the done
             lo = hi
 
     def discarded(self, lo: int, hi: int, shard: ShardLease | None = None) -> None:

@@ -109,6 +109,14 @@ class ShardFeed:
     the ones not trained).  The order of the shards is shuffled per epoch by
     the service (``DatasetSpec.shuffle``), and a batch's gradient does not
     depend on the order of its records.
+
+    Near the end of the data the service may give the last part of the shard
+    being read to an idle worker (work stealing): ``client.end_of`` then
+    returns an earlier end, checked before every batch.  No batch crosses it;
+    the batch that reaches it reports the shard done.  A worker already past
+    it (the news came after it read on) reports the shard done at once, with
+    how far it read (those records are trained twice, and counted so), once
+    the steps that read them ran.
     """
 
     def __init__(self, client: Any, records: Any, hash_buckets: int) -> None:
@@ -128,6 +136,7 @@ class ShardFeed:
     def batch(self, size: int, wait: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The next batch; None when the dataset is finished (or, with ``wait=False``,
         when no shard can be had right now)."""
+        self._check_cut()
         if self._arr is None or self._pos >= len(self._arr):
             shard = self.client.next(wait)  # reports what earlier steps finished
             if shard is None:
@@ -141,6 +150,34 @@ class ShardFeed:
         self.pending.append((self._cur, first, first + len(take), self._pos >= len(self._arr)))
         return self._features(take, self.hash_buckets)
 
+    def _check_cut(self) -> None:
+        """Apply a cut of the current shard (``client.end_of``, work stealing) before the next batch."""
+        cur, arr = self._cur, self._arr
+        if cur is None or arr is None or self._pos >= len(arr):
+            return
+        limit = self.client.end_of(cur) - cur.start
+        if limit >= len(arr):
+            return
+        if self._pos < limit:
+            self._arr = arr[:limit]  # the batch that reaches the new end reports the shard done
+            return
+        # At or past the new end already.  A batch of it not yet committed reports the shard done after
+        # its step; else every step that read it ran, so report it done now.
+        for i in range(len(self.pending) - 1, -1, -1):
+            if self.pending[i][0] is cur:
+                shard, first, end, _ = self.pending[i]
+                self.pending[i] = (shard, first, end, True)
+                break
+        else:
+            self._done(cur, cur.start - cur.offset + self._pos)
+        self._arr = None
+
+    def _done(self, shard: Any, end: int) -> None:
+        """Report ``shard`` done; read up to ``end`` (from its offset), past its new end if it was cut."""
+        if end > self.client.end_of(shard) - shard.offset:
+            self.client.progress(shard, end)  # kept beside the done: counted as trained twice
+        self.client.done(shard)
+
     def commit(self, report_progress: bool, kept: bool = True) -> None:
         """The step ran: report what it consumed; ``kept=False``: its gradient was discarded,
         so the service serves those records again (reported before the shard is done)."""
@@ -148,7 +185,7 @@ class ShardFeed:
             if not kept:
                 self.client.discarded(shard, first, end)
             if done:
-                self.client.done(shard)
+                self._done(shard, end)
             elif report_progress:
                 self.client.progress(shard, end)
         self.pending.clear()
@@ -662,6 +699,8 @@ def run(cfg: WorkerConfig) -> int:
                                   "global_step": gstep, "start_global_step": start_gstep, "samples": samples,
                                   "first_step_s": first_step_at, "seconds": time.monotonic() - t_start,
                                   "actions": trainer.applied, **stats}
+        # Records of this worker's shards that the service gave to idle workers near the end (work stealing).
+        result["records_stolen"] = client.records_stolen if client is not None else 0
         result["restored_from"] = trainer.restored_from
         result["rewound_to"] = trainer.rewind_to  # the shard checkpoint the dataset went back to ("" = none)
         if trainer.is_chief and (exit_code == 0 or trainer.checkpoint_on_exit):
