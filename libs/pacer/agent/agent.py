@@ -315,6 +315,7 @@ class AgentService:
         self.ipc: AgentIPC | None = None
         self.is_primary = False
         self.members: dict[str, Member] = {}
+        self._listening_since = 0.0  # set by start(), when the heartbeat subscriptions begin
         self._subs: list[Subscription] = []
         self._ga_sub: Subscription | None = None
         self._ga_lock = asyncio.Lock()
@@ -354,6 +355,7 @@ class AgentService:
             await nc.subscribe(subjects.agent_command(job, self.cfg.node),
                                cb=tracing.traced("handle agent.command", self._on_command, SpanKind.SERVER)),
         ]
+        self._listening_since = time.monotonic()  # heartbeats heard from here on (run_global_action waits on it)
         self._attach()
         if self.cfg.stepping:
             self._kv = self._bucket()
@@ -765,6 +767,12 @@ class AgentService:
             return result(False, detail=f"{ga.kind.value} is a node action: send a NodeCommand to each node")
         if len(msgpack.packb(ga.payload, use_bin_type=True)) > PAYLOAD_CAP:
             return result(False, detail=f"payload over {PAYLOAD_CAP} bytes")
+        # A primary learns the membership from heartbeats: until it has listened for a heartbeat period and a
+        # half, a live worker it has not heard yet would be left out of the action (elected a moment after its
+        # own start, an agent can be asked before every other agent's next heartbeat arrived).
+        settle = self._listening_since + 1.5 * self.cfg.heartbeat_s - time.monotonic()
+        if settle > 0:
+            await asyncio.sleep(settle)
         floor, suspects, why = -1, set[str](), ""
         for attempt in range(1, self.cfg.max_attempts + 1):
             now = time.monotonic()
