@@ -147,6 +147,13 @@ from pacer.contracts.policy import PolicyRequest
 from pacer_services.controller.policies import registry
 from pacer_services.simulator.stragglers import Scenario, parse, run
 from pacer_services.simulator.stragglers.bound import bound
+from pacer_services.simulator.stragglers.generate import (
+    SeededDraw,
+    Verdict,
+    applicable,
+    check,
+    draw_scenario,
+)
 
 # AntDT Table III: JCT (s) of BSP and AntDT-ND, and the speedup, per straggler intensity.
 PAPER_TABLE3: dict[str, dict[float, tuple[float, float, float]]] = {
@@ -219,11 +226,16 @@ def table3(intensities: tuple[float, ...], seeds: int, job: dict[str, Any] | Non
             for si in intensities:
                 jcts: dict[str, list[float]] = {}
                 extra: dict[str, dict[str, int]] = {}
+                props: dict[str, list[Verdict]] = {}
+                nones: dict[int, Any] = {}  # seed -> the run without a policy (dynamic sharding) to compare with
                 for label, policy in methods:
                     for seed in range(nseeds):
                         sc = table3_scenario(side, mode, si, seed, static=label == "asp", job=job,
                                              monitor=METHOD_MONITOR.get(label))
                         r = run(sc, policy, ideal=False)
+                        if label == NONE_LABEL[mode]:
+                            nones[seed] = r
+                        props.setdefault(label, []).append(check(sc, r, nones.get(seed, r)))
                         jcts.setdefault(label, []).append(r.jct_s)
                         acts = extra.setdefault(label, {})
                         for k, v in r.actions.items():
@@ -245,10 +257,50 @@ def table3(intensities: tuple[float, ...], seeds: int, job: dict[str, Any] | Non
                         "actions": extra[label], "bound_gap_pct": round(bnd, 1),
                         "round_oracle_gap_pct": round((rnd / ideal[mode] - 1) * 100, 1),
                         "round_oracle_aw_gap_pct": round((rnd_aw / ideal[mode] - 1) * 100, 1),
+                        **property_keys(props[label]),
                     })
                 say(f"sim {side} {mode} SI {si}: " + ", ".join(
                     f"{r['method']} {r['jct_s']:.0f}s" for r in rows[-len(methods):]))
     return rows
+
+
+# The run each row's policies are compared with (issue 22: never worse than doing nothing): no policy, with
+# dynamic sharding (the stack always shards dynamically; "asp" is the static partition of native ASP).
+NONE_LABEL = {"bsp": "bsp", "asp": "asp-dds"}
+
+
+def property_keys(verdicts: list[Verdict]) -> dict[str, Any]:
+    """A row's never-hurt keys over its seeds: mean records dropped, caps and floors broken, mean slowdown vs none."""
+    return {
+        "records_dropped_pct": round(statistics.mean(v.records_dropped_pct for v in verdicts), 3),
+        "cap_violations": sum(v.cap_violations for v in verdicts),
+        "floor_violations": sum(v.floor_violations for v in verdicts),
+        "slower_than_none_pct": round(statistics.mean(v.slower_than_none_pct for v in verdicts), 2),
+        "records_missing": sum(v.records_missing for v in verdicts),
+    }
+
+
+def generated(count: int, max_workers: int, first_seed: int = 0) -> list[dict[str, Any]]:
+    """Every built-in policy on ``count`` generated scenarios (the property test's generator, more of it)."""
+    rows = []
+    for seed in range(first_seed, first_seed + count):
+        sc = draw_scenario(SeededDraw(seed), seed, max_workers=max_workers)
+        none = run(sc, "none", ideal=False)
+        for m in applicable(sc):
+            v = check(sc, run(sc, m, ideal=False), none)
+            rows.append({**v.to_dict(), "seed": seed, "problems": v.problems()})
+        say(f"generated {sc.name}: none {none.jct_s:.0f}s, " + ", ".join(
+            f"{r['method']} {r['slower_than_none_pct']:+.1f}%" for r in rows if r["seed"] == seed))
+    return rows
+
+
+def worst_keys(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The worst of each never-hurt key over every row given (issue 22's JSON keys)."""
+    return {
+        "worst_records_dropped_pct": max((r["records_dropped_pct"] for r in rows), default=0.0),
+        "worst_cap_violations": max((r["cap_violations"] for r in rows), default=0),
+        "worst_slower_than_none_pct": max((r["slower_than_none_pct"] for r in rows), default=0.0),
+    }
 
 
 TUNED_MONITOR = {"interval_s": 60, "window_short_s": 60, "window_long_s": 120, "lambda": 1.2}
@@ -465,6 +517,34 @@ def untuned(seeds: int, quick: bool) -> list[dict[str, Any]]:
                          "bound_gap_pct": round(bnd, 1), "seeds": seeds})
             say(f"untuned {doc['name']} {mode}: " + ", ".join(f"{m} {v:.0f}s" for m, v in jct.items()))
     return rows
+
+
+def generated_markdown(gen: list[dict[str, Any]], table: list[dict[str, Any]]) -> list[str]:
+    """The never-hurt properties over the Table III rows and the generated scenarios."""
+    policy_rows = [r for r in table if r["method"] != "asp"]
+    worst = worst_keys([*policy_rows, *gen])
+    bad = [r for r in gen if r["problems"]]
+    out = ["### Never worse than doing nothing: generated scenarios (issue 22)", "",
+           f"{len({r['scenario'] for r in gen})} scenarios from `pacer_services.simulator.stragglers.generate` "
+           "(4-1,000 workers; persistent, transient, moving and PS stragglers; device groups with caps; short and "
+           "long jobs; costly restarts; busy clusters), every applicable built-in policy against `none` on the same "
+           "scenario.", "",
+           "| method | runs | worst slower than none | mean slower than none | worst records dropped | cap violations "
+           "| runs with a problem |", "|---|---|---|---|---|---|---|"]
+    for m in dict.fromkeys(r["method"] for r in gen):
+        sel = [r for r in gen if r["method"] == m]
+        out.append(f"| {m} | {len(sel)} | {max(r['slower_than_none_pct'] for r in sel):+.1f} % "
+                   f"| {statistics.mean(r['slower_than_none_pct'] for r in sel):+.1f} % "
+                   f"| {max(r['records_dropped_pct'] for r in sel):.2f} % | {sum(r['cap_violations'] for r in sel)} "
+                   f"| {sum(1 for r in sel if r['problems'])} |")
+    out += ["", "Worst over the Table III rows and the generated scenarios: "
+            f"`worst_records_dropped_pct` {worst['worst_records_dropped_pct']}, "
+            f"`worst_cap_violations` {worst['worst_cap_violations']}, "
+            f"`worst_slower_than_none_pct` {worst['worst_slower_than_none_pct']}.", ""]
+    if bad:
+        out += ["Runs that broke a property:", ""] + [
+            f"- {r['scenario']} {r['method']}: {'; '.join(r['problems'])}" for r in bad] + [""]
+    return out
 
 
 def untuned_markdown(rows: list[dict[str, Any]]) -> list[str]:
@@ -918,6 +998,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real-timeout", type=float, default=240.0)
     ap.add_argument("--real-worker-cpu", type=float, default=None, help="CPU of each real worker pod (default: plan's)")
     ap.add_argument("--real-ps-cpu", type=float, default=None, help="CPU of each real PS pod (default: plan's)")
+    ap.add_argument("--generated", type=int, default=40, help="generated scenarios every built-in policy runs")
+    ap.add_argument("--generated-max-workers", type=int, default=1000)
     a = ap.parse_args(argv)
     t_start = time.monotonic()
     md: list[str] = []
@@ -1079,12 +1161,17 @@ def main(argv: list[str] | None = None) -> int:
            f"| overhead < 0.5 % of JCT | {ov['overhead_pct']} % | {'yes' if targets['overhead_pct_lt_0.5'] else 'NO'} |",
            ""]
 
+    gen_rows = generated(a.generated if not a.quick else 4, 64 if a.quick else a.generated_max_workers)
+    md += generated_markdown(gen_rows, rows)
+
     files = [] if a.quick else plots(rows, Path(a.out))
     wall = round(time.monotonic() - t_start, 1)
     md.append(f"runtime: {wall} s")
     print("\n".join(md), flush=True)
     table = [{k: r[k] for k in ("side", "mode", "intensity", "method", "jct_s", "ideal_jct_s",
-                                "speedup_vs_native_pct")} for r in rows]
+                                "speedup_vs_native_pct", "records_dropped_pct", "cap_violations",
+                                "slower_than_none_pct")} for r in rows]
+    policy_rows = [r for r in rows if r["method"] not in ("asp",)]  # native ASP's static partition is no policy
     result = {
         "table": table,
         "decision_ms_1000_workers": d1000,
@@ -1099,6 +1186,8 @@ def main(argv: list[str] | None = None) -> int:
         "heterogeneous_dd": hetero,
         "tuned_antdt_nd": {"monitor": TUNED_MONITOR, "rows": tuned_rows},
         "worst_gap_to_ideal_pct": worst_gap,
+        "generated": gen_rows,
+        **worst_keys([*policy_rows, *gen_rows]),
         "gaps": gap_rows,
         "bound": [{k: g[k] for k in ("side", "mode", "intensity", "bound_gap_pct")} for g in gap_rows],
         "untuned": untuned_rows,

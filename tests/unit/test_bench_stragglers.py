@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ROW_KEYS = {"side", "mode", "intensity", "method", "jct_s", "ideal_jct_s", "speedup_vs_native_pct"}
+ROW_KEYS = {"side", "mode", "intensity", "method", "jct_s", "ideal_jct_s", "speedup_vs_native_pct",
+            "records_dropped_pct", "cap_violations", "slower_than_none_pct"}  # issue 22: never hurt
 
 
 def test_quick_benchmark_prints_tables_and_the_json_last() -> None:
@@ -55,3 +56,12 @@ def test_quick_benchmark_prints_tables_and_the_json_last() -> None:
     noise = out["report_noise"]
     assert {(r["report_noise"], r["method"]) for r in noise} == {
         (x, m) for x in (0.0, 0.05, 0.1, 0.2) for m in ("antdt-nd", "pacer-adaptive", "pacer-adaptive+aw")}
+    # Issue 22: each row says how much it dropped, whether it broke a cap and how it compares with doing nothing;
+    # the JSON has the worst of each over the rows and the generated scenarios, which every policy ran.
+    gen = out["generated"]
+    assert gen and {r["method"] for r in gen} >= {"antdt-nd", "lb-bsp", "pacer-adaptive"}
+    every = [r for r in rows if r["method"] != "asp"] + gen
+    assert out["worst_records_dropped_pct"] == max(r["records_dropped_pct"] for r in every)
+    assert out["worst_cap_violations"] == max(r["cap_violations"] for r in every)
+    assert out["worst_slower_than_none_pct"] == max(r["slower_than_none_pct"] for r in every)
+    assert all(r["slower_than_none_pct"] == 0.0 for r in rows if r["method"] in ("bsp", "asp-dds"))  # none itself

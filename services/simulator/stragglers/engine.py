@@ -33,8 +33,12 @@ The model (all times are simulated seconds from 0; no wall clock anywhere):
   patterns end unless ``follows_restart``.
 * BSP: all live workers that hold data start a step together; it ends when the
   slowest of the n - b kept workers finishes (b backup workers: the b slowest
-  gradients are dropped; their shard position does not advance, so those
-  samples are trained again later and counted in ``records_dropped``).
+  gradients are discarded).  A discarding worker consumed its batch as the
+  real worker does; it reports the records as discarded
+  (``LeaseRequest.discarded``) and the shard core serves them again, to
+  another worker when one can take them (``records_reserved``);
+  ``records_dropped`` counts discarded records that were not served again
+  (0 unless the core lost them).
   Worker i consumes C_i * B_i records of its shard per kept step.  Because
   every delay is piecewise constant, steps are advanced in *chunks* of
   identical steps (numpy over the workers) that end at the next event (monitor
@@ -106,11 +110,19 @@ from pacer.contracts.executor import NodeState as PodState
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.policy import PolicyAction
-from pacer.contracts.shards import DatasetSpec, LeaseReply, LeaseRequest, ShardLease, ShardProgress
+from pacer.contracts.shards import (
+    DatasetSpec,
+    LeaseReply,
+    LeaseRequest,
+    ShardLease,
+    ShardProgress,
+    ShardRange,
+)
 from pacer.errors import PacerError
 from pacer.subjects import NodeEventKind
 from pacer.trainer.straggler import Pattern
 from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup, round_due
+from pacer_services.controller.policies.limits import batch_floor
 from pacer_services.monitor.core import MonitorConfig, MonitorCore
 from pacer_services.pod_executor.core import EXIT_RESTART, ExitInfo, Node, Plan, on_exit, reconcile
 from pacer_services.shard_service.core import JobShards, Outcome, ShardState
@@ -144,12 +156,15 @@ class _Injected:
 
 
 def job_setup(sc: Scenario) -> JobSetup:
-    """What the controller knows of the simulated job at its start (the live one reads it from the job spec)."""
+    """What the controller knows of the simulated job at its start (the live one reads it from the job spec):
+    the batch floor of :func:`batch_floor` and each device's cap, its group's ``max_batch``."""
     c, j = sc.cluster, sc.job
     limits = {g.name: g.max_batch for g in c.device_groups if g.max_batch}
+    groups = c.groups()
     return JobSetup(
-        global_batch=j.global_batch, mode=j.mode, backup_workers=j.backup_workers, min_batch=j.min_batch,
-        max_batch=j.max_batch, device_groups=c.groups(),
+        global_batch=j.global_batch, mode=j.mode, backup_workers=j.backup_workers,
+        min_batch=batch_floor(j.global_batch, c.workers, j.min_batch), max_batch=j.max_batch,
+        device_groups=groups, caps={w: limits[g] for w, g in groups.items() if g in limits},
         params={**({"max_batch_per_group": limits} if c.device_groups else {}), **sc.params},
     )
 
@@ -196,13 +211,24 @@ class Simulation:
         for name in self.wnames:
             # Training starts at t = 0; the pods ran init_s before (as live, where the monitor measures
             # the job's start-up from the executor's running events to the first steps).
-            self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.RUNNING, -c.init_s, role=Role.WORKER),
-                                            0.0)
+            # They pended as long as a relaunch would: the job's own start shows the monitor the cluster's queue.
+            created = -c.init_s - c.pending_s
+            self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.CREATED, created, role=Role.WORKER),
+                                            created)
+            self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.RUNNING, -c.init_s, role=Role.WORKER,
+                                                      pending_s=c.pending_s), -c.init_s)
         # ---- workers (numpy state; index i is worker-i)
         base, extra = divmod(j.global_batch, self.n)
         self.B = np.array([base + (1 if i < extra else 0) for i in range(self.n)], dtype=np.int64)
         self.B0 = self.B.copy()  # what a (re)launched pod starts with: the job spec's B / n
         self.C = np.ones(self.n, dtype=np.int64)
+        setup = self.controller.setup
+        # What a device holds and the floor (the controller's limits): a B_i past them is counted, never run
+        # differently (a real device would OOM; the simulation shows how often a policy asked for it).
+        self.cap = np.array([setup.limits().hi(w) for w in self.wnames], dtype=np.int64)
+        self.floor = setup.limits().floor
+        self.cap_violations = 0
+        self.floor_violations = 0
         self.speed = np.array(c.speeds(), dtype=np.float64)  # per worker (device groups, AntDT-DD)
         self.alive = np.ones(self.n, dtype=bool)
         self.booting: set[int] = set()  # relaunched workers whose pod runs and whose trainer starts
@@ -238,7 +264,9 @@ class Simulation:
         self.last_step = 0.0  # BSP: the last global step's time (what a worker's measured rate divides by)
         self.restarts = 0
         self.recomputed = 0
-        self.dropped = 0
+        self.discarded = 0  # records whose gradients a backup-worker step discarded (all reported)
+        self.overshoot = np.zeros(self.n, dtype=np.int64)  # records read past a shard's new end (work stealing)
+        self.cut: set[int] = set()  # workers whose shard was cut behind their position, to move on
         self.decisions = 0
         self.last_round = 0.0  # when the last controller round ran
         self.actions: Counter[str] = Counter()
@@ -271,16 +299,35 @@ class Simulation:
         ds = self.shards.datasets[DATASET]
         return int(self.unleased + (ds.spec.epochs - 1 - ds.epoch) * ds.spec.records)
 
-    def _lease(self, i: int, *, done: Sequence[int] = (), progress: Sequence[ShardProgress] = (), want: int = 0) -> LeaseReply:
+    def _lease(self, i: int, *, done: Sequence[int] = (), progress: Sequence[ShardProgress] = (), want: int = 0,
+               discarded: Sequence[ShardRange] = ()) -> LeaseReply:
         req = LeaseRequest(job=JOB, dataset=DATASET, node=self.wnames[i], want=want,
                            held=[] if done or not self.has[i] else [int(self.sid[i])],
-                           done=list(done), progress=list(progress), rate=self._rate(i))
+                           done=list(done), progress=list(progress), rate=self._rate(i), discarded=list(discarded))
         out = self.shards.lease(req, self.t)
         self._account(out)
         reply: LeaseReply = out.reply
         if reply.finished and self.finished_at is None:
             self.finished_at = self.t
+        for lease in reply.shortened:  # another worker took the end of this one's shard (work stealing)
+            if self.has[i] and lease.shard == self.sid[i]:
+                self.length[i] = min(int(self.length[i]), lease.end - lease.offset)
+                if self.pos[i] >= self.length[i]:
+                    # Past the new end already: what it read beyond is trained twice (the core counts it from
+                    # the progress sent with the shard's done); it moves on to its next shard.
+                    self.overshoot[i] = int(self.pos[i] - self.length[i])
+                    self.pos[i] = self.length[i]
+                    self.cut.add(i)
         return reply
+
+    def _finish_cut(self) -> None:
+        """Workers whose shard was cut behind their position take their next shard (carrying nothing)."""
+        for i in sorted(self.cut):
+            self.cut.discard(i)
+            if self.has[i] and self.pos[i] >= self.length[i]:
+                self._get_shard(i)
+                if self.sc.job.mode == "asp" and self.has[i] and i not in self.leg:
+                    self._start_leg(i)
 
     def _rate(self, i: int) -> float:
         """The records/s worker i trains now, as its live client reports it (``LeaseRequest.rate``;
@@ -299,12 +346,17 @@ class Simulation:
         self.reported[i] = lease.start - lease.offset
         self.length[i] = lease.end - lease.offset
 
-    def _get_shard(self, i: int, carry: int = 0) -> bool:
-        """Finish the held shard (if any) and take the next; carry = records of the batch already past its end."""
+    def _get_shard(self, i: int, carry: int = 0, discarded: Sequence[ShardRange] = ()) -> bool:
+        """Finish the held shard (if any) and take the next; carry = records of the batch already past its end;
+        ``discarded``: ranges of the finished shard whose gradients were discarded (reported with its done)."""
         while True:
             done = [int(self.sid[i])] if self.has[i] else []
+            # A shard cut behind the worker: its true position, so the core counts the overlap as duplicated.
+            over = [ShardProgress(done[0], int(self.length[i] + self.overshoot[i]))] if done and self.overshoot[i] else []
+            self.overshoot[i] = 0
             self.has[i] = False
-            reply = self._lease(i, done=done, want=1)
+            reply = self._lease(i, done=done, want=1, discarded=discarded, progress=over)
+            discarded = ()
             if not reply.shards:
                 self.sid[i] = -1
                 return False
@@ -313,6 +365,22 @@ class Simulation:
                 return True
             carry = int(self.pos[i] - self.length[i])
             self.pos[i] = self.length[i]
+
+    def _discard(self, i: int, records: int) -> None:
+        """Worker i consumed ``records`` whose gradients were discarded: report them, shard by shard."""
+        while records > 0 and self.has[i]:
+            sid, start = int(self.sid[i]), int(self.pos[i])
+            end = min(int(self.length[i]), start + records)
+            records -= end - start
+            self.discarded += end - start
+            rng = [ShardRange(sid, start, end)] if end > start else []
+            self.pos[i] = end
+            if end >= self.length[i]:
+                self._get_shard(i, discarded=rng)  # done with the shard; the rest goes on in the next
+            else:
+                self._lease(i, progress=[ShardProgress(sid, end)], discarded=rng)
+                self.reported[i] = end
+                self.last_prog[i] = self.t
 
     def _refresh_delays(self) -> None:
         if self.t < self.next_change:
@@ -455,6 +523,9 @@ class Simulation:
             for name, cnum in dict(a.payload.get("accumulations", {})).items():
                 if name in self.windex:
                     self.C[self.windex[name]] = max(1, int(cnum))
+            set_ = [self.windex[n] for n in a.payload.get("batch_sizes", {}) if n in self.windex]
+            self.cap_violations += int(((self.B[set_] > self.cap[set_]) & (self.cap[set_] > 0)).sum())
+            self.floor_violations += int((self.B[set_] < self.floor).sum())
         elif a.kind is ActionKind.BACKUP_WORKERS:
             self.backup = max(0, min(self.n - 1, int(a.payload.get("backup", 0))))
         elif a.kind is ActionKind.KILL_RESTART:
@@ -586,6 +657,7 @@ class Simulation:
                 self.t = min(self.ps_down_until, self.heap[0][0]) if self.heap else self.ps_down_until
                 self._run_due()
                 continue
+            self._finish_cut()
             for i in np.flatnonzero(self.alive & ~self.has).tolist():
                 if self._future_records() <= 0:
                     break
@@ -616,7 +688,8 @@ class Simulation:
             self.t += s * step
             self.steps += s
             self.pos[kept] += per_step * s
-            self.dropped += int((self.C[dropped] * self.B[dropped]).sum()) * s
+            for i in dropped.tolist():
+                self._discard(i, int(self.C[i] * self.B[i]) * s)
             self.samples_total[kept] += per_step * s
             self.local_steps[act] += s
             self.acc_steps[act] += s
@@ -664,7 +737,8 @@ class Simulation:
         if self.finished_at is not None:
             return
         self._report_and_progress(np.array([i]))
-        if self.has[i]:
+        self._finish_cut()  # its progress report may have told it that its shard was cut behind it
+        if self.has[i] and i not in self.leg:
             self._start_leg(i)
 
     def _wake_idle(self) -> None:
@@ -708,7 +782,9 @@ class Simulation:
             jct_s=self.finished_at, ideal_jct_s=None, actions=dict(self.actions), steps=self.steps,
             restarts=self.restarts, shards_total=len(ds.shards), shards_done=ds.done_count,
             records_done=ds.records_done, records_duplicated=ds.records_duplicated,
-            records_recomputed=self.recomputed, records_dropped=self.dropped,
+            records_recomputed=self.recomputed, records_dropped=max(0, self.discarded - ds.records_reserved),
+            records_reserved=ds.records_reserved,
+            cap_violations=self.cap_violations, floor_violations=self.floor_violations,
             decisions=self.decisions, refused=self.refused, events=self.events, wall_s=time.perf_counter() - wall,
             timeline=self.timeline,
         )

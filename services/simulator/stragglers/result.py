@@ -24,11 +24,14 @@ class Result:
     records_done: int
     records_duplicated: int  # the shard core's count: re-granted records
     records_recomputed: int  # consumed since the last progress report when a worker died
-    records_dropped: int  # BSP samples whose gradient a backup-worker step dropped
+    records_dropped: int  # BSP records whose gradients a backup-worker step discarded and nobody trained again
     decisions: int
     refused: int  # actions the controller refused (cool-down, busy cluster, inconsistent batch sizes)
     events: int
     wall_s: float
+    records_reserved: int = 0  # records served again because their gradients were discarded (the shard core's)
+    cap_violations: int = 0  # workers an executed ADJUST_BS set above their device's cap (an OOM on a device)
+    floor_violations: int = 0  # ... below the batch floor
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -49,6 +52,9 @@ class Result:
             "records_duplicated": self.records_duplicated,
             "records_recomputed": self.records_recomputed,
             "records_dropped": self.records_dropped,
+            "records_reserved": self.records_reserved,
+            "cap_violations": self.cap_violations,
+            "floor_violations": self.floor_violations,
             "decisions": self.decisions,
             "refused": self.refused,
             "events": self.events,
