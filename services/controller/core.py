@@ -171,13 +171,13 @@ def restart_price(stats: JobStatistics, node: str, mode: str, cfg: ControllerCon
 
     Time left: the records left over the job's throughput (0, unknown, without
     shard counts).  The relaunched node is back after its pending time and
-    start-up, as the monitor measured them on the job's pods (the largest;
+    start-up, as the monitor measured them on the job's other pods (the largest;
     ``restart_pending_s`` / ``restart_init_s`` before any): the gain is what
     the node's slowness costs the job over the time left after that.  A PS
     (and a BSP worker) sets the pace of every step: the part of a step its
-    extra time takes, ``(bpt - the next slowest of its role) / step`` (a
-    worker's step is its BPT; a PS's extra time adds to the median worker's
-    step).  An ASP worker slows only its own share, ``1/n`` of it.  Cost: a PS
+    extra time takes, ``(bpt - the next slowest of its role) / bpt`` (a
+    worker's step is its BPT; a PS's BPT is a probe, its part of a step taken
+    as PS-bound).  An ASP worker slows only its own share, ``1/n`` of it.  Cost: a PS
     stops the whole job for its start-up, and for its pending time too unless
     the move is seamless (the old PS serves meanwhile); a worker costs, for
     both, what it trains now (its share of the throughput).  It pays when the
@@ -191,8 +191,10 @@ def restart_price(stats: JobStatistics, node: str, mode: str, cfg: ControllerCon
     left = (sh.records_total - sh.records_done) / rate if sh is not None and sh.records_total and rate > 0 else 0.0
     if me is None or not workers or left <= 0:
         return RestartPrice(0.0, 0.0, 0.0, cfg.restart_margin)
-    pending = max((n.pending_s for n in stats.nodes), default=0.0) or cfg.restart_pending_s
-    init = max((n.init_s for n in stats.nodes), default=0.0) or cfg.restart_init_s
+    # Not the node's own: its start-up ran where it is slow (a throttled PS imports TensorFlow at its pace).
+    others = [n for n in stats.nodes if n.node != node]
+    pending = max((n.pending_s for n in others), default=0.0) or cfg.restart_pending_s
+    init = max((n.init_s for n in others), default=0.0) or cfg.restart_init_s
     cost = pending + init
     after = max(0.0, left - cost)  # the time left once the node is back
     peers = sorted(_bpt(n) for n in nodes.values() if n.role == me.role and n.node != node and _bpt(n) > 0)
@@ -203,7 +205,11 @@ def restart_price(stats: JobStatistics, node: str, mode: str, cfg: ControllerCon
     if mine <= 0 or step <= 0:
         return RestartPrice(0.0, cost, left, cfg.restart_margin)
     if me.role == Role.PS:
-        frac = max(0.0, mine - next_slowest) / max(step, mine)
+        # A PS's BPT is its agent's probe of one RPC, not its share of a step: a PS throttled to 5 % of a
+        # core answered a probe in 46 ms while it made every worker's step take seconds.  Every step pulls
+        # from and pushes to every PS, so its part of a step is taken as PS-bound: the slow PS makes it
+        # mine / next_slowest times as long (an upper bound on the gain, as the BSP worker's).
+        frac = 1.0 - next_slowest / mine if next_slowest > 0 else 0.0
         pause = init if migration == "seamless" else cost
         return RestartPrice(after * min(1.0, frac), pause, left, cfg.restart_margin)
     if mode == "bsp":

@@ -215,7 +215,8 @@ def test_no_ps_relaunch_near_the_end_of_the_job() -> None:
 
 
 def test_the_core_refuses_an_unknown_migration() -> None:
-    req = job({f"w{i}": 0.0 for i in range(4)}, {"ps-0": 0.0})
+    # ps-0 slow beside a healthy ps-1, hours of the job left: a migration the restart price lets through.
+    req = job({f"w{i}": 0.0 for i in range(4)}, {"ps-0": 2.0, "ps-1": 0.0})
     core = ControllerCore(JOB, JobSetup(global_batch=req.global_batch))
     bad = PolicyDecision(JOB, "x", [PolicyAction(ActionKind.KILL_RESTART, "ps-0", {"migration": "teleport"})])
     good = PolicyDecision(JOB, "x", [PolicyAction(ActionKind.KILL_RESTART, "ps-0", {"migration": "seamless"})])

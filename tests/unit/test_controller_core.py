@@ -457,6 +457,18 @@ def test_a_restart_that_costs_more_than_it_can_gain_is_refused() -> None:
     assert short.execute == [] and "would cost" in short.refused[0].reason
 
 
+def test_a_restart_is_priced_on_the_other_pods_start_up_not_the_slow_nodes_own() -> None:
+    """ps-1 was throttled from its start: its own start-up took 900 s on the sick machine.  The relaunch
+    goes elsewhere; the other pods started in 20 s, and that is what it costs."""
+    core = core_of(cfg=ControllerConfig(max_restarts_per_window=5))
+    base = workers_at(1.0, 1.0, throughput=100.0, left=100 * 1800)
+    ps = [replace(node("ps-0", role="ps", bpt=0.1), init_s=20.0),
+          replace(node("ps-1", role="ps", bpt=0.4), init_s=900.0)]
+    st = replace(base, nodes=ps + [replace(n, init_s=20.0) for n in base.nodes[1:]])
+    rnd = core.review(core.request(st, T0), decision(restart("ps-1")), T0)
+    assert [a.node for a in rnd.execute] == ["ps-1"], rnd.refused
+
+
 def test_an_action_after_which_the_job_ran_slower_is_undone_and_held_back() -> None:
     """BSP: the job's rate is the global batch over the slowest worker's BPT (300 / 3.0 = 100 samples/s)."""
     core = core_of(cfg=GUARDED)
