@@ -172,8 +172,10 @@ def restart_price(stats: JobStatistics, node: str, mode: str, cfg: ControllerCon
     Time left: the records left over the job's throughput (0, unknown, without
     shard counts).  The relaunched node is back after its pending time and
     start-up, as the monitor measured them on the job's other pods (the largest;
-    ``restart_pending_s`` / ``restart_init_s`` before any): the gain is what
-    the node's slowness costs the job over the time left after that.  A PS
+    ``restart_pending_s`` / ``restart_init_s`` before any).  The gain is what
+    the node's slowness costs the job over the time left: all of it for a
+    worker (the others step without it meanwhile), after it is back for a PS
+    (the job waits for it).  A PS
     (and a BSP worker) sets the pace of every step: the part of a step its
     extra time takes, ``(bpt - the next slowest of its role) / bpt`` (a
     worker's step is its BPT; a PS's BPT is a probe, its part of a step taken
@@ -216,10 +218,11 @@ def restart_price(stats: JobStatistics, node: str, mode: str, cfg: ControllerCon
         frac = max(0.0, mine - next_slowest) / mine
     else:
         frac = max(0.0, 1.0 - step / mine) / n
-    # While it is away the job loses what the node trains now: its share of the throughput (a straggler's is
-    # small; 1/n when the monitor has no speed for it).
+    # A worker's slowness leaves with it: while it is away the others step without it (its shard is served
+    # to them), so the gain runs over the whole time left, and the job loses only what the node trains now,
+    # its share of the throughput (a straggler's is small; 1/n when the monitor has no speed for it).
     share = me.speed_samples_per_s / rate if me.speed_samples_per_s > 0 else 1.0 / n
-    return RestartPrice(after * frac, cost * min(1.0, share), left, cfg.restart_margin)
+    return RestartPrice(left * frac, cost * min(1.0, share), left, cfg.restart_margin)
 
 
 def adjust_gain(req: PolicyRequest, sizes: dict[str, int], accs: dict[str, int]) -> float | None:

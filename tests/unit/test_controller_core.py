@@ -469,6 +469,20 @@ def test_a_restart_is_priced_on_the_other_pods_start_up_not_the_slow_nodes_own()
     assert [a.node for a in rnd.execute] == ["ps-1"], rnd.refused
 
 
+def test_a_bsp_worker_20x_slower_is_worth_a_restart_even_with_a_short_job_left() -> None:
+    """39 s left, a relaunch of 20 s: the others step without the straggler while it is away, so killing it
+    saves most of the 39 s at once (the real-TF end-to-end job of test_stragglers_e2e, as it was priced)."""
+    core = core_of(cfg=ControllerConfig(max_restarts_per_window=5))
+    base = workers_at(1.0, 20.0, throughput=100.0, left=3900)
+    st = replace(base, nodes=[replace(n, pending_s=2.0, init_s=18.0) for n in base.nodes])
+    rnd = core.review(core.request(st, T0), decision(restart("worker-1")), T0)
+    assert [a.node for a in rnd.execute] == ["worker-1"], rnd.refused
+    # ... and not with 5 s left: the relaunch outlasts the job.
+    late = replace(st, shards=replace(st.shards, records_total=500))
+    assert core_of(cfg=ControllerConfig(max_restarts_per_window=5)).review(
+        core.request(late, T0), decision(restart("worker-1")), T0).execute == []
+
+
 def test_an_action_after_which_the_job_ran_slower_is_undone_and_held_back() -> None:
     """BSP: the job's rate is the global batch over the slowest worker's BPT (300 / 3.0 = 100 samples/s)."""
     core = core_of(cfg=GUARDED)
