@@ -171,7 +171,8 @@ def restart_price(stats: JobStatistics, node: str, mode: str, cfg: ControllerCon
 
     Time left: the records left over the job's throughput (0, unknown, without
     shard counts).  The relaunched node is back after its pending time and
-    start-up, as the monitor measured them on the job's other pods (the largest;
+    start-up, as the monitor measured them on the job's other pods (a PS: the
+    other PS, as a worker's start-up waits for the slow PS; the largest;
     ``restart_pending_s`` / ``restart_init_s`` before any).  The gain is what
     the node's slowness costs the job over the time left: all of it for a
     worker (the others step without it meanwhile), after it is back for a PS
@@ -194,7 +195,9 @@ def restart_price(stats: JobStatistics, node: str, mode: str, cfg: ControllerCon
     if me is None or not workers or left <= 0:
         return RestartPrice(0.0, 0.0, 0.0, cfg.restart_margin)
     # Not the node's own: its start-up ran where it is slow (a throttled PS imports TensorFlow at its pace).
-    others = [n for n in stats.nodes if n.node != node]
+    # For a PS, not the workers' either: a worker's start-up runs to its first step, which waits for every
+    # PS, the slow one too (measured: 130 s for workers beside a throttled PS, under load).
+    others = [n for n in stats.nodes if n.node != node and (me is None or me.role != Role.PS or n.role == Role.PS)]
     pending = max((n.pending_s for n in others), default=0.0) or cfg.restart_pending_s
     init = max((n.init_s for n in others), default=0.0) or cfg.restart_init_s
     cost = pending + init

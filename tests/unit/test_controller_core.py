@@ -458,13 +458,14 @@ def test_a_restart_that_costs_more_than_it_can_gain_is_refused() -> None:
 
 
 def test_a_restart_is_priced_on_the_other_pods_start_up_not_the_slow_nodes_own() -> None:
-    """ps-1 was throttled from its start: its own start-up took 900 s on the sick machine.  The relaunch
-    goes elsewhere; the other pods started in 20 s, and that is what it costs."""
+    """ps-1 was throttled from its start: its own start-up took 900 s on the sick machine, and the workers'
+    (to their first step, which waits for every PS) 130 s.  The relaunch goes elsewhere; the other PS
+    started in 20 s, and that is what it costs: with 400 s left it pays (it would not at 190 s)."""
     core = core_of(cfg=ControllerConfig(max_restarts_per_window=5))
-    base = workers_at(1.0, 1.0, throughput=100.0, left=100 * 1800)
+    base = workers_at(1.0, 1.0, throughput=100.0, left=100 * 400)
     ps = [replace(node("ps-0", role="ps", bpt=0.1), init_s=20.0),
           replace(node("ps-1", role="ps", bpt=0.4), init_s=900.0)]
-    st = replace(base, nodes=ps + [replace(n, init_s=20.0) for n in base.nodes[1:]])
+    st = replace(base, nodes=ps + [replace(n, init_s=130.0) for n in base.nodes[1:]])
     rnd = core.review(core.request(st, T0), decision(restart("ps-1")), T0)
     assert [a.node for a in rnd.execute] == ["ps-1"], rnd.refused
 
