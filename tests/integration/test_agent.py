@@ -369,8 +369,11 @@ async def test_node_command_reaches_only_its_node(cluster: Cluster) -> None:
     await until(lambda: w1.trainer is not None and w1.trainer.poll() is not None, 10, "w1's trainer exits")
     assert w1.trainer.returncode == 0
     (applied,) = w1.actions()
-    assert applied["kind"] == "KILL_RESTART" and applied["iteration"] == result.target_iteration
-    assert not applied["late"]
+    # A node command has no barrier: it is taken at the first check at or after
+    # its target. The trainer may pass the target while the agent writes the
+    # command (a loaded host), and then says so with ``late``.
+    assert applied["kind"] == "KILL_RESTART" and applied["iteration"] >= result.target_iteration
+    assert applied["late"] == (applied["iteration"] > result.target_iteration), applied
     # Its agent now reports the trainer as gone; the others got nothing.
     t0 = time.time()
     await until(

@@ -954,7 +954,12 @@ class AgentService:
         await self.bus.publish(subjects.agent_action(self.cfg.job), result)
 
     def run_command(self, cmd: NodeCommand) -> ActionResult:
-        """Write a node action for the trainer's next iteration (no barrier)."""
+        """Write a node action for the trainer's next iteration (no barrier).
+
+        The reply's target is the earliest iteration the trainer can take it
+        at; a trainer that checks that iteration while the agent writes takes
+        it one check later, flagged ``late`` (nothing waits, nothing is lost).
+        """
         cid = cmd.command_id or uuid.uuid4().hex
         if cid in self._results:
             return self._results[cid]
