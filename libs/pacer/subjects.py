@@ -190,6 +190,7 @@ class JobEventKind:
     """``pacer.events.job.<job>.<kind>``: a lifecycle state (jobs.JobEvent) or the plan."""
 
     PLAN = "plan"  # jobs.ResourcePlan: the plan the executor applies
+    EXPORTED = "exported"  # jobs.ModelExported: the chief wrote a SavedModel (export.path)
     # and one kind per JobState value: submitted, planning, running, completed, failed, stopped
 
 

@@ -44,7 +44,7 @@ from pacer.contracts.jobs import JobProgress, JobRecord, JobState
 from pacer.contracts.monitor import JobStatistics
 from pacer.errors import PacerError
 from pacer.jobs.client import JobClient
-from pacer.jobs.spec import JobSpecError, load_spec_document, parse_job_spec
+from pacer.jobs.spec import JobSpecError, inline_schema_file, load_spec_document, parse_job_spec
 from pacer_services.cli.progress import Progress, render_bar
 
 TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.STOPPED})
@@ -285,13 +285,17 @@ def read_spec(path: str, name: str | None) -> tuple[str, str]:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CliError(f"cannot read {path}: {exc}", 2) from None
-    if name is not None:
-        try:
-            data = load_spec_document(text)  # the services' own reader: no aliases, bounded
-        except JobSpecError:
-            data = None  # parse_job_spec below names the problem
-        if isinstance(data, dict):
+    try:
+        data = load_spec_document(text)  # the services' own reader: no aliases, bounded
+    except JobSpecError:
+        data = None  # parse_job_spec below names the problem
+    if isinstance(data, dict):
+        changed = name is not None
+        if name is not None:
             data["name"] = name
+        # A schema file beside the spec (examples/schemas/) is sent inline: the services read no client files.
+        changed = inline_schema_file(data, str(Path(path).parent)) or changed
+        if changed:
             text = yaml.safe_dump(data, sort_keys=False)
     spec = parse_job_spec(text)
     return spec.name, text

@@ -5,9 +5,13 @@ JobRecord, or an ``invalid`` error naming every bad field), ``get``,
 ``list`` (on ``pacer.rpc.jobs._all.list``), ``stop``.
 
 A submission is validated (:func:`pacer.jobs.spec.parse_job_spec`, in a
-thread: a spec is up to 256 KiB of YAML), its dataset prepared (a Criteo
-TSV/CSV is converted to a record file; the record count is read from the
-file) and registered with the shard service, and the job gets a plan: the
+thread: a spec is up to 256 KiB of YAML), its dataset checked in place
+(:meth:`JobService._check_data`: it exists, the schema's columns are there
+with fitting types, and the record count, from Parquet footers or a record
+file's header alone, or from the row-offset index that one scan of a CSV or
+TFRecord dataset builds; nothing is copied, except a gzipped Criteo text
+file, which cannot be read by row ranges and is converted to a record file)
+and registered with the shard service, and the job gets a plan: the
 brain-optimizer's when the spec leaves resources to it
 (``policies.optimizer: brain``, the default) and it answers within
 ``brain_timeout_s``, else the documented default plan
@@ -17,10 +21,13 @@ pod-executor applies.
 
 Dataset files (issue 21): a spec's ``dataset.path`` and ``dataset.test_path``
 come from whoever holds the API token, and this service opens them on its
-host.  So a path may only name a regular file under one of the data roots
+host.  So a local path (or ``file://`` URL, or every file a local glob
+matches) may only name a regular file under one of the data roots
 (``PACER_DATA_ROOTS``; :func:`dataset_file`): the path is resolved first
 (relative to the working directory; ``..`` and every symlink followed) and
-the result must lie under a resolved root.  A missing file, a file outside
+the result must lie under a resolved root.  Object storage URLs
+(:data:`REMOTE_SCHEMES`) are read with the credentials of this service's
+environment (or a mounted Secret), never with any from the spec.  A missing file, a file outside
 the roots and one that is not a regular file get the very same error, so
 the answer tells nothing about the host beyond the roots; and no error
 quotes a file's bytes (:mod:`pacer.data.criteo` says what is wrong with a
@@ -88,6 +95,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import logging
 import os
 import time
@@ -95,6 +103,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -116,6 +125,7 @@ from pacer.contracts.jobs import (
     JobSpec,
     JobState,
     ListRequest,
+    ModelExported,
     OutboxEntry,
     ResourcePlan,
     StopRequest,
@@ -143,7 +153,7 @@ CAS_ATTEMPTS = 5
 
 @dataclass
 class JobServiceConfig:
-    data_dir: Path = Path(".pacer")  # converted datasets go to <data_dir>/datasets/<job>/
+    data_dir: Path = Path(".pacer")  # row-offset indexes in <data_dir>/index/; converted .gz text in datasets/<job>/
     # Where dataset files may be (PACER_DATA_ROOTS); none given: data_dir alone.
     data_roots: tuple[Path, ...] = ()
     durable: str = "job-service"
@@ -434,7 +444,9 @@ class JobService:
         self._submitting.add(job)
         try:
             await self._claim_name(job)
-            data_path, eval_path, records = await asyncio.to_thread(self._prepare_data, spec)
+            data_path, eval_path, records, columns = await asyncio.to_thread(self._check_data, spec)
+            if spec.export is not None:
+                spec = replace(spec, export=replace(spec.export, path=self._export_location(spec.export.path)))
             plan = await self._first_plan(spec, records)
             per_worker = max(1, spec.batch_size // plan.workers)
             await self.admin.register(DatasetSpec(
@@ -448,7 +460,8 @@ class JobService:
                 lc, first = JobLifecycle.submitted(job, [spec.dataset.name], now)
                 self.lifecycles[job] = lc
                 self.records[job] = JobRecord(job, spec, JobState.SUBMITTED, now, plan=plan, data_path=data_path,
-                                              eval_path=eval_path, records=records)
+                                              eval_path=eval_path, records=records, columns=columns,
+                                              index_dir=str(self._index_dir()))
                 accepted = f"plan: {plan.source.value} ({plan.reason})" if plan.reason else f"plan: {plan.source.value}"
                 try:  # a creation: refused if another writer stored the job meanwhile
                     rec = await self._commit(job, core.submitted(first, now, accepted),
@@ -502,48 +515,113 @@ class JobService:
             return replace(base, reason=f"brain answered for {plan.job!r}: default plan; {base.reason}".rstrip("; "))
         return plan
 
-    def _prepare_data(self, spec: JobSpec) -> tuple[str, str, int]:
-        """The record files the workers read: the spec's, or converted from Criteo text; and the record count.
+    def _index_dir(self) -> Path:
+        return (self.cfg.data_dir / "index").resolve()
 
-        Only files under the data roots (module docstring); an error says
-        what is wrong with a file, never what it holds.
+    def _check_data(self, spec: JobSpec) -> tuple[str, str, int, dict[str, str]]:
+        """The datasets the workers read in place, checked: (data, held-out data, records, columns).
+
+        Reads metadata only where the format has it (Parquet footers, a record
+        file's header); a CSV or TFRecord dataset is scanned once for its
+        row-offset index, kept under ``<data_dir>/index`` for the workers.
+        Only local files under the data roots (module docstring); an error says
+        what is wrong with a dataset, never what it holds.
         """
-        from pacer.data.criteo import BadRecordFile, MalformedLine, RecordFile, convert
-
-        roots = [Path(os.path.realpath(r)) for r in self.cfg.data_roots or (self.cfg.data_dir,)]
-
-        def one(path: str, fmt: DataFormat, name: str, field: str) -> tuple[str, int]:
-            src = dataset_file(path, roots, field)
-            if fmt is DataFormat.RECORD:
-                try:
-                    with RecordFile.open(src) as f:
-                        return str(src), len(f)
-                except BadRecordFile as exc:
-                    raise ValidationError(f"{field}: {path!r}: {exc.reason}") from None
-                except OSError:  # unreadable: as good as absent
-                    raise _refused(path, field) from None
-            dst = self.cfg.data_dir / "datasets" / spec.name / f"{name}.rec"
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                n = convert(src, dst)
-            except MalformedLine as exc:
-                raise ValidationError(f"{field}: {path!r} is not {fmt.value}: line {exc.line}: {exc.reason}") from None
-            except Exception as exc:
-                # Only the kind: the messages of gzip, zlib and the codecs may quote the file's bytes.
-                raise ValidationError(f"{field}: {path!r} cannot be read as {fmt.value} "
-                                      f"({type(exc).__name__})") from None
-            return str(dst), n
+        from pacer.data.schema import Schema
 
         d = spec.dataset
-        data_path, records = one(d.path, d.format, "train", "dataset.path")
+        schema = Schema.from_config(d.schema) if d.schema else Schema.criteo()
+        data_path, records, columns = self._one_dataset(spec, d.path, "train", "dataset.path", schema)
         if records == 0:
             raise ValidationError(f"dataset.path: {d.path} holds no records")
         if d.records:
             records = min(records, d.records)
         eval_path = ""
         if d.test_path:
-            eval_path, _ = one(d.test_path, d.format, "test", "dataset.test_path")
-        return data_path, eval_path, records
+            eval_path, _, _ = self._one_dataset(spec, d.test_path, "test", "dataset.test_path", schema)
+        return data_path, eval_path, records, columns
+
+    def _one_dataset(self, spec: JobSpec, path: str, name: str, field: str,
+                     schema: Any) -> tuple[str, int, dict[str, str]]:
+        from pacer.data.criteo import MalformedLine, convert
+        from pacer.data.sources import SourceError, describe
+
+        fmt = spec.dataset.format
+        uri = self._located(path, field)
+        if fmt in (DataFormat.CRITEO_TSV, DataFormat.CRITEO_CSV) and uri.endswith(".gz"):
+            # gzip cannot be read by row ranges: the one dataset still converted (docs/data.md).
+            dst = self.cfg.data_dir / "datasets" / spec.name / f"{name}.rec"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                convert(uri, dst)
+            except MalformedLine as exc:
+                raise ValidationError(f"{field}: {path!r} is not {fmt.value}: line {exc.line}: {exc.reason}") from None
+            except Exception as exc:
+                # Only the kind: the messages of gzip, zlib and the codecs may quote the file's bytes.
+                raise ValidationError(f"{field}: {path!r} cannot be read as {fmt.value} "
+                                      f"({type(exc).__name__})") from None
+            uri, fmt = str(dst), DataFormat.RECORD
+            spec_fmt = "record"
+        else:
+            spec_fmt = fmt.value
+        try:
+            with describe(uri, spec_fmt, index_dir=self._index_dir(),
+                          csv_options=dict(spec.dataset.options) or None) as src:
+                if self._is_local(uri):  # a glob's matches, each under the roots
+                    for f in src.files:
+                        dataset_file(f, self._roots(), field)
+                columns = {c.name: c.kind for c in src.columns}
+                rows = int(src.rows)
+                if spec_fmt not in ("parquet", "record"):
+                    # Text and Examples carry no types: parse a sample, so that a file in the wrong layout
+                    # fails here, with its line, and not in every worker (a bad line deep inside fails the
+                    # shard that holds it; docs/data.md).
+                    src.read(0, min(rows, SAMPLE_ROWS))
+        except SourceError as exc:
+            self.counters.inc("dataset_unreadable")
+            raise ValidationError(f"{field}: {exc}") from None
+        problems = schema.check(columns)
+        if problems:
+            self.counters.inc("dataset_schema_mismatch")
+            raise ValidationError("\n".join(f"dataset.schema: {p}" for p in problems))
+        return uri, rows, columns
+
+    def _export_location(self, path: str) -> str:
+        """Where the chief may write SavedModels: a directory under the data roots (resolved; it may not
+        exist yet), or an object-storage URL of :data:`REMOTE_SCHEMES`."""
+        if not self._is_local(path):
+            return self._located(path, "export.path")
+        real = Path(os.path.realpath(path.removeprefix("file://")))
+        if not any(real.is_relative_to(root) for root in self._roots()):
+            raise ValidationError(f"export.path: {path!r} is not under the job service's data roots "
+                                  "(PACER_DATA_ROOTS)")
+        return str(real)
+
+    def _roots(self) -> list[Path]:
+        return [Path(os.path.realpath(r)) for r in self.cfg.data_roots or (self.cfg.data_dir,)]
+
+    @staticmethod
+    def _is_local(path: str) -> bool:
+        return "://" not in path or path.startswith("file://")
+
+    def _located(self, path: str, field: str) -> str:
+        """``path`` as the workers will open it: a local path (or glob) resolved under the data roots,
+        or an object-storage URL of :data:`REMOTE_SCHEMES`."""
+        if not self._is_local(path):
+            scheme = path.split("://", 1)[0].lower()
+            if scheme not in REMOTE_SCHEMES:
+                raise ValidationError(f"{field}: URL scheme {scheme!r} is not one of {', '.join(REMOTE_SCHEMES)}")
+            return path
+        local = path.removeprefix("file://")
+        if glob.has_magic(local):
+            # The directory part before the first wildcard must lie under a root; each match is checked too.
+            head = local[:min(local.index(ch) for ch in "*?[" if ch in local)]
+            base = os.path.dirname(head) or "."
+            real = Path(os.path.realpath(base))
+            if not any(real.is_relative_to(root) for root in self._roots()):
+                raise _refused(path, field)
+            return str(real / local[len(base):].lstrip("/")) if base != "." else str(real / local)
+        return str(dataset_file(local, self._roots(), field))
 
     async def _get(self, job: str, msg: Msg) -> None:
         q = decode(JobQuery, msg.data)
@@ -630,7 +708,20 @@ class JobService:
             await self._update(job, core.node_relaunched(ev))
         elif kind == NodeEventKind.FINISHED and ev.result and ev.node == core.CHIEF:
             result = dict(ev.result)
-            await self._update(job, lambda rec: replace(rec, result=result))
+            exports = [str(x) for x in result.get("exports", []) if isinstance(x, str)]
+            if not exports:
+                await self._update(job, lambda rec: replace(rec, result=result))
+                return
+            event = ModelExported(job, exports[-1], len(exports))
+            await self._commit(job, core.data_only(lambda rec: replace(rec, result=result, exported=exports[-1])),
+                               also=[(subjects.job_event(job, JobEventKind.EXPORTED), encode(event))])
+
+
+#: Rows of a CSV/TSV/TFRecord dataset parsed at submit (the rest is parsed by the workers that read it).
+SAMPLE_ROWS = 1000
+
+#: Object storage a dataset URL may name (read with this service's own credentials; fsspec's protocols).
+REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "hdfs", "abfs", "az")
 
 
 def dataset_file(path: str, roots: Sequence[Path], field: str) -> Path:

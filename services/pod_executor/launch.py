@@ -45,6 +45,7 @@ from urllib.parse import unquote, urlsplit
 from pacer import authjwt, security
 from pacer.contracts.executor import PodSpec
 from pacer.contracts.jobs import JobRecord, ResourcePlan
+from pacer.data.feed import DataRef, seed_of
 from pacer.trainer.cluster import ClusterDesc
 from pacer.trainer.sdk import TrainerEnv
 from pacer.trainer.straggler import StragglerSpec
@@ -107,7 +108,7 @@ def worker_config(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, inde
     per_worker = max(1, spec.batch_size // max(1, plan.workers))
     chief = index == 0
     return WorkerConfig(
-        job=rec.job, node=f"worker-{index}", index=index, cluster=cluster.to_json(), data=rec.data_path,
+        job=rec.job, node=f"worker-{index}", index=index, cluster=cluster.to_json(), data=data_ref(rec).to_json(),
         dataset=spec.dataset.name, nats_url=pod_nats_url(cfg), model=m.name.value,
         model_args={"hash_buckets": m.hash_buckets, "embed_dim": m.embed_dim, "hidden": list(m.hidden),
                     "cross_layers": m.cross_layers, "cin_layers": list(m.cin_layers),
@@ -120,7 +121,16 @@ def worker_config(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, inde
         restore=restore and chief and bool(cfg.checkpoint_root),
         eval_data=rec.eval_path if chief else "", result=RESULT,
         straggler=_straggler(cfg, f"worker-{index}", generation),
+        export_dir=spec.export.path if chief and spec.export is not None else "",
+        export_every_s=spec.export.every_s if spec.export is not None else 0.0,
     )
+
+
+def data_ref(rec: JobRecord) -> DataRef:
+    """The job's dataset as its workers open it, in place (the job service checked it at submit)."""
+    d = rec.spec.dataset
+    return DataRef(uri=rec.data_path, format=d.format.value, options=dict(d.options), index_dir=rec.index_dir,
+                   schema=dict(d.schema), seed=seed_of(rec.job))
 
 
 def trainer_env(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str, index: int,
@@ -139,6 +149,7 @@ def trainer_env(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: 
     env = TrainerEnv(
         job=rec.job, node=f"{role}-{index}", role=role, index=index, ps=cluster.ps, workers=cluster.workers,
         nats_url=wc.nats_url, generation=generation, dataset=spec.dataset.name, data=rec.data_path,
+        data_ref=wc.data,
         eval_data=wc.eval_data if worker else "", num_workers=plan.workers, mode=spec.mode.value,
         backup_workers=spec.backup_workers, batch_size=wc.batch_size, global_batch=wc.global_batch,
         learning_rate=spec.model.learning_rate, agent_ipc=wc.ipc if worker else "", result=RESULT,

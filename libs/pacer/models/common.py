@@ -1,4 +1,8 @@
-"""Shared pieces of the models: the spec, inputs, embeddings, dense layers, optimizers.
+"""Shared pieces of the models: the spec, embeddings, dense layers, optimizers.
+
+The inputs come from :func:`pacer.models.features.transform` (a schema's
+columns as :class:`~pacer.models.features.Features`): nothing here knows a
+column count.
 
 Everything is ``tf.compat.v1`` graph mode built from ``get_variable`` only:
 Keras 3 breaks ``tf.compat.v1.layers`` (docs/design.md, "Facts measured"), and
@@ -21,10 +25,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from pacer.models.features import Features
+
 v1 = tf.compat.v1
 
-NUM_DENSE = 13
-NUM_CAT = 26
 OPTIMIZERS = ("adagrad", "adam", "sgd")
 
 # A variable as get_variable returns it: plain, or split into parts.
@@ -58,16 +62,6 @@ class ModelSpec:
             raise ValueError(f"optimizer {self.optimizer!r} not in {OPTIMIZERS}")
 
 
-def input_placeholders(
-    num_dense: int = NUM_DENSE, num_cat: int = NUM_CAT
-) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """``(dense [None,13] f32, cat_ids [None,26] i64, labels [None] f32)``: the batch size may change every step."""
-    dense = v1.placeholder(tf.float32, [None, num_dense], name="dense")
-    cat_ids = v1.placeholder(tf.int64, [None, num_cat], name="cat_ids")
-    labels = v1.placeholder(tf.float32, [None], name="labels")
-    return dense, cat_ids, labels
-
-
 def partitioner(num_ps_partitions: int) -> Callable[..., Any]:
     """The partitioner of the embedding tables: ``num_ps_partitions`` row blocks."""
     if num_ps_partitions < 1:
@@ -99,26 +93,97 @@ def embedding_lookup(table: Table, ids: tf.Tensor) -> tf.Tensor:
     return v1.nn.embedding_lookup(table, ids, partition_strategy="div")
 
 
-def field_embeddings(
-    name: str,
-    cat_ids: tf.Tensor,
-    hash_buckets: int,
-    dim: int,
-    partitioner: Callable[..., Any] | None = None,
-    initializer: Any = None,
-) -> tuple[tf.Tensor, Table]:
-    """Per-field embeddings ``[batch, fields, dim]`` from one table of ``fields * hash_buckets`` rows.
+def _combine(rows: tf.Tensor, ids: tf.RaggedTensor, combiner: str) -> tf.Tensor:
+    """Per-row ``sum`` / ``mean`` / ``sqrtn`` (sum / sqrt(count)) of the looked-up ``rows`` of a ragged batch.
 
-    Every field's ids lie in ``[0, hash_buckets)``; adding ``field *
-    hash_buckets`` gives each field its own rows, so equal raw ids of two
-    fields do not share a vector, while all fields still live in one table
-    that the partitioner spreads evenly over the PS tasks.
+    An empty list gives zeros (the count is clamped to 1 in the divisors).
     """
-    fields = int(cat_ids.shape[1])
-    table = embedding_table(name, fields * hash_buckets, dim, partitioner, initializer)
-    offsets = tf.constant(np.arange(fields, dtype=np.int64) * hash_buckets, dtype=tf.int64)
-    emb = embedding_lookup(table, cat_ids + offsets[None, :])
-    return emb, table
+    total = tf.math.unsorted_segment_sum(rows, ids.value_rowids(), ids.nrows())
+    if combiner == "sum":
+        return total
+    count = tf.cast(tf.maximum(ids.row_lengths(), 1), tf.float32)[:, None]
+    if combiner == "mean":
+        return total / count
+    if combiner == "sqrtn":
+        return total / tf.sqrt(count)
+    raise ValueError(f"unknown combiner {combiner!r}")
+
+
+def field_embeddings(
+    features: Features,
+    partitioner: Callable[..., Any] | None = None,
+    name: str = "embeddings",
+    dim: int | None = None,
+    initializer: Any = None,
+) -> tuple[tf.Tensor | list[tf.Tensor], list[Table]]:
+    """Per-field embeddings: ``[batch, fields, dim]`` when every field has one width, else ``[batch, dim_i]`` per field.
+
+    Fields of one width share ONE table, named ``name`` when all fields have
+    one width and ``{name}_d{dim}`` per width otherwise.  Field ``f`` owns
+    rows ``[offset_f, offset_f + buckets_f)``, ``offset_f`` the sum of the
+    previous fields' buckets of that table: equal raw ids of two fields do
+    not share a vector, while all fields still live in one table that the
+    partitioner spreads evenly over the PS tasks.  (For Criteo, 26 fields of
+    ``hash_buckets`` each, that is ``26 * hash_buckets`` rows with field
+    ``f`` at ``f * hash_buckets``.)  A list field's rows are combined per
+    example by its combiner.  ``dim`` overrides every field's width (the
+    linear part's 1-wide weights).
+    """
+    fields = features.fields
+    if not fields:
+        return [], []
+    widths = [dim if dim is not None else f[2] for f in fields]
+    distinct = sorted(set(widths))
+    out: list[tf.Tensor | None] = [None] * len(fields)
+    tables: list[Table] = []
+    grouped: tf.Tensor | None = None
+    for width in distinct:
+        members = [i for i, w in enumerate(widths) if w == width]
+        offsets = np.cumsum([0] + [fields[i][1] for i in members])
+        table_name = name if len(distinct) == 1 else f"{name}_d{width}"
+        table = embedding_table(table_name, int(offsets[-1]), width, partitioner, initializer)
+        tables.append(table)
+        singles = [k for k, i in enumerate(members) if not fields[i][3]]
+        if singles:
+            # All single-id fields of the table in one lookup, as [batch, fields] ids.
+            ids = tf.stack([fields[members[k]][0] for k in singles], axis=1)
+            offs = tf.constant(np.array([offsets[k] for k in singles], dtype=np.int64), dtype=tf.int64)
+            emb = embedding_lookup(table, ids + offs[None, :])  # [batch, singles, width]
+            if len(distinct) == 1 and len(singles) == len(fields):
+                grouped = emb  # the common case: no unstacking needed
+            else:
+                for j, piece in enumerate(tf.unstack(emb, axis=1)):
+                    out[members[singles[j]]] = piece
+        for k, i in enumerate(members):
+            ids, _, _, combiner = fields[i]
+            if not combiner:
+                continue
+            rows = embedding_lookup(table, ids.flat_values + int(offsets[k]))
+            out[i] = _combine(rows, ids, combiner)
+    if grouped is not None:
+        return grouped, tables
+    pieces = [p for p in out if p is not None]
+    if len(distinct) == 1:
+        return tf.stack(pieces, axis=1), tables
+    return pieces, tables
+
+
+def flatten_embeddings(emb: tf.Tensor | list[tf.Tensor]) -> tf.Tensor | None:
+    """``[batch, sum of widths]``: the fields' embeddings side by side (None when there are no fields)."""
+    if isinstance(emb, list):
+        return tf.concat(emb, axis=1) if emb else None
+    fields, width = int(emb.shape[1]), int(emb.shape[2])
+    return tf.reshape(emb, [-1, fields * width])
+
+
+def deep_input(features: Features, emb: tf.Tensor | list[tf.Tensor]) -> tf.Tensor:
+    """The dense features and the flattened field embeddings, concatenated: ``[batch, D + sum of widths]``."""
+    flat = flatten_embeddings(emb)
+    if flat is None:
+        return features.dense
+    if int(features.dense.shape[1]) == 0:
+        return flat
+    return tf.concat([features.dense, flat], axis=1)
 
 
 def dense_layer(
@@ -142,22 +207,24 @@ def mlp(x: tf.Tensor, hidden: Sequence[int], name: str) -> tf.Tensor:
     return x
 
 
-def linear_logit(
-    dense: tf.Tensor,
-    cat_ids: tf.Tensor,
-    hash_buckets: int,
-    partitioner: Callable[..., Any] | None = None,
-) -> tuple[tf.Tensor, Table]:
+def linear_logit(features: Features, partitioner: Callable[..., Any] | None = None) -> tuple[tf.Tensor, list[Table]]:
     """A logistic-regression logit ``[batch, 1]``: dense weights + one weight per (field, id).
 
-    The per-id weights are a 1-wide embedding table, partitioned like the
-    embeddings because they have as many rows.
+    The per-id weights are a 1-wide embedding table (``cat_weights``, laid
+    out like the embeddings), partitioned like them because it has as many
+    rows.  With no dense features the dense part is just the bias.
     """
-    w_cat, table = field_embeddings(
-        "cat_weights", cat_ids, hash_buckets, 1, partitioner, initializer=v1.zeros_initializer()
-    )
-    dense_part = dense_layer(dense, 1, "dense")  # holds the global bias too
-    return dense_part + tf.reduce_sum(w_cat, axis=1), table
+    w_cat, tables = field_embeddings(features, partitioner, "cat_weights", dim=1, initializer=v1.zeros_initializer())
+    if int(features.dense.shape[1]) > 0:
+        out = dense_layer(features.dense, 1, "dense")  # holds the global bias too
+    else:
+        with v1.variable_scope("dense"):
+            bias = v1.get_variable("bias", shape=[1], dtype=tf.float32, initializer=v1.zeros_initializer())
+        out = tf.zeros(tf.stack([tf.shape(features.dense)[0], 1])) + bias  # [batch, 1]
+    if tables:
+        assert not isinstance(w_cat, list)  # one width (1): one [batch, fields, 1] tensor
+        out = out + tf.reduce_sum(w_cat, axis=1)
+    return out, tables
 
 
 def make_optimizer(spec: ModelSpec) -> Any:

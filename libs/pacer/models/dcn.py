@@ -19,7 +19,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from pacer.models.common import ModelSpec, Table, dense_layer, field_embeddings, mlp
+from pacer.models.common import ModelSpec, Table, deep_input, dense_layer, field_embeddings, mlp
+from pacer.models.features import Features
 
 v1 = tf.compat.v1
 
@@ -38,15 +39,13 @@ def cross_network(x0: tf.Tensor, layers: int, name: str = "cross") -> tf.Tensor:
     return xl
 
 
-def logits(
-    spec: ModelSpec, dense: tf.Tensor, cat_ids: tf.Tensor, partitioner: Any
-) -> tuple[tf.Tensor, list[Table]]:
+def logits(spec: ModelSpec, features: Features, partitioner: Any) -> tuple[tf.Tensor, list[Table]]:
     """The click logit ``[batch]`` and the partitioned tables it created."""
-    emb, emb_table = field_embeddings("embeddings", cat_ids, spec.hash_buckets, spec.embed_dim, partitioner)
-    fields = int(cat_ids.shape[1])
-    x0 = tf.concat([dense, tf.reshape(emb, [-1, fields * spec.embed_dim])], axis=1)
+    emb, emb_tables = field_embeddings(features, partitioner)
+    # Embedding and stacking layer (Sec. 2.1): x0 = [dense, emb_1, ..., emb_k]; widths may differ.
+    x0 = deep_input(features, emb)
     cross = cross_network(x0, spec.cross_layers)
     deep = mlp(x0, spec.hidden, "deep")
     # Combination layer (Eq. 5): one logistic unit over [x_L1, h_L2].
     out = dense_layer(tf.concat([cross, deep], axis=1), 1, "combine")
-    return tf.squeeze(out, axis=1), [emb_table]
+    return tf.squeeze(out, axis=1), emb_tables

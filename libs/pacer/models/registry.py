@@ -10,18 +10,20 @@ the parameter servers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
 
+from pacer.data.schema import Schema
 from pacer.models import dcn, wide_deep, xdeepfm
 from pacer.models.common import ModelSpec, Table, make_optimizer, partitioner
+from pacer.models.features import Features, transform
 
 v1 = tf.compat.v1
 
-LogitsFn = Callable[[ModelSpec, tf.Tensor, tf.Tensor, Any], tuple[tf.Tensor, list[Table]]]
+LogitsFn = Callable[[ModelSpec, Features, Any], tuple[tf.Tensor, list[Table]]]
 
 MODELS: dict[str, LogitsFn] = {
     "wide_deep": wide_deep.logits,
@@ -34,11 +36,12 @@ MODELS: dict[str, LogitsFn] = {
 class ModelGraph:
     """The tensors of a built model.
 
-    ``loss`` is the mean log loss of the batch; ``train_loss`` is what to
-    minimise: ``loss * loss_scale`` when ``build`` got a scale (the trainer
-    feeds a worker's share of the global batch, so that asynchronous updates
-    from workers with different batch sizes weigh in proportion), else
-    ``loss``.
+    ``loss`` is the mean log loss of the batch (weighted by the schema's
+    weight column if it has one: ``sum(w * l) / sum(w)``); ``train_loss``
+    is what to minimise: ``loss * loss_scale`` when ``build`` got a scale
+    (the trainer feeds a worker's share of the global batch, so that
+    asynchronous updates from workers with different batch sizes weigh in
+    proportion), else ``loss``.  ``features`` are the transformed inputs.
     """
 
     spec: ModelSpec
@@ -47,6 +50,7 @@ class ModelGraph:
     loss: tf.Tensor
     train_loss: tf.Tensor
     embedding_tables: tuple[Table, ...]
+    features: Features
 
     def weighted_loss(self, weight: tf.Tensor | float) -> tf.Tensor:
         """``loss * weight``, for a caller that decides the weight after building."""
@@ -59,27 +63,57 @@ class ModelGraph:
         return op
 
 
-def build(
-    spec: ModelSpec,
-    dense: tf.Tensor,
-    cat_ids: tf.Tensor,
-    labels: tf.Tensor,
-    num_ps_partitions: int = 1,
-    loss_scale: tf.Tensor | None = None,
-) -> ModelGraph:
-    """Build ``spec.name``'s graph on these inputs; embeddings split into ``num_ps_partitions`` parts.
-
-    The tables are always partitioned, even into 1 part, so the variable
-    names (``.../part_0``...) do not change shape with the PS count.
-    """
+def _model(
+    spec: ModelSpec, schema: Schema, raw: Mapping[str, Any], num_ps_partitions: int
+) -> tuple[Features, tf.Tensor, list[Table]]:
+    """Transform + logits, inside the caller's ``spec.name`` variable scope."""
     fn = MODELS.get(spec.name)
     if fn is None:
         raise ValueError(f"unknown model {spec.name!r}; known: {sorted(MODELS)}")
+    features = transform(schema.with_defaults(spec.hash_buckets, spec.embed_dim), raw)
+    logits, tables = fn(spec, features, partitioner(num_ps_partitions))
+    return features, logits, tables
+
+
+def inference(
+    spec: ModelSpec, schema: Schema, raw: Mapping[str, Any], num_ps_partitions: int = 1
+) -> tuple[Features, tf.Tensor, tf.Tensor]:
+    """``(features, logits, probs)`` without a loss: the serving graph (no label in ``raw``)."""
     with v1.variable_scope(spec.name):
-        logits, tables = fn(spec, dense, cat_ids, partitioner(num_ps_partitions))
+        features, logits, _ = _model(spec, schema, raw, num_ps_partitions)
         probs = tf.sigmoid(logits, name="probs")
-        loss = tf.reduce_mean(
-            v1.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits), name="loss"
-        )
+    return features, logits, probs
+
+
+def build(
+    spec: ModelSpec,
+    schema: Schema,
+    raw: Mapping[str, Any],
+    num_ps_partitions: int = 1,
+    loss_scale: tf.Tensor | None = None,
+) -> ModelGraph:
+    """Build ``spec.name``'s graph on the raw columns ``raw`` (e.g. ``raw_inputs(schema, kinds).tensors``).
+
+    The schema's buckets/embed_dim of 0 become ``spec.hash_buckets`` /
+    ``spec.embed_dim``; ``raw`` must hold the label (and the weight, if the
+    schema has one).  The tables are always partitioned, even into 1 part,
+    so the variable names (``.../part_0``...) do not change shape with the
+    PS count.  Vocabulary columns create lookup tables: run
+    ``tf.compat.v1.tables_initializer()`` in every session before a step.
+    """
+    if schema.label not in raw:
+        raise ValueError(f"no input for the label column {schema.label!r}")
+    if schema.weight and schema.weight not in raw:
+        raise ValueError(f"no input for the weight column {schema.weight!r}")
+    with v1.variable_scope(spec.name):
+        features, logits, tables = _model(spec, schema, raw, num_ps_partitions)
+        assert features.labels is not None
+        probs = tf.sigmoid(logits, name="probs")
+        losses = v1.nn.sigmoid_cross_entropy_with_logits(labels=features.labels, logits=logits)
+        if features.weights is not None:
+            w = features.weights
+            loss = tf.math.divide_no_nan(tf.reduce_sum(w * losses), tf.reduce_sum(w), name="loss")
+        else:
+            loss = tf.reduce_mean(losses, name="loss")
         train_loss = loss if loss_scale is None else tf.multiply(loss, loss_scale, name="train_loss")
-    return ModelGraph(spec, logits, probs, loss, train_loss, tuple(tables))
+    return ModelGraph(spec, logits, probs, loss, train_loss, tuple(tables), features)

@@ -21,7 +21,16 @@ from typing import Any
 
 import tensorflow as tf
 
-from pacer.models.common import ModelSpec, Table, dense_layer, field_embeddings, linear_logit, mlp
+from pacer.models.common import (
+    ModelSpec,
+    Table,
+    deep_input,
+    dense_layer,
+    field_embeddings,
+    linear_logit,
+    mlp,
+)
+from pacer.models.features import Features
 
 v1 = tf.compat.v1
 
@@ -63,17 +72,24 @@ def cin(x0: tf.Tensor, layer_sizes: tuple[int, ...], name: str = "cin") -> tf.Te
     return tf.concat(pooled, axis=1)
 
 
-def logits(
-    spec: ModelSpec, dense: tf.Tensor, cat_ids: tf.Tensor, partitioner: Any
-) -> tuple[tf.Tensor, list[Table]]:
-    """The click logit ``[batch]`` and the partitioned tables it created."""
+def logits(spec: ModelSpec, features: Features, partitioner: Any) -> tuple[tf.Tensor, list[Table]]:
+    """The click logit ``[batch]`` and the partitioned tables it created.
+
+    The CIN multiplies field embeddings element-wise (Eq. 6), so every
+    categorical/list column must have the same ``embed_dim``.
+    """
+    if not features.fields:
+        raise ValueError("xdeepfm needs at least one categorical or multi_hot column (its CIN crosses embeddings)")
+    if len(set(features.dims)) > 1:
+        got = ", ".join(f"{n}={d}" for n, d in zip(features.names, features.dims, strict=True))
+        raise ValueError(f"xdeepfm needs one embed_dim for all categorical columns; got {got}")
     with v1.variable_scope("linear"):
-        lin, lin_table = linear_logit(dense, cat_ids, spec.hash_buckets, partitioner)
-    emb, emb_table = field_embeddings("embeddings", cat_ids, spec.hash_buckets, spec.embed_dim, partitioner)
-    fields = int(cat_ids.shape[1])
+        lin, lin_tables = linear_logit(features, partitioner)
+    emb, emb_tables = field_embeddings(features, partitioner)
+    assert not isinstance(emb, list)  # one width: [batch, fields, dim]
     with v1.variable_scope("dnn"):
-        x = tf.concat([dense, tf.reshape(emb, [-1, fields * spec.embed_dim])], axis=1)
+        x = deep_input(features, emb)
         dnn = dense_layer(mlp(x, spec.hidden, "mlp"), 1, "out")
     with v1.variable_scope("cin_out"):
         cin_logit = dense_layer(cin(emb, spec.cin_layers), 1, "out")
-    return tf.squeeze(lin + dnn + cin_logit, axis=1), [lin_table, emb_table]
+    return tf.squeeze(lin + dnn + cin_logit, axis=1), [*lin_tables, *emb_tables]

@@ -133,10 +133,12 @@ class LocalJob:
                  "--ipc", cfg.ipc, "--nats", self.spec.nats_url], f"{cfg.node}.agent.log")
 
     async def register(self) -> None:
-        from pacer.data.criteo import RecordFile
+        from pacer.data.feed import DataRef
 
         s = self.spec
-        records = len(RecordFile.open(s.data))
+        ref = DataRef.from_json(s.data) if s.data.lstrip().startswith("{") else DataRef(s.data, "record")
+        with ref.open() as src:
+            records = src.rows
         bus = await Bus.connect(s.nats_url, name=f"{s.job}-launcher")
         try:
             await ShardAdmin(bus, retry=RetryPolicy(attempts=50)).register(DatasetSpec(

@@ -78,12 +78,13 @@ EXIT_RESTART = 75  # the executor relaunches the node (as pacer.trainer.worker.E
 TF_CONFIG = "TF_CONFIG"
 JOB, NODE, ROLE, INDEX, GENERATION = "PACER_JOB", "PACER_NODE", "PACER_ROLE", "PACER_INDEX", "PACER_GENERATION"
 NATS_URL, DATASET, DATA, EVAL_DATA = "PACER_NATS_URL", "PACER_DATASET", "PACER_DATA", "PACER_EVAL_DATA"
+DATA_REF = "PACER_DATA_REF"  # the dataset's format, reader options, index dir, schema and order seed (JSON)
 NUM_WORKERS, MODE, BACKUP_WORKERS = "PACER_NUM_WORKERS", "PACER_MODE", "PACER_BACKUP_WORKERS"
 BATCH_SIZE, GLOBAL_BATCH, LEARNING_RATE = "PACER_BATCH_SIZE", "PACER_GLOBAL_BATCH", "PACER_LEARNING_RATE"
 RESULT, CHECKPOINT_DIR, RESTORE = "PACER_RESULT", "PACER_CHECKPOINT_DIR", "PACER_RESTORE"
 
 #: Every variable Pacer sets (a user's ``trainer.env`` may not set these, nor any other ``PACER_*``).
-VARIABLES = (TF_CONFIG, JOB, NODE, ROLE, INDEX, GENERATION, NATS_URL, DATASET, DATA, EVAL_DATA, NUM_WORKERS,
+VARIABLES = (TF_CONFIG, JOB, NODE, ROLE, INDEX, GENERATION, NATS_URL, DATASET, DATA, DATA_REF, EVAL_DATA, NUM_WORKERS,
              MODE, BACKUP_WORKERS, BATCH_SIZE, GLOBAL_BATCH, LEARNING_RATE, AGENT_IPC, RESULT, CHECKPOINT_DIR,
              RESTORE)
 
@@ -117,7 +118,8 @@ class TrainerEnv:
     nats_url: str
     generation: int = 0  # 0 for the node's first pod, +1 per relaunch
     dataset: str = "train"  # the dataset's id in the shard service
-    data: str = ""  # the record file the shards index (pacer.data.criteo.RecordFile)
+    data: str = ""  # the dataset the shards index, read in place (a path, glob or URL)
+    data_ref: str = ""  # how to read it: pacer.data.feed.DataRef JSON ("" = ``data`` is a record file)
     eval_data: str = ""  # held-out record file (the chief only; "" = none)
     num_workers: int = 1
     mode: str = "asp"  # asp | bsp
@@ -151,7 +153,7 @@ class TrainerEnv:
         env = {
             TF_CONFIG: json.dumps(self.tf_config), JOB: self.job, NODE: self.node, ROLE: self.role,
             INDEX: str(self.index), GENERATION: str(self.generation), NATS_URL: self.nats_url,
-            DATASET: self.dataset, DATA: self.data, EVAL_DATA: self.eval_data,
+            DATASET: self.dataset, DATA: self.data, DATA_REF: self.data_ref, EVAL_DATA: self.eval_data,
             NUM_WORKERS: str(self.num_workers), MODE: self.mode, BACKUP_WORKERS: str(self.backup_workers),
             BATCH_SIZE: str(self.batch_size), GLOBAL_BATCH: str(self.global_batch or self.batch_size * self.num_workers),
             LEARNING_RATE: repr(self.learning_rate), AGENT_IPC: self.agent_ipc, RESULT: self.result,
@@ -198,7 +200,8 @@ class TrainerEnv:
         out = cls(
             job=need(JOB), node=env.get(NODE, "") or f"{role}-{index}", role=role, index=index, ps=ps,
             workers=workers, nats_url=need(NATS_URL), generation=num(GENERATION, "0", int),
-            dataset=env.get(DATASET, "") or "train", data=env.get(DATA, ""), eval_data=env.get(EVAL_DATA, ""),
+            dataset=env.get(DATASET, "") or "train", data=env.get(DATA, ""), data_ref=env.get(DATA_REF, ""),
+            eval_data=env.get(EVAL_DATA, ""),
             num_workers=num(NUM_WORKERS, str(max(1, len(workers))), int), mode=env.get(MODE, "") or "asp",
             backup_workers=num(BACKUP_WORKERS, "0", int), batch_size=num(BATCH_SIZE, "256", int),
             global_batch=num(GLOBAL_BATCH, "0", int), learning_rate=num(LEARNING_RATE, "0.05", float),
@@ -233,7 +236,7 @@ class Worker:
     applied: list[dict[str, Any]] = field(default_factory=list)  # {seq, kind, iteration, payload}
     _ipc: TrainerIPC | None = None
     _client: Any = None  # pacer.shards.client.BlockingShardClient, made on first use
-    _records: Any = None  # pacer.data.criteo.RecordFile, opened on first read
+    _source: Any = None  # pacer.data.sources.Source, opened on first read
     _shard: ShardLease | None = None  # the shard batches() is reading
     _t_check: float = 0.0
     _closed: bool = False
@@ -338,15 +341,35 @@ class Worker:
         self.samples_discarded += hi - lo
         self.shard_client.discarded(sh, lo - sh.offset, hi - sh.offset)
 
-    def read(self, lo: int, hi: int) -> Any:
-        """Records ``[lo, hi)`` of the job's record file (a numpy array of ``pacer.data.criteo.RECORD_DTYPE``)."""
-        if self._records is None:
-            from pacer.data.criteo import RecordFile
+    @property
+    def data(self) -> Any:
+        """The job's dataset as a :class:`pacer.data.feed.DataRef` (format, options, schema, seed)."""
+        from pacer.data.feed import DataRef, seed_of
 
-            if not self.env.data:
-                raise TrainerEnvError(f"{DATA}: not set: this job has no record file")
-            self._records = RecordFile.open(self.env.data)
-        return self._records.read(lo, hi)
+        if self.env.data_ref:
+            return DataRef.from_json(self.env.data_ref)
+        if not self.env.data:
+            raise TrainerEnvError(f"{DATA}: not set: this job has no dataset")
+        return DataRef(self.env.data, "record", seed=seed_of(self.env.job))
+
+    @property
+    def schema(self) -> Any:
+        """The job's feature schema (:class:`pacer.data.schema.Schema`; Criteo's when the spec named none)."""
+        return self.data.feature_schema()
+
+    def read(self, lo: int, hi: int, columns: list[str] | None = None) -> dict[str, Any]:
+        """Records ``[lo, hi)`` of the job's dataset as columns (name -> numpy array), in the job's seeded
+        order: the same records in the same order for every reader and after a relaunch.
+
+        Numbers come as float32 / int64 arrays, strings and lists as object arrays
+        (pacer.data.sources); ``columns`` picks some (default: all).
+        """
+        from pacer.data.feed import read_rows
+
+        ref = self.data
+        if self._source is None:
+            self._source = ref.open()
+        return read_rows(self._source, lo, hi, columns, ref.seed)
 
     # ------------------------------------------------------------ actions
     def check(self, iteration: int | None = None) -> list[Action]:
@@ -441,6 +464,8 @@ class Worker:
                 self._ipc.mark_exiting()
                 self._ipc.close()
         finally:
+            if self._source is not None:
+                self._source.close()
             if self._client is not None:
                 self._client.close(release=release)
 

@@ -4,7 +4,10 @@ Between-graph PS training in ``tf.compat.v1`` graph mode (docs/design.md, measur
 facts): each worker builds the graph under ``replica_device_setter``, runs a
 ``Session`` on its own ``tf.distribute.Server`` with ``device_filters`` so it
 depends only on the PS tasks and itself, and reads its data only through the
-shard client (records [start, end) of a fixed-width record file).
+shard client: records [start, end) of the job's dataset, read in place
+(Parquet, CSV, TFRecord or a record file; pacer.data.sources) as raw columns
+that the graph turns into features (pacer.models.features), so that the
+SavedModel the chief exports does exactly what training did.
 
 Modes
 -----
@@ -36,15 +39,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pacer.data.feed import DataRef, ShardReader, rows_of, seed_of
+from pacer.data.sources import SourceError
 from pacer.extras import require_or_exit
 from pacer.trainer.cluster import ClusterDesc
 from pacer.trainer.straggler import StragglerSpec
@@ -60,7 +68,7 @@ class WorkerConfig:
     node: str
     index: int  # worker slot in the ClusterSpec; 0 is the chief
     cluster: str  # ClusterDesc JSON
-    data: str  # record file
+    data: str  # the dataset: a DataRef JSON (pacer.data.feed), or a bare record file path
     dataset: str = "train"
     nats_url: str = "nats://127.0.0.1:4222"
     model: str = "wide_deep"
@@ -78,7 +86,9 @@ class WorkerConfig:
     checkpoint_every: int = 0  # steps between checkpoints (chief); 0 = only at the end
     flash: bool = True  # flash checkpoints (shared memory, persisted async); False = tf Saver
     restore: bool = False  # start from the newest checkpoint in checkpoint_dir
-    eval_data: str = ""  # held-out record file: the chief reports AUC at the end
+    eval_data: str = ""  # held-out dataset (URI, read like ``data``): the chief reports AUC at the end
+    export_dir: str = ""  # the chief writes SavedModels here (a new subdirectory each time); "" = none
+    export_every_s: float = 0.0  # between exports while training; 0 = at the end only
     result: str = ""  # where the chief writes its result JSON
     max_steps: int = 0  # stop after this many local steps (0 = until the data ends)
     prefetch: int = 2
@@ -91,6 +101,15 @@ class WorkerConfig:
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
+    def data_ref(self) -> DataRef:
+        """The dataset as a :class:`DataRef` (a bare path: one of Pacer's record files)."""
+        if self.data.lstrip().startswith("{"):
+            return DataRef.from_json(self.data)
+        return DataRef(self.data, "record", seed=seed_of(self.job))
+
+
+Batch = dict[str, np.ndarray]  # one batch of raw columns, as the source returned them
+
 
 class ShardFeed:
     """Batches of records from the shards this worker is granted.
@@ -102,13 +121,14 @@ class ShardFeed:
     after the step that consumed the records (at-least-once), and so are the
     records of a step whose gradient was discarded, before the shard is done.
 
-    A shard is read in record order: the service counts a holder's progress,
-    resumes a lost shard and re-serves a discarded range by position from the
-    shard's offset, so position p must be the same record for every reader
-    (a shuffle inside the shard would resume or re-serve other records than
-    the ones not trained).  The order of the shards is shuffled per epoch by
-    the service (``DatasetSpec.shuffle``), and a batch's gradient does not
-    depend on the order of its records.
+    A shard is read in the dataset's seeded order (:func:`pacer.data.feed.read_rows`):
+    the service counts a holder's progress, resumes a lost shard and re-serves a
+    discarded range by position from the shard's offset, so position p must be
+    the same record for every reader; that order maps every aligned block of
+    records onto itself, so any split of a range keeps each record in exactly
+    one part.  The order of the shards is shuffled per epoch by the service
+    (``DatasetSpec.shuffle``).  A shard is read ahead in chunks by a background
+    thread (:class:`~pacer.data.feed.ShardReader`), so I/O overlaps the steps.
 
     Near the end of the data the service may give the last part of the shard
     being read to an idle worker (work stealing): ``client.end_of`` then
@@ -119,47 +139,67 @@ class ShardFeed:
     the steps that read them ran.
     """
 
-    def __init__(self, client: Any, records: Any, hash_buckets: int) -> None:
-        from pacer.data.criteo import features
-
-        self._features = features
+    def __init__(self, client: Any, source: Any, columns: Sequence[str] | None, seed: int | None) -> None:
         self.client = client
-        self.records = records
-        self.hash_buckets = hash_buckets
+        self.source = source
+        self.columns = columns
+        self.seed = seed
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="pacer-read")
         self._cur: Any = None  # the shard being read
-        self._arr: np.ndarray | None = None
+        self._arr: ShardReader | None = None
+        self._len = 0  # records of the current shard to read (less than the shard's after a cut)
         self._pos = 0
         # (shard, first position, one past the last, shard done) of each batch since the last commit
         self.pending: list[tuple[Any, int, int, bool]] = []
         self._taken = 0  # records in the batches since the last commit
+        self.read_errors = 0  # shards reported failed because they could not be read
 
-    def batch(self, size: int, wait: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def batch(self, size: int, wait: bool = True) -> Batch | None:
         """The next batch; None when the dataset is finished (or, with ``wait=False``,
         when no shard can be had right now)."""
         self._check_cut()
-        if self._arr is None or self._pos >= len(self._arr):
+        if self._arr is None or self._pos >= self._len:
             shard = self.client.next(wait)  # reports what earlier steps finished
             if shard is None:
                 return None
             self._cur, self._pos = shard, 0
-            self._arr = self.records.read(shard.start, shard.end)
-        take = self._arr[self._pos:self._pos + size]
+            self._arr = ShardReader(self._pool, self.source, shard.start, shard.end, self.columns, self.seed)
+            self._len = len(self._arr)
+        n = min(size, self._len - self._pos)
+        try:
+            take = self._arr.get(self._pos, n)
+        except SourceError as exc:
+            return self._unreadable(exc, size, wait)
         first = self._cur.start - self._cur.offset + self._pos
-        self._pos += len(take)
-        self._taken += len(take)
-        self.pending.append((self._cur, first, first + len(take), self._pos >= len(self._arr)))
-        return self._features(take, self.hash_buckets)
+        self._pos += n
+        self._taken += n
+        self.pending.append((self._cur, first, first + n, self._pos >= self._len))
+        return take
+
+    def _unreadable(self, exc: Exception, size: int, wait: bool) -> Batch | None:
+        """A shard that cannot be read (a corrupt line, an object gone, access revoked): reported failed, so
+        the service serves it again and parks it after repeated failures (the job then fails, naming it);
+        this worker goes on with the next shard.  The reason is logged, never the data."""
+        cur = self._cur
+        log.error("shard %s [%d, %d) cannot be read: %s", cur.shard, cur.start, cur.end, exc)
+        self.read_errors += 1
+        self.pending = [p for p in self.pending if p[0] is not cur]
+        self.client.failed(cur)
+        if self._arr is not None:
+            self._arr.cancel()
+        self._arr, self._len, self._pos = None, 0, 0
+        return self.batch(size, wait)
 
     def _check_cut(self) -> None:
         """Apply a cut of the current shard (``client.end_of``, work stealing) before the next batch."""
         cur, arr = self._cur, self._arr
-        if cur is None or arr is None or self._pos >= len(arr):
+        if cur is None or arr is None or self._pos >= self._len:
             return
         limit = self.client.end_of(cur) - cur.start
-        if limit >= len(arr):
+        if limit >= self._len:
             return
         if self._pos < limit:
-            self._arr = arr[:limit]  # the batch that reaches the new end reports the shard done
+            self._len = limit  # the batch that reaches the new end reports the shard done
             return
         # At or past the new end already.  A batch of it not yet committed reports the shard done after
         # its step; else every step that read it ran, so report it done now.
@@ -170,6 +210,7 @@ class ShardFeed:
                 break
         else:
             self._done(cur, cur.start - cur.offset + self._pos)
+        arr.cancel()
         self._arr = None
 
     def _done(self, shard: Any, end: int) -> None:
@@ -195,23 +236,20 @@ class ShardFeed:
 
 
 class MemoryFeed:
-    """The same batches straight from the record file (benchmark baseline)."""
+    """The same batches straight from the source, no shard service (benchmark baseline)."""
 
-    def __init__(self, records: Any, hash_buckets: int, limit: int) -> None:
-        from pacer.data.criteo import features
-
-        self._features = features
-        self.records = records
-        self.hash_buckets = hash_buckets
-        self.limit = min(limit or len(records), len(records))
+    def __init__(self, source: Any, columns: Sequence[str] | None, limit: int) -> None:
+        self.source = source
+        self.columns = columns
+        self.limit = min(limit or source.rows, source.rows)
         self.pos = 0
 
-    def batch(self, size: int, wait: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def batch(self, size: int, wait: bool = True) -> Batch | None:
         if self.pos >= self.limit:
             return None
-        arr = self.records.read(self.pos, min(self.pos + size, self.limit))
-        self.pos += len(arr)
-        return self._features(arr, self.hash_buckets)
+        cols = dict(self.source.read(self.pos, min(self.pos + size, self.limit), self.columns))
+        self.pos += rows_of(cols)
+        return cols
 
     def commit(self, report_progress: bool, kept: bool = True) -> None:
         pass
@@ -238,10 +276,12 @@ class Trainer:
         self.kept = True  # BSP: whether the last step's gradient was kept (see ``push``)
 
     # ------------------------------------------------------------ graph
-    def build(self) -> None:
+    def build(self, kinds: dict[str, str]) -> None:
+        """The graph, for a dataset whose columns are ``kinds`` (name -> kind, as the source tells)."""
         import tensorflow as tf
 
         from pacer.models.common import ModelSpec
+        from pacer.models.features import raw_inputs
         from pacer.models.registry import build
 
         tf.compat.v1.disable_eager_execution()
@@ -256,17 +296,21 @@ class Trainer:
         self.server = tf.distribute.Server(cluster, job_name="worker", task_index=cfg.index, config=config)
         self.graph = tf.Graph()
         self.spec = ModelSpec(name=cfg.model, **cfg.model_args)
+        self.kinds = dict(kinds)
+        self.schema = cfg.data_ref().feature_schema().with_defaults(self.spec.hash_buckets, self.spec.embed_dim)
+        problems = self.schema.check(self.kinds)
+        if problems:
+            raise ValueError("the dataset does not fit the schema: " + "; ".join(problems))
+        self.columns = list(self.schema.columns())
         with self.graph.as_default(), tf.compat.v1.device(
             tf.compat.v1.train.replica_device_setter(
                 worker_device=f"/job:worker/task:{cfg.index}", cluster=cluster)
         ):
             self.global_step = tf.compat.v1.train.get_or_create_global_step()
-            self.dense = tf.compat.v1.placeholder(tf.float32, [None, 13], name="dense")
-            self.cat = tf.compat.v1.placeholder(tf.int64, [None, 26], name="cat")
-            self.labels = tf.compat.v1.placeholder(tf.float32, [None], name="labels")
+            self.raw = raw_inputs(self.schema, self.kinds)
             self.loss_scale = tf.compat.v1.placeholder_with_default(tf.constant(1.0), [], name="loss_scale")
             self.lr_ph = tf.compat.v1.placeholder_with_default(tf.constant(cfg.learning_rate), [], name="lr")
-            self.model = build(self.spec, self.dense, self.cat, self.labels,
+            self.model = build(self.spec, self.schema, self.raw.tensors,
                                num_ps_partitions=len(self.cluster.ps), loss_scale=self.loss_scale)
             opt = _optimizer(tf, self.spec.optimizer, self.lr_ph)
             self.sync = None
@@ -336,7 +380,9 @@ class Trainer:
                 self.flash_pending: list[Any] = []
             self.uninit = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
             self.global_init = {v.op.name: v.initializer for v in tf.compat.v1.global_variables()}
-            self.local_init = tf.compat.v1.local_variables_initializer()
+            # Vocabulary tables are local to each worker (not PS variables): every session fills its own.
+            self.local_init = tf.group(tf.compat.v1.local_variables_initializer(),
+                                       tf.compat.v1.tables_initializer())
 
     # ------------------------------------------------------------ session
     def open_session(self, timeout_s: float = 120.0) -> None:
@@ -422,12 +468,16 @@ class Trainer:
         agg = self.n - self.cfg.backup_workers
         return agg * batch / self.global_batch
 
-    def step(self, feed_batch: tuple[np.ndarray, np.ndarray, np.ndarray], timeout_ms: int = 0,
-             zero: bool = False) -> tuple[float, int]:
+    def feed(self, batch: Batch, zero: bool = False) -> dict[Any, Any]:
+        """The feed of one batch of raw columns, with its loss weight and the learning rate."""
+        feed: dict[Any, Any] = self.raw.feed(batch)
+        feed[self.loss_scale] = self.loss_scale_for(rows_of(batch), zero)
+        feed[self.lr_ph] = self.lr
+        return feed
+
+    def step(self, feed_batch: Batch, timeout_ms: int = 0, zero: bool = False) -> tuple[float, int]:
         tf = self.tf
-        dense, cat, labels = feed_batch
-        feed = {self.dense: dense, self.cat: cat, self.labels: labels,
-                self.loss_scale: self.loss_scale_for(len(labels), zero), self.lr_ph: self.lr}
+        feed = self.feed(feed_batch, zero)
         opts = tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms) if timeout_ms else None
         if self.sync is None:
             loss, _, gstep = self.sess.run([self.model.loss, self.train_op, self.global_step], feed, options=opts)
@@ -469,16 +519,14 @@ class Trainer:
         self.sess.run(self.barrier_op, options=opts)
         return int(self.sess.run(self.global_step))
 
-    def step_accumulated(self, micro: list[tuple[np.ndarray, np.ndarray, np.ndarray]], timeout_ms: int = 0,
+    def step_accumulated(self, micro: list[Batch], timeout_ms: int = 0,
                          zero: bool = False) -> tuple[float, int]:
         """AntDT-DD: sum C_i micro-batch gradients locally, push once."""
         tf = self.tf
         sums: list[Any] = [None] * len(self.grads)
         losses = []
-        for dense, cat, labels in micro:
-            feed = {self.dense: dense, self.cat: cat, self.labels: labels,
-                    self.loss_scale: self.loss_scale_for(len(labels), zero), self.lr_ph: self.lr}
-            loss, grads = self.sess.run([self.model.loss, self.grads], feed)
+        for batch in micro:
+            loss, grads = self.sess.run([self.model.loss, self.grads], self.feed(batch, zero))
             losses.append(loss)
             for i, g in enumerate(grads):
                 if hasattr(g, "indices"):
@@ -528,18 +576,44 @@ class Trainer:
         if self.flash is not None:
             self.flash.close()
 
-    def evaluate(self, path: str, batch: int = 4096) -> dict[str, float]:
-        from pacer.data.criteo import RecordFile, features
+    def evaluate(self, uri: str, batch: int = 4096) -> dict[str, float]:
+        """AUC and log loss on the held-out dataset ``uri`` (read like the training data)."""
         from pacer.models.metrics import auc, logloss
 
-        rf = RecordFile.open(path)
+        ref = self.cfg.data_ref()
         probs, labels = [], []
-        for s in range(0, len(rf), batch):
-            d, c, y = features(rf.read(s, min(s + batch, len(rf))), self.spec.hash_buckets)
-            probs.append(self.sess.run(self.model.probs, {self.dense: d, self.cat: c}))
-            labels.append(y)
+        with ref.with_uri(uri).open() as src:
+            for s in range(0, src.rows, batch):
+                cols = src.read(s, min(s + batch, src.rows), self.columns)
+                probs.append(self.sess.run(self.model.probs, self.raw.feed(cols)))
+                labels.append(np.asarray(cols[self.schema.label], dtype=np.float32))
         p, y = np.concatenate(probs), np.concatenate(labels)
         return {"auc": float(auc(y, p)), "logloss": float(logloss(y, p)), "eval_records": len(y)}
+
+    def export(self) -> str:
+        """A SavedModel of the model now (raw columns in, probability out) in a new subdirectory of
+        ``export_dir``; returns its path."""
+        from pacer.models.export import export_saved_model, model_values
+
+        step = int(self.sess.run(self.global_step))
+        values = model_values(self.sess, self.graph, scope=self.spec.name)
+        dest = _export_path(self.cfg.export_dir, step)
+        if "://" not in dest or dest.startswith("file://"):
+            return str(export_saved_model(dest.removeprefix("file://"), self.spec, self.schema, self.kinds, values))
+        # Object storage: written locally, then uploaded whole (credentials from the environment).
+        import shutil
+        import tempfile
+
+        import fsspec
+
+        tmp = tempfile.mkdtemp(prefix="pacer-export-")
+        try:
+            local = export_saved_model(Path(tmp, "model"), self.spec, self.schema, self.kinds, values)
+            fs, key = fsspec.core.url_to_fs(dest)
+            fs.put(str(local), key, recursive=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return dest
 
     # ------------------------------------------------------------ actions
     def apply_action(self, action: Any, iteration: int) -> bool:
@@ -584,19 +658,22 @@ def _optimizer(tf: Any, name: str, lr: Any) -> Any:
     raise ValueError(f"optimizer: unknown {name!r} (adagrad|adam|sgd)")
 
 
-def run(cfg: WorkerConfig) -> int:
-    from pacer.data.criteo import RecordFile
-    from pacer.data.criteo import features as feed_features
+def _export_path(root: str, step: int) -> str:
+    """``<root>/<seconds since the epoch>-step<step>``: a new directory per export, newest sorting last."""
+    return f"{root.rstrip('/')}/{int(time.time())}-step{step}"
 
+
+def run(cfg: WorkerConfig) -> int:
     t_start = time.monotonic()
+    ref = cfg.data_ref()
+    source = ref.open()  # metadata only (Parquet footers, an index): a missing object fails here, clearly
     trainer = Trainer(cfg)
-    trainer.build()
+    trainer.build({c.name: c.kind for c in source.columns})
     tf = trainer.tf
-    records = RecordFile.open(cfg.data)
     client = None
     admin_ckpt = None
     if cfg.memory_fed:
-        feed: Any = MemoryFeed(records, trainer.spec.hash_buckets, cfg.memory_fed_records)
+        feed: Any = MemoryFeed(source, trainer.columns, cfg.memory_fed_records)
     else:
         from pacer.shards.client import BlockingShardClient
 
@@ -604,7 +681,7 @@ def run(cfg: WorkerConfig) -> int:
         # while another worker has none, lengthening the tail of the epoch.
         prefetch = 1 if cfg.mode == "bsp" else cfg.prefetch
         client = BlockingShardClient(cfg.nats_url, cfg.job, cfg.dataset, cfg.node, prefetch=prefetch)
-        feed = ShardFeed(client, records, trainer.spec.hash_buckets)
+        feed = ShardFeed(client, source, trainer.columns, ref.seed)
         if trainer.is_chief and cfg.checkpoint_dir:
             admin_ckpt = _shard_checkpointer(cfg)
     ipc = None
@@ -621,6 +698,10 @@ def run(cfg: WorkerConfig) -> int:
         elif trainer.fresh:
             admin_ckpt(START_CHECKPOINT)  # before any step: where a PS loss without a checkpoint rewinds to
     first_step_at = None
+    null_batch = dict(source.read(0, 1, trainer.columns))  # BSP's zero-weight step when this worker has no data
+    exporting = trainer.is_chief and bool(cfg.export_dir)
+    next_export = time.monotonic() + cfg.export_every_s if exporting and cfg.export_every_s > 0 else math.inf
+    exports: list[str] = []
     local_step, gstep, samples = 0, int(trainer.sess.run(trainer.global_step)), 0
     start_gstep = gstep
     exit_code = 0
@@ -654,12 +735,11 @@ def run(cfg: WorkerConfig) -> int:
                     break
                 # BSP: this worker has no data now but the others still do: take part in the
                 # step with a zero-weight gradient, or the barrier would wait for us forever.
-                null = feed_features(records.read(0, 1), trainer.spec.hash_buckets)
                 try:
                     if trainer.fed:
-                        trainer.step_accumulated([null], 3000, zero=True)
+                        trainer.step_accumulated([null_batch], 3000, zero=True)
                     else:
-                        trainer.step(null, 3000, zero=True)
+                        trainer.step(null_batch, 3000, zero=True)
                 except tf.errors.DeadlineExceededError:
                     pass
                 stats["null_steps"] += 1
@@ -681,7 +761,7 @@ def run(cfg: WorkerConfig) -> int:
             if first_step_at is None:
                 first_step_at = time.monotonic() - t_start
             local_step += 1
-            n = sum(len(b[2]) for b in batches)
+            n = sum(rows_of(b) for b in batches)
             samples += n
             kept = trainer.kept or not bsp
             stats["samples_kept" if kept else "samples_discarded"] += n
@@ -693,6 +773,9 @@ def run(cfg: WorkerConfig) -> int:
             stats["last_loss"] = loss
             if trainer.is_chief and cfg.checkpoint_every and local_step % cfg.checkpoint_every == 0:
                 trainer.checkpoint(admin_ckpt)
+            if time.monotonic() >= next_export:
+                exports.append(trainer.export())
+                next_export = time.monotonic() + cfg.export_every_s
             if cfg.max_steps and local_step >= cfg.max_steps:
                 break
         result: dict[str, Any] = {"node": cfg.node, "exit": exit_code, "local_steps": local_step,
@@ -701,6 +784,7 @@ def run(cfg: WorkerConfig) -> int:
                                   "actions": trainer.applied, **stats}
         # Records of this worker's shards that the service gave to idle workers near the end (work stealing).
         result["records_stolen"] = client.records_stolen if client is not None else 0
+        result["read_errors"] = getattr(feed, "read_errors", 0)  # shards that could not be read (reported failed)
         result["restored_from"] = trainer.restored_from
         result["rewound_to"] = trainer.rewind_to  # the shard checkpoint the dataset went back to ("" = none)
         if trainer.is_chief and (exit_code == 0 or trainer.checkpoint_on_exit):
@@ -710,6 +794,10 @@ def run(cfg: WorkerConfig) -> int:
         if exit_code == 0 and trainer.is_chief:
             if cfg.eval_data:
                 result.update(trainer.evaluate(cfg.eval_data))
+            if exporting:
+                exports.append(trainer.export())
+        if exports:
+            result["exports"] = exports  # oldest first; the last is the model the job ends with
         if cfg.result:
             Path(cfg.result).write_text(json.dumps(result))
         print(json.dumps(result), flush=True)

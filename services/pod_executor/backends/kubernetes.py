@@ -98,7 +98,7 @@ _STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 _Statuses = list[PodStatus]  # `list` is a method name of the backend
 _Json = list[dict[str, Any]]  # objects of an API list, as plain JSON
 _Item = tuple[str, Any] | str | BaseException  # a watch event, the last version (clean end) or the error
-_Watch: Any = k8s_watch.Watch  # untyped in the client
+_Watch: Any = k8s_watch.Watch  # type: ignore[attr-defined,unused-ignore]  # untyped in the client
 k8s_config: Any = _k8s_config  # untyped too
 
 OWNER_REFERENCES = "PACER_OWNER_REFERENCES"  # "0" (or false/no/off): no ownerReferences at all
