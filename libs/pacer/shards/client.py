@@ -204,6 +204,11 @@ class ShardClient:
                     return None
                 await asyncio.sleep(self.poll_s)  # others hold the rest, or a stream awaits data
 
+    def put_back(self, shard: ShardLease) -> None:
+        """Return a shard taken by :meth:`next` but not read: the next ``next`` gives it again, and
+        ``close(release=True)`` hands it back to the service."""
+        self._ready.appendleft(shard)
+
     def end_of(self, shard: ShardLease) -> int:
         """One past the last record of ``shard`` to read now: ``shard.end``, or less once the service
         gave the rest of it to another node (``LeaseReply.shortened``, work stealing)."""
@@ -387,6 +392,12 @@ class BlockingShardClient:
 
     def done(self, shard: ShardLease) -> None:
         self._loop.call_soon_threadsafe(self._client.done, shard)
+
+    def put_back(self, shard: ShardLease) -> None:
+        self._run(self._put_back(shard))
+
+    async def _put_back(self, shard: ShardLease) -> None:
+        self._client.put_back(shard)
 
     def progress(self, shard: ShardLease, consumed: int) -> None:
         self._loop.call_soon_threadsafe(self._client.progress, shard, consumed)

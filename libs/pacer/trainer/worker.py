@@ -109,6 +109,7 @@ class WorkerConfig:
 
 
 Batch = dict[str, np.ndarray]  # one batch of raw columns, as the source returned them
+READ_AHEAD_TRIES = 4  # batches per shard that ask for the next shard early (ShardFeed._read_ahead)
 
 
 class ShardFeed:
@@ -153,18 +154,26 @@ class ShardFeed:
         self.pending: list[tuple[Any, int, int, bool]] = []
         self._taken = 0  # records in the batches since the last commit
         self.read_errors = 0  # shards reported failed because they could not be read
+        self._next: tuple[Any, ShardReader] | None = None  # the next shard, taken and being read ahead
+        self._tries_left = READ_AHEAD_TRIES
 
     def batch(self, size: int, wait: bool = True) -> Batch | None:
         """The next batch; None when the dataset is finished (or, with ``wait=False``,
         when no shard can be had right now)."""
         self._check_cut()
         if self._arr is None or self._pos >= self._len:
-            shard = self.client.next(wait)  # reports what earlier steps finished
-            if shard is None:
-                return None
-            self._cur, self._pos = shard, 0
-            self._arr = ShardReader(self._pool, self.source, shard.start, shard.end, self.columns, self.seed)
-            self._len = len(self._arr)
+            if self._next is not None:
+                (shard, reader), self._next = self._next, None
+            else:
+                shard = self.client.next(wait)  # reports what earlier steps finished
+                if shard is None:
+                    return None
+                reader = ShardReader(self._pool, self.source, shard.start, shard.end, self.columns, self.seed)
+            self._cur, self._pos, self._arr = shard, 0, reader
+            self._len = len(reader)
+            self._tries_left = READ_AHEAD_TRIES
+        elif self._next is None and self._pos >= self._len // 2 and self._tries_left:
+            self._read_ahead()
         n = min(size, self._len - self._pos)
         try:
             take = self._arr.get(self._pos, n)
@@ -175,6 +184,25 @@ class ShardFeed:
         self._taken += n
         self.pending.append((self._cur, first, first + n, self._pos >= self._len))
         return take
+
+    def _read_ahead(self) -> None:
+        """Half-way through a shard, take the next one if the client has it at hand (never wait: holding
+        this shard unreported while blocked on another could stall the end of the dataset) and start
+        reading it, so that its first batch is not read on the training path."""
+        shard = self.client.next(False)
+        if shard is None:
+            self._tries_left -= 1  # none at hand: try a few more times in this shard, then leave it
+            return
+        self._next = (shard, ShardReader(self._pool, self.source, shard.start, shard.end, self.columns, self.seed))
+
+    def close(self) -> None:
+        """Put a shard taken ahead and not started back, so the client hands it back to the service."""
+        if self._next is not None:
+            shard, reader = self._next
+            reader.cancel()
+            self.client.put_back(shard)
+            self._next = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _unreadable(self, exc: Exception, size: int, wait: bool) -> Batch | None:
         """A shard that cannot be read (a corrupt line, an object gone, access revoked): reported failed, so
@@ -808,6 +836,8 @@ def run(cfg: WorkerConfig) -> int:
     finally:
         if ipc is not None:
             ipc.mark_exiting()
+        if isinstance(feed, ShardFeed):
+            feed.close()
         if client is not None:
             client.close(release=True)
     sys.stdout.flush()
