@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import pytest
 from pacer.codec import decode, encode
 from pacer.contracts.shards import DatasetSpec, LeaseReply, LeaseRequest, ShardLease, ShardProgress
 from pacer.shards.client import ShardClient
