@@ -298,7 +298,7 @@ class JobSetup:
         the batch floor, and the cap the workers' memory limit holds for the job's model."""
         workers = rec.plan.workers if rec.plan else 1
         per = max(1, rec.spec.batch_size // workers)
-        cap = memory_cap(rec.plan.worker_memory_mb, rec.spec.model) if rec.plan else 0
+        cap = memory_cap(rec.plan.worker_memory_mb, rec.spec.model, rec.spec.dataset.schema) if rec.plan else 0
         return cls(global_batch=per * workers, mode=rec.spec.mode.value,
                    backup_workers=rec.spec.backup_workers, min_batch=batch_floor(per * workers, workers),
                    max_batch=max(cap, per) if cap else 0, params=dict(rec.spec.policies.params))

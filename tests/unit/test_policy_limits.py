@@ -143,3 +143,17 @@ def test_an_error_echoing_a_huge_input_is_cut_to_fit() -> None:
     with pytest.raises(ValidationError) as ei:
         decode_reply(DatasetStatus, encode_error(short))
     assert ei.value.message == short.message  # a message that fits is sent whole
+
+
+def test_the_memory_estimate_follows_the_jobs_schema() -> None:
+    """A schema with fewer, narrower columns than Criteo's takes less memory per sample (issue 23)."""
+    from pacer.contracts.jobs import ModelConfig, ModelName
+    from pacer_services.controller.policies.limits import input_widths, memory_cap, sample_bytes
+
+    model = ModelConfig(ModelName.XDEEPFM)
+    small = {"label": "y", "dense": ["a"], "categorical": [{"name": "u", "embed_dim": 4}, "v"]}
+    assert input_widths(model, None) == (13, 26, 26 * model.embed_dim)
+    assert input_widths(model, small) == (1, 2, 4 + model.embed_dim)
+    assert sample_bytes(model, {}) == sample_bytes(model)  # no schema: Criteo's
+    assert sample_bytes(model, small) < sample_bytes(model) / 10
+    assert memory_cap(4096, model, small) > memory_cap(4096, model)

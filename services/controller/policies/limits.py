@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from pacer.contracts.jobs import ModelConfig
 
@@ -43,7 +44,7 @@ MEMORY_USE_FRACTION = 0.9
 # Per-sample tensors of a training step, as a multiple of the forward activations: their gradients,
 # the optimizer's per-step temporaries and TensorFlow's intermediate copies.
 STEP_MEMORY_FACTOR = 4.0
-NUM_DENSE, NUM_CAT = 13, 26  # the built-in models' inputs (Criteo's layout)
+NUM_DENSE, NUM_CAT = 13, 26  # Criteo's columns: the default schema's (input_widths)
 
 
 def batch_floor(global_batch: int, workers: int, min_batch: int = 1) -> int:
@@ -52,35 +53,49 @@ def batch_floor(global_batch: int, workers: int, min_batch: int = 1) -> int:
     return max(1, min_batch, even // FLOOR_FRACTION)
 
 
-def sample_bytes(model: ModelConfig) -> float:
+def input_widths(model: ModelConfig, schema: Mapping[str, Any] | None = None) -> tuple[int, int, int]:
+    """(dense columns, embedded fields, their embeddings' total width) of the model's input: from the
+    job's schema (``dataset.schema``, plain data), Criteo's when it has none."""
+    if not schema:
+        return NUM_DENSE, NUM_CAT, NUM_CAT * model.embed_dim
+    fields = [*(schema.get("categorical") or []), *(schema.get("multi_hot") or [])]
+    width = sum(int((f.get("embed_dim") if isinstance(f, Mapping) else 0) or model.embed_dim) for f in fields)
+    return len(schema.get("dense") or []), len(fields), width
+
+
+def sample_bytes(model: ModelConfig, schema: Mapping[str, Any] | None = None) -> float:
     """Bytes one training sample of ``model`` takes in a step (an estimate from the model's sizes).
 
-    Forward activations in float32: the inputs (13 dense, 26 int64 ids), the
-    26 gathered embeddings, every dense layer's output (Wide&Deep's DNN, DCN's
-    cross layers of the embedding width), xDeepFM's CIN layers (each forms
-    26 x H_{k-1} x D outer products before its 1x1 convolution).  Times
-    :data:`STEP_MEMORY_FACTOR` for the backward pass and temporaries.
+    Forward activations in float32: the inputs (the dense columns, one int64
+    id per embedded field), the gathered embeddings, every dense layer's
+    output (Wide&Deep's DNN, DCN's cross layers of the input width),
+    xDeepFM's CIN layers (each forms fields x H_{k-1} x D outer products
+    before its 1x1 convolution).  Times :data:`STEP_MEMORY_FACTOR` for the
+    backward pass and temporaries.  ``schema``: the job's (Criteo's 13 dense
+    and 26 categorical columns when absent).
     """
     d = model.embed_dim
-    width = NUM_DENSE + NUM_CAT * d  # the deep part's input
-    floats = NUM_DENSE + NUM_CAT * d + width + sum(model.hidden)
+    dense, fields, emb = input_widths(model, schema)
+    width = dense + emb  # the deep part's input
+    floats = dense + emb + width + sum(model.hidden)
     name = getattr(model.name, "value", model.name)
     if name == "dcn":
         floats += model.cross_layers * width
     if name == "xdeepfm":
-        prev = NUM_CAT
+        prev = fields
         for h in model.cin_layers:
-            floats += NUM_CAT * prev * d + h * d
+            floats += fields * prev * d + h * d
             prev = h
-    return (4.0 * floats + 8.0 * NUM_CAT) * STEP_MEMORY_FACTOR
+    return (4.0 * floats + 8.0 * fields) * STEP_MEMORY_FACTOR
 
 
-def memory_cap(memory_mb: int, model: ModelConfig) -> int:
-    """The largest batch a worker with ``memory_mb`` MiB holds for ``model`` (0: no memory limit known)."""
+def memory_cap(memory_mb: int, model: ModelConfig, schema: Mapping[str, Any] | None = None) -> int:
+    """The largest batch a worker with ``memory_mb`` MiB holds for ``model`` on a dataset of ``schema``
+    (0: no memory limit known)."""
     if memory_mb <= 0:
         return 0
     usable = max(0.0, (memory_mb - PROCESS_BASE_MB) * MEMORY_USE_FRACTION) * (1 << 20)
-    return max(1, int(usable // sample_bytes(model)))
+    return max(1, int(usable // sample_bytes(model, schema)))
 
 
 class LimitError(ValueError):
