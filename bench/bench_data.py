@@ -280,6 +280,9 @@ class Leases:
     def trained(self, n: int) -> None:
         pass
 
+    def report_soon(self) -> None:
+        pass
+
 
 def _tf_columns(cols: dict[str, np.ndarray]) -> dict[str, Any]:
     return {k: (v.astype(str) if v.dtype == object else v) for k, v in cols.items()}

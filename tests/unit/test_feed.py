@@ -116,6 +116,9 @@ class ShardsClient:
     def trained(self, n: int) -> None:
         pass
 
+    def report_soon(self) -> None:
+        pass
+
 
 class CorruptFrom(ArraySource):
     """Rows from ``bad`` on cannot be parsed (a malformed line deep in a file)."""

@@ -180,6 +180,9 @@ class FeedClient:
     def trained(self, records: int) -> None:
         pass
 
+    def report_soon(self) -> None:
+        pass
+
 
 class Records:
     """A source whose ``label`` column is the record index: a batch says which records it holds."""

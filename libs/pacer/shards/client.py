@@ -209,6 +209,17 @@ class ShardClient:
         ``close(release=True)`` hands it back to the service."""
         self._ready.appendleft(shard)
 
+    def report_soon(self) -> None:
+        """Send what was reported (done, progress, ...) in the background now, not at the next heartbeat:
+        what ``next`` does when it takes a shard, for a reader that took its next shard earlier."""
+        self._kick()
+
+    async def flush(self) -> None:
+        """Send what was reported and wait for the service's answer (before a shard checkpoint)."""
+        if self._bg is not None and not self._bg.done():
+            await asyncio.shield(self._bg)
+        await self._sync(0)
+
     def end_of(self, shard: ShardLease) -> int:
         """One past the last record of ``shard`` to read now: ``shard.end``, or less once the service
         gave the rest of it to another node (``LeaseReply.shortened``, work stealing)."""
@@ -395,6 +406,12 @@ class BlockingShardClient:
 
     def put_back(self, shard: ShardLease) -> None:
         self._run(self._put_back(shard))
+
+    def report_soon(self) -> None:
+        self._loop.call_soon_threadsafe(self._client.report_soon)
+
+    def flush(self) -> None:
+        self._run(self._client.flush())
 
     async def _put_back(self, shard: ShardLease) -> None:
         self._client.put_back(shard)

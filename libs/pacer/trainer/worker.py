@@ -164,6 +164,7 @@ class ShardFeed:
         if self._arr is None or self._pos >= self._len:
             if self._next is not None:
                 (shard, reader), self._next = self._next, None
+                self.client.report_soon()  # the last shard's done, as next() would have sent it
             else:
                 shard = self.client.next(wait)  # reports what earlier steps finished
                 if shard is None:
@@ -711,7 +712,7 @@ def run(cfg: WorkerConfig) -> int:
         client = BlockingShardClient(cfg.nats_url, cfg.job, cfg.dataset, cfg.node, prefetch=prefetch)
         feed = ShardFeed(client, source, trainer.columns, ref.seed)
         if trainer.is_chief and cfg.checkpoint_dir:
-            admin_ckpt = _shard_checkpointer(cfg)
+            admin_ckpt = _flushed(client, _shard_checkpointer(cfg))
     ipc = None
     if cfg.ipc:
         from pacer.agent.ipc import TrainerIPC
@@ -894,6 +895,17 @@ def _shard_rewinder(cfg: WorkerConfig) -> Any:
         return asyncio.run(go())
 
     return rewind
+
+
+def _flushed(client: Any, checkpoint: Any) -> Any:
+    """``checkpoint``, after this worker's reports reached the shard service: the shard checkpoint then
+    holds every record the model has been trained on that was reported (a record not yet reported is
+    trained again after a restore, never skipped)."""
+    def save(ckpt_id: str) -> int:
+        client.flush()
+        return int(checkpoint(ckpt_id))
+
+    return save
 
 
 def _shard_checkpointer(cfg: WorkerConfig) -> Any:
