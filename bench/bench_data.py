@@ -188,7 +188,6 @@ def feed_overhead(pq_path: Path, args: argparse.Namespace) -> dict[str, float]:
     import tensorflow as tf
     from pacer.data.schema import Schema
     from pacer.models.common import ModelSpec, session_config
-    from pacer.models.features import raw_inputs
     from pacer.models.registry import build
     from pacer.trainer.worker import ShardFeed
 
@@ -202,10 +201,7 @@ def feed_overhead(pq_path: Path, args: argparse.Namespace) -> dict[str, float]:
 
     def pacer_run() -> float:
         with tf.Graph().as_default():
-            v1.set_random_seed(1)
-            raw = raw_inputs(schema, kinds)
-            model = build(spec, schema, raw.tensors)
-            op = model.train_op()
+            raw, _, op = w_and_d(schema, kinds, spec)
             with v1.Session(config=session_config(1)) as sess:
                 sess.run([v1.global_variables_initializer(), v1.tables_initializer()])
                 feed = ShardFeed(Leases(src.rows, args.batch * 20), src, names, seed=1)  # the worker's feed
@@ -284,6 +280,18 @@ class Leases:
         pass
 
 
+def w_and_d(schema: Any, kinds: dict[str, str], spec: Any) -> tuple[Any, Any, Any]:
+    """In the current graph, seeded: the raw-column placeholders, the model and its train op."""
+    import tensorflow as tf
+    from pacer.models.features import raw_inputs
+    from pacer.models.registry import build
+
+    tf.compat.v1.set_random_seed(1)
+    raw = raw_inputs(schema, kinds)
+    model = build(spec, schema, raw.tensors)
+    return raw, model, model.train_op()
+
+
 def _tf_columns(cols: dict[str, np.ndarray]) -> dict[str, Any]:
     return {k: (v.astype(str) if v.dtype == object else v) for k, v in cols.items()}
 
@@ -344,9 +352,7 @@ def auc_parity(d: Path, args: argparse.Namespace) -> dict[str, float]:
     import tensorflow as tf
     from pacer.data.schema import Schema
     from pacer.models.common import ModelSpec, session_config
-    from pacer.models.features import raw_inputs
     from pacer.models.metrics import auc
-    from pacer.models.registry import build
 
     v1 = tf.compat.v1
     spec = ModelSpec(name="wide_deep", hash_buckets=args.hash_buckets)
@@ -358,10 +364,7 @@ def auc_parity(d: Path, args: argparse.Namespace) -> dict[str, float]:
                 open_source(str(test), fmt, index_dir=str(d / "index")) as tst:
             kinds = {c.name: c.kind for c in src.columns}
             with tf.Graph().as_default():
-                v1.set_random_seed(1)
-                raw = raw_inputs(schema, kinds)
-                model = build(spec, schema, raw.tensors)
-                op = model.train_op()
+                raw, model, op = w_and_d(schema, kinds, spec)
                 with v1.Session(config=session_config(2)) as sess:
                     sess.run([v1.global_variables_initializer(), v1.tables_initializer()])
                     for lo in range(0, src.rows, args.batch):

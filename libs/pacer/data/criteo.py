@@ -338,7 +338,7 @@ class RecordFile:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        _fsync_dir(dst.parent)
+        fsync_dir(dst.parent)
         return count
 
     # -- reading
@@ -394,8 +394,8 @@ def _header_bytes(count: int) -> bytes:
     return _HEADER.pack(MAGIC, FORMAT_VERSION, RECORD_DTYPE.itemsize, count).ljust(HEADER_SIZE, b"\0")
 
 
-def _fsync_dir(d: Path) -> None:
-    # The rename is durable only once the directory entry is on disk.
+def fsync_dir(d: Path) -> None:
+    """Make a rename into ``d`` durable: the directory entry is on disk only once ``d`` is synced."""
     try:
         fd = os.open(d, os.O_RDONLY)
     except OSError:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from pacer.data.criteo import fsync_dir
 from pacer.data.schema import Schema
 from pacer.models.common import ModelSpec, session_config
 from pacer.models.features import serving_inputs
@@ -187,14 +188,6 @@ def export_saved_model(
         with contextlib.suppress(OSError):
             shutil.rmtree(tmp)
         raise
-    _fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
     return dest
 
-
-def _fsync_dir(d: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
