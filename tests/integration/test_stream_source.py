@@ -149,6 +149,7 @@ async def test_follower_feeds_two_workers_one_killed(nats_server: EmbeddedNats, 
 
     trained: list[tuple[str, int, int]] = []  # (node, first sequence, one past the last)
     regranted = [0]  # records of shards granted again after the killed worker's lease expired
+    a_has_its_shards = asyncio.Event()  # b starts then: it must not take the shards a is to train
 
     async def train(node: str, src: StreamSource, lo: int, hi: int) -> None:
         cols = await asyncio.to_thread(src.read, lo, hi, ["i"])
@@ -167,13 +168,14 @@ async def test_follower_feeds_two_workers_one_killed(nats_server: EmbeddedNats, 
                 c.done(s)
             s = await c.next()
             assert s is not None
+            a_has_its_shards.set()
             half = (s.end - s.start) // 2
             await train("a", src, s.start, s.start + half)
             c.progress(s, s.start + half - s.offset)
         await c.close(release=False)  # killed: holds its shards until the lease expires
 
     async def worker_b() -> None:
-        await asyncio.sleep(0.2)
+        await a_has_its_shards.wait()
         c = ShardClient(bus, job, ds, "b", prefetch=2, poll_s=0.05)
         await c.start()
         with StreamSource(nats_server.url, stream, first_seq=first_seq) as src:
