@@ -2,7 +2,7 @@
 
     python examples/stream_producer.py NATS_URL --stream ADS --rows N --rate R [--seed S]
 
-Creates the stream ``ADS`` (subject ``ADS.samples``) if it is missing, then
+Creates the stream ``ADS`` (subject ``ADS.samples``, ``allow_direct`` on) if it is missing, then
 publishes ``N`` rows of :func:`pacer.data.formats.ads_table` at about ``R``
 rows per second (0: as fast as the server acks), each as a msgpack map
 ``{column: value}`` (the format :mod:`pacer.data.stream` reads).  Prints one
@@ -35,8 +35,9 @@ async def main(url: str, stream: str, rows: int, rate: float, seed: int) -> dict
     subject = f"{stream}.samples"
     try:
         await js.stream_info(stream)
-    except NotFoundError:  # a stream that holds only samples: every sequence is a record
-        await js.add_stream(name=stream, subjects=[subject])
+    except NotFoundError:  # a stream that holds only samples: every sequence is a record;
+        # allow_direct: Pacer's workers read exactly their sequences by direct get (docs/data.md)
+        await js.add_stream(name=stream, subjects=[subject], allow_direct=True)
 
     samples = ads_table(rows, seed).to_pylist()  # [{"click": 0, "price": 2.7, "tags": ["t3"], ...}, ...]
     first = last = 0

@@ -184,11 +184,30 @@ def decode_jwt(token: str, issuer_prefix: int) -> dict[str, Any]:
     return claims
 
 
-def agent_token(secret: str, job: str) -> str:
-    """The password of job ``job``'s agent user: HMAC-SHA256(secret, ``agent:<job>``), hex."""
-    return hmac.new(secret.encode(), f"agent:{job}".encode(), hashlib.sha256).hexdigest()
+#: Separates a token's MAC from the stream it grants (a stream name never holds it).
+STREAM_SEP = "~"
+
+
+def agent_token(secret: str, job: str, stream: str = "") -> str:
+    """The password of job ``job``'s agent user: HMAC-SHA256(secret, ``agent:<job>``), hex.
+
+    A streaming job's pods also read its data stream: their password is
+    HMAC-SHA256(secret, ``agent:<job>:stream:<stream>``), hex, then ``~<stream>``, so the auth callout
+    learns the stream from the password and grants it only if the MAC, which only the executor can
+    make, covers it.
+    """
+    if not stream:
+        return hmac.new(secret.encode(), f"agent:{job}".encode(), hashlib.sha256).hexdigest()
+    mac = hmac.new(secret.encode(), f"agent:{job}:stream:{stream}".encode(), hashlib.sha256).hexdigest()
+    return f"{mac}{STREAM_SEP}{stream}"
+
+
+def token_stream(token: str) -> str:
+    """The stream a token claims to grant ("" = none); :func:`token_ok` says whether it does."""
+    return token.partition(STREAM_SEP)[2]
 
 
 def token_ok(secret: str, job: str, token: str) -> bool:
-    """Whether ``token`` is job ``job``'s agent password (constant-time compare)."""
-    return bool(secret) and hmac.compare_digest(agent_token(secret, job), token)
+    """Whether ``token`` is job ``job``'s agent password (with the stream it names, if any;
+    constant-time compare)."""
+    return bool(secret) and hmac.compare_digest(agent_token(secret, job, token_stream(token)), token)

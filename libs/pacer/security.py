@@ -206,7 +206,30 @@ def agent_user(job: str) -> str:
     return f"{S.AGENT_SERVICE}-{job}"
 
 
-def agent_job_permissions(job: str) -> Permissions:
+#: Streams a job may never read: Pacer's own (its shard log, events, KV buckets and object stores).
+RESERVED_STREAM_PREFIXES = ("KV_", "OBJ_", "PACER")
+
+
+def check_data_stream(name: str) -> str:
+    """``name`` if a job may train on that stream: 1-64 of ``[A-Za-z0-9_-]`` (it travels in a pod's
+    password and permissions) and not one of Pacer's own (:data:`RESERVED_STREAM_PREFIXES`, any case):
+    a pod reads its stream by direct gets, and the streams of the control plane hold other jobs' records."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        raise ValidationError(f"stream name {name!r}: a data stream's name is 1-64 of [A-Za-z0-9_-]")
+    if name.upper().startswith(RESERVED_STREAM_PREFIXES):
+        raise ValidationError(f"stream {name!r} is one of Pacer's own (names starting with "
+                              f"{', '.join(RESERVED_STREAM_PREFIXES)} are reserved): it cannot be a dataset")
+    return name
+
+
+def stream_read_permissions(stream: str) -> tuple[str, ...]:
+    """What reading one data stream takes (:mod:`pacer.data.stream`): its info and batched direct gets,
+    both read-only; no consumer can be made, so the server delivers nothing anywhere on a pod's behalf."""
+    stream = check_data_stream(stream)
+    return (f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}")
+
+
+def agent_job_permissions(job: str, stream: str = "") -> Permissions:
     """The agents and trainers of one job: that job's subjects, and only what a pod needs of them.
 
     What an agent does (pacer.agent.agent): heartbeats, metrics and action
@@ -220,15 +243,17 @@ def agent_job_permissions(job: str) -> Permissions:
     does: the shard ops of :data:`pacer.subjects.ShardOp.POD` under
     ``pacer.rpc.shard.<job>.<op>`` (never ``register``).  It reads the events
     of its own job only.  No other JetStream API: the agents' bucket is made
-    by the executor before any pod starts (:func:`pacer.agent.bucket.ensure`).
+    by the executor before any pod starts (:func:`pacer.agent.bucket.ensure`).  A streaming job's
+    pods (``stream``) also read that one stream (:func:`stream_read_permissions`).
     """
     job = S._tok(job, "job")
-    stream = f"KV_{S.AGENT_BUCKET}"
+    reads = stream_read_permissions(stream) if stream else ()
+    kv_stream = f"KV_{S.AGENT_BUCKET}"
     key = f"$KV.{S.AGENT_BUCKET}.{S.agent_primary_key(job)}"
     return Permissions(
         publish=(S.events_of(S.AGENT_SERVICE, job=job), f"{S.PREFIX}.agent.{job}.*",
                  f"{S.PREFIX}.rpc.{S.AGENT_SERVICE}.{job}.>", *(S.rpc(S.SHARD_SERVICE, job, op) for op in S.ShardOp.POD),
-                 key, f"$JS.API.DIRECT.GET.{stream}.{key}"),
+                 key, f"$JS.API.DIRECT.GET.{kv_stream}.{key}", *reads),
         subscribe=(f"{S.PREFIX}.agent.{job}.*", f"{S.PREFIX}.rpc.{S.AGENT_SERVICE}.{job}.>",
                    S.events_of("*", job=job), S.health(S.AGENT_SERVICE), own_inbox(agent_user(job))))
 

@@ -84,8 +84,8 @@ def decide(request_jwt: str, keys: CalloutKeys, now: int) -> Verdict:
 
     job = user[len(AGENT_PREFIX):] if user.startswith(AGENT_PREFIX) else ""
     try:
-        perms = security.agent_job_permissions(job) if job else None
-    except ValidationError:
+        perms = security.agent_job_permissions(job, authjwt.token_stream(token)) if job else None
+    except ValidationError:  # a malformed job, or a reserved or malformed stream name
         perms = None
     if perms is None or not authjwt.token_ok(keys.agent_secret, job, token):
         why = "wrong token" if perms is not None else "not a job's agent user"

@@ -132,7 +132,8 @@ from pacer.contracts.jobs import (
     SubmitRequest,
 )
 from pacer.contracts.nodes import NodeEvent
-from pacer.contracts.shards import DatasetSpec, ProgressEvent, ShardEvent
+from pacer.contracts.shards import DatasetMode, DatasetSpec, ProgressEvent, ShardEvent
+from pacer.data.stream import parse_stream_uri, stream_uri
 from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, Unavailable, ValidationError
 from pacer.jobs.lifecycle import JobLifecycle, JobTrigger
 from pacer.jobs.spec import MAX_SPEC_BYTES, default_plan, parse_job_spec
@@ -444,14 +445,26 @@ class JobService:
         self._submitting.add(job)
         try:
             await self._claim_name(job)
-            data_path, eval_path, records, columns = await asyncio.to_thread(self._check_data, spec)
+            streaming = spec.dataset.format is DataFormat.STREAM
+            if streaming:
+                spec, data_path, records, columns = await self._check_stream(spec)
+                eval_path = ""
+            else:
+                data_path, eval_path, records, columns = await asyncio.to_thread(self._check_data, spec)
             if spec.export is not None:
                 spec = replace(spec, export=replace(spec.export, path=self._export_location(spec.export.path)))
             plan = await self._first_plan(spec, records)
             per_worker = max(1, spec.batch_size // plan.workers)
-            await self.admin.register(DatasetSpec(
+            dataset = DatasetSpec(
                 job=job, dataset=spec.dataset.name, records=records, batch_size=per_worker,
-                batches_per_shard=self.cfg.batches_per_shard, epochs=spec.epochs, lease_s=self.cfg.lease_s))
+                batches_per_shard=self.cfg.batches_per_shard, epochs=spec.epochs, lease_s=self.cfg.lease_s)
+            if streaming:  # the shard service follows the stream from first_seq: it appends every sample
+                opts = spec.dataset.options
+                dataset = replace(dataset, records=0, mode=DatasetMode.STREAMING, shuffle=False,
+                                  stream=parse_stream_uri(data_path), first_seq=int(opts["first_seq"]),
+                                  max_wait_s=float(opts.get("max_wait_s", 5.0)),
+                                  idle_close_s=float(opts.get("idle_close_s", 0.0)))
+            await self.admin.register(dataset)
             async with self.lock:
                 if not self.names.owns(job):
                     self.counters.inc("name_lease_lost")
@@ -514,6 +527,54 @@ class JobService:
             base = default_plan(spec)
             return replace(base, reason=f"brain answered for {plan.job!r}: default plan; {base.reason}".rstrip("; "))
         return plan
+
+    async def _check_stream(self, spec: JobSpec) -> tuple[JobSpec, str, int, dict[str, str]]:
+        """A stream dataset, checked: (the spec with ``options.first_seq`` resolved, its URI, the samples
+        it holds from there now, the column kinds).
+
+        The stream must exist, be one a job may read
+        (:func:`pacer.data.stream.check_data_stream`) and have ``allow_direct`` on (the workers read by
+        direct get).  The kinds come from its first samples from ``first_seq``, or from the schema when
+        there are none yet (:func:`pacer.data.stream.schema_kinds`); the schema must fit them.
+        """
+        from pacer.data.schema import Schema
+        from pacer.data.stream import StreamError, StreamReader, check_data_stream, schema_kinds
+
+        d = spec.dataset
+        try:
+            name = check_data_stream(parse_stream_uri(d.path))
+        except StreamError as exc:
+            raise ValidationError(f"dataset.path: {exc}") from None
+        try:
+            info = await self.bus.js.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            self.counters.inc("dataset_unreadable")
+            raise ValidationError(f"dataset.path: no JetStream stream {name!r} (create it, with allow_direct, "
+                                  "before submitting)") from None
+        assert info.state is not None and info.config is not None
+        if not info.config.allow_direct:
+            raise ValidationError(f"dataset.path: stream {name!r} has allow_direct off; workers read samples by "
+                                  f"direct get: turn it on (nats stream edit {name} --allow-direct)")
+        first_kept, last = int(info.state.first_seq), int(info.state.last_seq)
+        start = d.options.get("start", "first")
+        first = max(1, first_kept if start == "first" else last + 1 if start == "new" else int(start))
+        if first < first_kept and last >= first:
+            raise ValidationError(f"dataset.options.start: stream {name!r} no longer holds sequence {first} "
+                                  f"(its first is {first_kept})")
+        schema = Schema.from_config(d.schema) if d.schema else Schema.criteo()
+        reader = StreamReader(self.bus.nc, self.bus.js, name, first)
+        try:
+            rows = await reader.refresh()  # the kinds of up to INFER_SAMPLES samples, if there are any
+        except StreamError as exc:
+            self.counters.inc("dataset_unreadable")
+            raise ValidationError(f"dataset.path: {exc}") from None
+        kinds = reader.kinds or schema_kinds(schema)
+        problems = schema.check(kinds)
+        if problems:
+            self.counters.inc("dataset_schema_mismatch")
+            raise ValidationError("\n".join(f"dataset.schema: {p}" for p in problems))
+        spec = replace(spec, dataset=replace(d, options={**d.options, "first_seq": first}))
+        return spec, stream_uri(name), rows, kinds
 
     def _index_dir(self) -> Path:
         return (self.cfg.data_dir / "index").resolve()

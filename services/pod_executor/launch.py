@@ -81,16 +81,17 @@ def pod_nats_url(cfg: LaunchConfig) -> str:
     return ",".join(security.strip_userinfo(u) for u in security.split_servers(cfg.nats_url))
 
 
-def pod_credentials(cfg: LaunchConfig, job: str) -> dict[str, str]:
+def pod_credentials(cfg: LaunchConfig, job: str, stream: str = "") -> dict[str, str]:
     """The NATS user of job ``job``'s pods, as environment variables (``{}``: none, an open bus).
 
-    With the agents' token secret: ``agent-<job>`` and its token.  Without, the user of the
+    With the agents' token secret: ``agent-<job>`` and its token (which also grants reading
+    ``stream``, a streaming job's data: :func:`pacer.authjwt.agent_token`).  Without, the user of the
     executor's ``PACER_POD_NATS_URL`` if it carries one (a stack whose pods share a user: a
     development setup; the credentials still move from the URL into the environment).
     """
     if cfg.agent_secret:
         return {"PACER_NATS_USER": security.agent_user(job),
-                "PACER_NATS_PASSWORD": authjwt.agent_token(cfg.agent_secret, job)}
+                "PACER_NATS_PASSWORD": authjwt.agent_token(cfg.agent_secret, job, stream)}
     parts = urlsplit(security.split_servers(cfg.nats_url)[0]) if cfg.nats_url else None
     if parts is not None and parts.username:
         return {"PACER_NATS_USER": unquote(parts.username), "PACER_NATS_PASSWORD": unquote(parts.password or "")}
@@ -129,8 +130,16 @@ def worker_config(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, inde
 def data_ref(rec: JobRecord) -> DataRef:
     """The job's dataset as its workers open it, in place (the job service checked it at submit)."""
     d = rec.spec.dataset
+    streaming = d.format.value == "stream"
     return DataRef(uri=rec.data_path, format=d.format.value, options=dict(d.options), index_dir=rec.index_dir,
-                   schema=dict(d.schema), seed=seed_of(rec.job))
+                   schema=dict(d.schema), seed=seed_of(rec.job), columns=dict(rec.columns) if streaming else {})
+
+
+def stream_of(rec: JobRecord) -> str:
+    """The JetStream stream a job trains on ("" for a file dataset): its pods may read it."""
+    if rec.spec.dataset.format.value != "stream" or not rec.data_path.startswith("jetstream://"):
+        return ""
+    return rec.data_path[len("jetstream://"):]
 
 
 def trainer_env(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str, index: int,
@@ -199,7 +208,7 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
     # parser refuses PACER_* there anyway).
     cpu, throttle = pod_cpu(cfg, node, generation, cpu)
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra, **throttle,
-           **pod_credentials(cfg, rec.job), "PACER_NATS_URL": url}
+           **pod_credentials(cfg, rec.job, stream_of(rec)), "PACER_NATS_URL": url}
     agent: list[str] = []
     if role == "ps":
         command = ["python", "-m", "pacer.trainer.ps", "--cluster", cluster.to_json(), "--index", str(index)]

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -76,6 +77,7 @@ from pacer.telemetry import Counters
 from pacer_services.shard_service import handlers
 from pacer_services.shard_service.core import DEFAULT_LIMITS, JobShards, Outcome, ShardLimits
 from pacer_services.shard_service.effects import Fenced, ShardLogStore, retry_forever
+from pacer_services.shard_service.follow import Follow, decide
 from pacer_services.shard_service.queueing import JobInboxes
 
 log = logging.getLogger("pacer.shard")
@@ -95,6 +97,7 @@ class ShardServiceConfig:
     claim_at_start_s: float = 2.0  # how long start waits for the jobs of the log (a dead owner's: one TTL later)
     limits: ShardLimits = DEFAULT_LIMITS  # the work one request may cause (PACER_SHARD_MAX_*)
     max_queued: int = 10_000  # requests one job may have waiting; more are told to retry (PACER_SHARD_MAX_QUEUED)
+    follow_interval_s: float = 0.5  # how often the streams of streaming datasets are looked at (follow.py)
 
 
 class JobRuntime:
@@ -139,6 +142,7 @@ class ShardService:
         self._node_sub: Any = None  # the node-death consumer made at start, taken over by its loop
         self._draining = False
         self.rpc = handlers.build(self)
+        self.follows: dict[tuple[str, str], Follow] = {}  # (job, dataset) -> timings of a followed stream
         self.own = Ownership(bus, self.name, self._acquired, self._lost, instance=self.cfg.instance,
                              ttl_s=self.cfg.lease_ttl_s)
 
@@ -168,6 +172,7 @@ class ShardService:
         tg.create_task(guard("reaper", self._reap_loop), name="pacer:shard:reaper")
         tg.create_task(guard("progress", self._progress_loop), name="pacer:shard:progress")
         tg.create_task(guard("node-events", self._node_events_loop), name="pacer:shard:node-events")
+        tg.create_task(guard("follow", self._follow_loop), name="pacer:shard:follow")
 
     async def drain(self) -> None:
         self._draining = True
@@ -490,6 +495,57 @@ class ShardService:
                             subjects.event("shard", rt.job, subjects.ShardEventKind.PROGRESS),
                             ProgressEvent(now, rt.core.status(name)),
                         )
+
+    async def _follow_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.follow_interval_s)
+            for rt in list(self.jobs.values()):
+                for name in list(rt.core.datasets):
+                    await self.follow_once(rt, name)
+
+    async def follow_once(self, rt: JobRuntime, name: str) -> None:
+        """One round of following dataset ``name``'s stream (follow.py): append what arrived, close
+        when idle.  The records known are read after the stream, in the same step as the append."""
+        ds = rt.core.datasets.get(name)
+        if ds is None or not ds.spec.stream or ds.closed or not rt.ready or rt.closed:
+            return
+        spec = ds.spec
+        key = (rt.job, name)
+        try:
+            info = await self.bus.js.stream_info(spec.stream)
+        except nats.js.errors.NotFoundError:
+            if key not in self.follows or self.follows[key].avail != -2:
+                self.counters.inc("stream_missing")
+                log.warning("the stream of a streaming dataset is gone; its workers' reads will fail",
+                            extra={"fields": {"job": rt.job, "dataset": name, "stream": spec.stream}})
+            self.follows.setdefault(key, Follow()).avail = -2  # said once, until it is back
+            return
+        except (nats.errors.Error, TimeoutError):
+            return  # the bus is failing over: next round
+        if self.jobs.get(rt.job) is not rt or not rt.ready or rt.closed:
+            return  # changed hands (or is being rebuilt) meanwhile
+        ds = rt.core.datasets.get(name)
+        if ds is None or ds.closed:
+            return
+        assert info.state is not None
+        avail = max(0, int(info.state.last_seq) - spec.first_seq + 1)
+        f = self.follows.setdefault(key, Follow(changed_at=self.clock()))
+        n, close = decide(f, avail, ds.records_known, spec, self.clock(),
+                          max_records=rt.core.limits.shards_per_epoch * ds.shard_records)
+        if not n and not close:
+            return
+        try:
+            out = rt.core.append(name, n, close)
+        except PacerError as exc:  # a limit of the job (shards per job, records): counted, said, retried
+            self.counters.inc("stream_append_refused")
+            log.warning("stream samples not appended", extra={"fields": {"job": rt.job, "dataset": name,
+                                                                         "error": exc.message}})
+            return
+        self.counters.inc("stream_appends")
+        self.counters.inc("stream_records", n)
+        if close:
+            self.follows.pop(key, None)
+        self.submit(rt, out, None)
 
     async def _node_events_subscribe(self) -> Any:
         """The pull subscription of the shared durable node-death consumer (created if new)."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import math
 import random
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -408,6 +409,15 @@ def validate_spec(spec: DatasetSpec, limits: ShardLimits = DEFAULT_LIMITS) -> No
         raise ValidationError("epochs: a streaming dataset has exactly one epoch")
     if spec.max_failures < 1:
         raise ValidationError(f"max_failures: must be >= 1, got {spec.max_failures}")
+    if spec.stream:
+        if spec.mode is not DatasetMode.STREAMING:
+            raise ValidationError("stream: only a streaming dataset follows a stream")
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", spec.stream):
+            raise ValidationError(f"stream: {spec.stream!r} is not a valid stream name (1-64 of [A-Za-z0-9_-])")
+        if spec.first_seq < 1:
+            raise ValidationError(f"first_seq: JetStream sequences start at 1, got {spec.first_seq}")
+        if not 0 < spec.max_wait_s <= 86_400 or not 0 <= spec.idle_close_s <= 31 * 86_400:
+            raise ValidationError("max_wait_s: must be in (0, 86400] and idle_close_s in [0, 31 days]")
     if not 0 < spec.lease_s <= 86_400:
         raise ValidationError(f"lease_s: must be in (0, 86400], got {spec.lease_s}")
     size = spec.batch_size * spec.batches_per_shard

@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgpack
 import nats
 import nats.errors
 import pytest
@@ -234,3 +235,45 @@ async def test_two_agents_of_a_job_run_the_barrier_and_answer_commands(callout: 
     finally:
         for nc in (a, b, controller):
             await nc.close()
+
+
+async def test_a_streaming_jobs_pods_read_their_stream_and_nothing_else(callout: EmbeddedNats) -> None:
+    """A token naming the job's stream (minted by the executor) grants direct gets and the info of that
+    stream only: not another stream, not Pacer's KV, and no consumer (which would let the server
+    deliver samples to any subject on the pod's behalf); a token whose stream was edited is refused."""
+    from pacer.data.stream import StreamSource
+
+    admin = await nats.connect(callout.url, user="admin", password="pw-admin")
+    try:
+        js = admin.jetstream()
+        for name in ("ADS", "OTHER"):
+            await js.add_stream(name=name, subjects=[f"{name}.samples"], allow_direct=True)
+            for i in range(5):
+                await js.publish(f"{name}.samples", msgpack.packb({"i": i, "click": i % 2}))
+        kv = await js.create_key_value(bucket="pacer-jobs")
+        await kv.put("victim", b"secret record")
+    finally:
+        await admin.close()
+
+    token = authjwt.agent_token(SECRET, "job-a", "ADS")
+    url = security.with_credentials(callout.url, security.agent_user("job-a"), token)
+    src = await asyncio.to_thread(StreamSource, url, "ADS", first_seq=1)
+    try:
+        assert src.rows == 5 and (await asyncio.to_thread(src.read, 1, 4))["i"].tolist() == [1, 2, 3]
+    finally:
+        await asyncio.to_thread(src.close)
+
+    a, errors = await agent(callout, "job-a", token=token)
+    try:
+        for subject in ("$JS.API.DIRECT.GET.OTHER", "$JS.API.DIRECT.GET.KV_pacer-jobs",
+                        "$JS.API.STREAM.INFO.OTHER", "$JS.API.CONSUMER.CREATE.ADS", "$JS.API.CONSUMER.CREATE.ADS.x",
+                        "$JS.API.STREAM.PURGE.ADS", "$JS.API.STREAM.MSG.DELETE.ADS"):
+            await a.publish(subject, b'{"seq": 1}', reply=a.new_inbox())
+            await a.flush()
+            await violation(errors, subject)
+    finally:
+        await a.close()
+    for forged in (token.replace("~ADS", "~OTHER"), token.replace("~ADS", "~KV_pacer-jobs"),
+                   authjwt.agent_token(SECRET, "job-a", "KV_pacer-jobs")):
+        with pytest.raises((nats.errors.Error, OSError)):
+            await agent(callout, "job-a", token=forged)

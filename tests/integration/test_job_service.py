@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import InProcess, InProcessService, eventually, read_events
@@ -199,3 +200,43 @@ async def test_events_a_dead_writer_left_in_a_record_are_published_by_a_restarte
         assert len(await read_events(nats_server.url, subjects.job_event("ob-1", "stopped"), JobEvent)) == 1
     finally:
         await again.stop()
+
+
+async def test_a_stream_dataset_is_checked_and_followed_from_its_start(bus: Bus, jobs: InProcess[JobService]) -> None:
+    """A ``jetstream://`` dataset: the stream must exist, be readable by direct get and not be Pacer's
+    own; its first sequence is resolved and registered with the shard service, which appends the
+    samples that arrive (and only those from the start)."""
+    import msgpack
+    from pacer.errors import ValidationError
+    from pacer.shards.client import ShardAdmin
+
+    schema = ("  schema:\n    label: click\n    dense: [price]\n    categorical: [user]\n"
+              "  options: {start: new, max_wait_s: 0.2}\n")
+
+    def stream_spec(name: str, stream: str) -> str:
+        return (f"name: {name}\nmodel: wide_deep\ndataset:\n  path: jetstream://{stream}\n{schema}"
+                "policies:\n  optimizer: none\n")
+
+    client = JobClient(bus)
+    for stream, needle in (("NOPE", "no JetStream stream 'NOPE'"), ("KV_pacer-jobs", "reserved"),
+                           ("NODIRECT", "allow_direct off")):
+        if stream == "NODIRECT":
+            await bus.js.add_stream(name="NODIRECT", subjects=["NODIRECT.x"])
+        with pytest.raises(ValidationError, match=needle):
+            await client.submit("s-bad", stream_spec("s-bad", stream))
+    await bus.js.add_stream(name="CLICKS", subjects=["CLICKS.x"], allow_direct=True)
+    for _ in range(7):  # before the submission: not part of a dataset that starts at "new"
+        await bus.js.publish("CLICKS.x", msgpack.packb({"click": 0, "price": 1.0, "user": "old"}))
+    rec = await client.submit("s-ok", stream_spec("s-ok", "CLICKS"))
+    assert rec.data_path == "jetstream://CLICKS" and rec.spec.dataset.options["first_seq"] == 8
+    assert rec.columns == {"click": "float", "price": "float", "user": "string"}  # from the schema: no sample yet
+    for i in range(30):
+        await bus.js.publish("CLICKS.x", msgpack.packb({"click": i % 2, "price": float(i), "user": f"u{i}"}))
+    admin = ShardAdmin(bus)
+
+    async def appended() -> Any:
+        st = await admin.status("s-ok", "train")
+        return st if st.records_total == 30 else None
+
+    st = await eventually(appended, 30, "the shard service appends the 30 new samples")
+    assert st.mode.value == "streaming" and not st.closed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -18,8 +19,8 @@ from pacer.contracts.shards import DatasetMode, DatasetSpec
 from pacer.data.formats import ads_table
 from pacer.data.stream import (
     StreamError,
-    StreamFollower,
     StreamSource,
+    check_data_stream,
     parse_stream_uri,
     stream_uri,
 )
@@ -39,7 +40,7 @@ def sample(i: int) -> dict[str, Any]:
 
 
 async def make_stream(bus: Bus, name: str) -> None:
-    await bus.js.add_stream(name=name, subjects=[f"{name}.samples"])
+    await bus.js.add_stream(name=name, subjects=[f"{name}.samples"], allow_direct=True)
 
 
 async def publish(bus: Bus, name: str, rows: list[dict[str, Any]]) -> list[int]:
@@ -54,6 +55,10 @@ def test_uris() -> None:
         parse_stream_uri("s3://bucket/x")
     with pytest.raises(StreamError):
         stream_uri("a.b")
+    assert check_data_stream("ADS-2_x") == "ADS-2_x"
+    for reserved in ("KV_pacer-jobs", "OBJ_pacer-shard-snapshots", "PACER_EVENTS", "pacer_shardlog", "a,b", "x" * 65):
+        with pytest.raises(StreamError):
+            check_data_stream(reserved)
 
 
 async def test_source_reads_exact_sequences_and_fails_clearly(nats_server: EmbeddedNats, bus: Bus) -> None:
@@ -127,16 +132,30 @@ async def test_malformed_payload_and_purge(nats_server: EmbeddedNats, bus: Bus) 
         StreamSource(nats_server.url, "NOPE", first_seq=1)
 
 
-async def test_follower_feeds_two_workers_one_killed(nats_server: EmbeddedNats, bus: Bus, shard_service: object) -> None:
+async def wait_status(admin: ShardAdmin, job: str, ds: str, ok: Any, timeout: float = 30.0) -> Any:
+    """The dataset's status once ``ok(status)`` holds (polled: the follower runs on its own period)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        st = await admin.status(job, ds)
+        if ok(st):
+            return st
+        assert asyncio.get_running_loop().time() < deadline, st
+        await asyncio.sleep(0.05)
+
+
+def streaming(job: str, ds: str, stream: str, first_seq: int, **kw: Any) -> DatasetSpec:
+    return DatasetSpec(job=job, dataset=ds, records=0, mode=DatasetMode.STREAMING, shuffle=False, stream=stream,
+                       first_seq=first_seq, **{"batch_size": 10, "batches_per_shard": 4, **kw})
+
+
+async def test_followed_stream_feeds_two_workers_one_killed(nats_server: EmbeddedNats, bus: Bus,
+                                                           shard_service: object) -> None:
     job, ds, stream = "online", "clicks", "CLICKS"
     await make_stream(bus, stream)
     await publish(bus, stream, [{"junk": True}] * 5)  # older messages, not part of the dataset
     first_seq = 6
     admin = ShardAdmin(bus)
-    await admin.register(DatasetSpec(job=job, dataset=ds, records=0, batch_size=10, batches_per_shard=4,
-                                     mode=DatasetMode.STREAMING, shuffle=False, lease_s=2.0))
-    follower = StreamFollower(bus, admin, job, ds, stream, first_seq, poll_s=0.1, idle_close_s=1.5)
-    follow = asyncio.create_task(follower.run())
+    await admin.register(streaming(job, ds, stream, first_seq, lease_s=2.0, max_wait_s=0.5, idle_close_s=1.5))
 
     bursts, per_burst = 5, 130
     published: list[int] = []
@@ -187,10 +206,8 @@ async def test_follower_feeds_two_workers_one_killed(nats_server: EmbeddedNats, 
         await c.close()
 
     await asyncio.wait_for(asyncio.gather(produce(), worker_a(), worker_b()), 60)
-    await asyncio.wait_for(follow, 10)
     total = bursts * per_burst
     assert published == list(range(first_seq, first_seq + total))
-    assert follower.closed and follower.appended == total and 2 <= follower.appends <= 4 * bursts
 
     # Every sequence trained, and exactly once: the killed worker's progress was kept, its unread shards
     # were granted again from where it stopped.
@@ -201,36 +218,48 @@ async def test_follower_feeds_two_workers_one_killed(nats_server: EmbeddedNats, 
     assert {n for n, _, _ in trained} == {"a", "b"}
     st = await admin.status(job, ds)
     assert st.closed and st.finished and st.records_total == total
+    # Full shards were cut as soon as they existed, the rest of each burst after max_wait_s: more
+    # shards than full ones, fewer than one per poll.
+    assert total // 40 < st.done <= total // 40 + 2 * bursts, st
     # The service counts each record done once; what it granted again after the loss it counts as
     # duplicated (an upper bound on records trained twice: it cannot know the dead worker's unreported
     # reads; here there were none, the progress it reported before dying was kept).
     assert st.records_done == total and sum(n.records for n in st.nodes) == total, st
     assert regranted[0] > 0 and st.records_duplicated == regranted[0], st
 
-    # A follower resumed after a restart appends nothing twice.
-    again = await StreamFollower.resume(bus, admin, job, ds, stream, first_seq)
-    assert again.appended == total and again.closed and await again.poll() == 0
 
+async def test_follow_appends_each_sample_once_across_a_failover(nats_server: EmbeddedNats, bus: Bus) -> None:
+    """Two shard-service instances; the owner is stopped mid-stream: the other follows on from the
+    records the log holds, never appending a sample twice, and a partial shard waits for max_wait_s."""
+    from conftest import InProcessService
+    from pacer_services.shard_service.app import ShardServiceConfig
 
-async def test_follower_appends_only_new_records_and_resyncs(bus: Bus, shard_service: object) -> None:
     job, ds, stream = "online2", "d", "S3"
     await make_stream(bus, stream)
+    services = [InProcessService(nats_server.url, ShardServiceConfig(instance=name, lease_ttl_s=2.0,
+                                                                     follow_interval_s=0.05))
+                for name in ("one", "two")]
+    for svc in services:
+        await svc.start()
     admin = ShardAdmin(bus)
-    await admin.register(DatasetSpec(job=job, dataset=ds, records=0, batch_size=5, batches_per_shard=2,
-                                     mode=DatasetMode.STREAMING))
-    f = StreamFollower(bus.js, admin, job, ds, stream, 1, idle_close_s=None)
-    assert await f.poll() == 0
-    await publish(bus, stream, [sample(i) for i in range(23)])
-    assert await f.poll() == 23 and await f.poll() == 0
-    await publish(bus, stream, [sample(i) for i in range(7)])
-    assert await f.poll() == 7
-    assert (await admin.status(job, ds)).records_total == 30
-    # A lost reply: the follower asks the service before appending again (here: it had landed).
-    f.appended, f._resync = 0, True
-    await publish(bus, stream, [sample(0)])
-    assert await f.poll() == 1 and f.appended == 31
-    assert (await admin.status(job, ds)).records_total == 31
-    assert not f.closed and not (await admin.status(job, ds)).closed  # idle_close_s=None: never closed
+    try:
+        await admin.register(streaming(job, ds, stream, 1, batch_size=5, batches_per_shard=2, max_wait_s=3600))
+        await publish(bus, stream, [sample(i) for i in range(23)])  # two full shards of 10, 3 waiting
+        await wait_status(admin, job, ds, lambda st: st.records_total >= 20)
+        await asyncio.sleep(0.3)  # several more rounds: the 3 stay unappended (max_wait_s is an hour)
+        assert (await admin.status(job, ds)).records_total == 20
+
+        owner = next(s for s in services if s.svc.own.owns(job))
+        await owner.stop()
+        await publish(bus, stream, [sample(i) for i in range(23, 41)])  # 41: four full shards
+        st = await wait_status(admin, job, ds, lambda st: st.records_total >= 40, timeout=30)
+        other = next(s for s in services if s is not owner)
+        assert other.svc.own.owns(job) and st.records_total == 40 and st.todo == 4, st
+        assert not st.closed  # idle_close_s 0: an online job is never closed by the follower
+    finally:
+        for svc in services:
+            with contextlib.suppress(Exception):
+                await svc.stop()
 
 
 async def test_producer_example(nats_server: EmbeddedNats, bus: Bus) -> None:

@@ -171,7 +171,7 @@ INVALID = [
     (_with(dataset=...), "dataset", "required"),
     (_with(dataset={"test_path": "t.tsv"}), "dataset.path", "required"),
     (_with(dataset__path=""), "dataset.path", "must not be empty"),
-    (_with(dataset__format="avro"), "dataset.format", "record, criteo_tsv, criteo_csv, parquet, csv, tsv or tfrecord"),
+    (_with(dataset__format="avro"), "dataset.format", "record, criteo_tsv, criteo_csv, parquet, csv, tsv, tfrecord or stream"),
     (_with(dataset__records=-5), "dataset.records", "must be >= 0"),
     (_with(dataset__name="a.b"), "dataset.name", "letters, digits"),
     (_with(dataset=[1]), "dataset", "must be a map"),
@@ -495,12 +495,30 @@ def test_a_schema_and_reader_options_reach_the_spec() -> None:
      "dataset.options.names", "required when header is false"),
     (_with(dataset__path="x.parquet", dataset__options={"header": True}), "dataset.options", "only for the csv"),
     (_with(export={"every_s": 5}), "export.path", "required"),
+    (_with(dataset__path="jetstream://ADS", dataset__options={"start": "latest"}), "dataset.options.start",
+     "first, new or a stream sequence"),
+    (_with(dataset__path="jetstream://ADS", dataset__options={"idle_close_s": 0}), "dataset.options.idle_close_s",
+     "must be > 0"),
+    (_with(dataset__path="jetstream://ADS", dataset__options={"header": True}), "dataset.options.header", "unknown field"),
+    (_with(dataset__path="jetstream://ADS", epochs=2), "epochs", "must be 1"),
+    (_with(dataset__path="jetstream://ADS", dataset__test_path="t.parquet"), "dataset.test_path", "periodic exports"),
+    (_with(dataset__path="ADS", dataset__format="stream"), "dataset.path", "jetstream://<STREAM>"),
     (_with(export={"path": "m", "every_s": -1}), "export.every_s", "must be > 0"),
 ])
 def test_bad_dataset_fields_are_named(doc: dict[str, Any], path: str, needle: str) -> None:
     with pytest.raises(JobSpecError) as err:
         parse_job_spec(doc)
     assert any(p.startswith(path + ":") and needle in p for p in err.value.problems), err.value.problems
+
+
+def test_a_stream_dataset_and_its_options() -> None:
+    spec = parse_job_spec(_with(dataset__path="jetstream://ADS", dataset__schema=ADS_SCHEMA,
+                                dataset__options={"start": 17, "idle_close_s": 30}, export={"path": "m", "every_s": 60}))
+    assert spec.dataset.format is DataFormat.STREAM
+    assert spec.dataset.options == {"start": 17, "max_wait_s": 5.0, "idle_close_s": 30.0}
+    online = parse_job_spec(_with(dataset__path="jetstream://ADS", dataset__schema=ADS_SCHEMA))
+    assert online.dataset.options == {"start": "first", "max_wait_s": 5.0}  # no idle_close_s: runs until stopped
+    assert parse_job_spec(spec_to_json(spec)) == spec
 
 
 def test_a_schema_file_beside_the_spec_is_inlined(tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ class DataFormat(str, enum.Enum):
     CSV = "csv"  # any columns, comma-separated, a header line by default (dataset.options)
     TSV = "tsv"  # the same, tab-separated
     TFRECORD = "tfrecord"  # tf.train.Example records
+    STREAM = "stream"  # a JetStream stream of msgpack samples (jetstream://<STREAM>): online learning
 
 
 class TrainingMode(str, enum.Enum):
@@ -94,7 +95,7 @@ class DatasetConfig:
     """The training data of a job (and optionally held-out data for evaluation)."""
 
     path: str = field(metadata=doc("what to train on, read in place: a file, a glob (day=*/part-*.parquet) or an "
-                                   "fsspec URL (s3://, gs://, hdfs://, file://)"))
+                                   "fsspec URL (s3://, gs://, hdfs://, file://), or a JetStream stream (jetstream://<STREAM>)"))
     format: DataFormat = field(metadata=doc("layout; the spec parser infers it from the file name when absent"))
     records: int = field(default=0, metadata=doc("record count; 0 = derived from the file"))
     test_path: str = field(default="", metadata=doc("held-out file for evaluation; empty = none"))
@@ -103,7 +104,8 @@ class DatasetConfig:
         "the feature schema (pacer.data.schema.Schema.from_config: label, dense, categorical, multi_hot, "
         "weight); empty = Criteo's (examples/schemas/criteo.yaml)"))
     options: dict[str, Any] = field(default_factory=dict, metadata=doc(
-        "reader options of csv/tsv: delimiter, header (bool), names (column names)"))
+        "reader options of csv/tsv: delimiter, header (bool), names (column names); of a stream: start "
+        "(first | new | a sequence), max_wait_s, idle_close_s"))
 
 
 @message("job.ExportConfig")

@@ -51,6 +51,14 @@ class DatasetSpec:
     tail_split: bool = field(default=True, metadata=doc(
         "near the end of a finite dataset, grant ever smaller pieces, sized by each node's rate (weighted "
         "factoring), so that all nodes run out of data together instead of waiting for the last shard"))
+    stream: str = field(default="", metadata=doc(
+        "streaming only: the JetStream stream whose samples are the records (record i = sequence first_seq + i); "
+        "the shard service appends them as they arrive; empty = the caller appends"))
+    first_seq: int = field(default=1, metadata=doc("the stream sequence of record 0"))
+    max_wait_s: float = field(default=5.0, metadata=doc(
+        "a partial shard of new samples is cut once its oldest sample waited this long (else only full shards)"))
+    idle_close_s: float = field(default=0.0, metadata=doc(
+        "close the dataset (the job can finish) once the stream got nothing new for this long; 0 = never"))
 
 
 @message("shard.ShardProgress")

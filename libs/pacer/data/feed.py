@@ -54,6 +54,7 @@ class DataRef:
     index_dir: str = ""  # where csv/tfrecord row-offset indexes are kept ("" = in memory, rebuilt)
     schema: dict[str, Any] = field(default_factory=dict)  # Schema.to_config(); {} = Criteo's
     seed: int = 0  # the order within blocks (read_rows)
+    columns: dict[str, str] = field(default_factory=dict)  # a stream's column kinds, fixed at submit ({} = read)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -61,14 +62,31 @@ class DataRef:
     @classmethod
     def from_json(cls, text: str) -> DataRef:
         raw = json.loads(text)
-        return cls(**{k: raw[k] for k in ("uri", "format", "options", "index_dir", "schema", "seed") if k in raw})
+        return cls(**{k: raw[k] for k in ("uri", "format", "options", "index_dir", "schema", "seed", "columns")
+                      if k in raw})
 
     def with_uri(self, uri: str) -> DataRef:
         """The same reader settings for another dataset (the held-out one)."""
-        return DataRef(uri, self.format, self.options, self.index_dir, self.schema, self.seed)
+        return DataRef(uri, self.format, self.options, self.index_dir, self.schema, self.seed, self.columns)
 
-    def open(self) -> Any:
-        """The :class:`pacer.data.sources.Source` of this dataset."""
+    @property
+    def streaming(self) -> bool:
+        """A JetStream stream (:mod:`pacer.data.stream`): read in stream order, never shuffled."""
+        return self.format == "stream"
+
+    @property
+    def order_seed(self) -> int | None:
+        """The seed of :func:`read_rows` (None: in the dataset's own order, as a stream is trained)."""
+        return None if self.streaming else self.seed
+
+    def open(self, nats_url: str = "") -> Any:
+        """The :class:`pacer.data.sources.Source` of this dataset (a stream's: on the bus at ``nats_url``,
+        with the credentials of the environment)."""
+        if self.streaming:
+            from pacer.data.stream import StreamSource, parse_stream_uri
+
+            return StreamSource(nats_url, parse_stream_uri(self.uri), first_seq=int(self.options["first_seq"]),
+                                kinds=self.columns or None)
         from pacer.data.sources import open_source
 
         return open_source(self.uri, self.format, index_dir=self.index_dir or None, csv_options=self.options or None)
@@ -93,6 +111,8 @@ def block_perm(seed: int, block: int, size: int = ORDER_BLOCK) -> np.ndarray:
 def read_rows(source: Any, lo: int, hi: int, columns: Sequence[str] | None, seed: int | None,
               block: int = ORDER_BLOCK) -> Columns:
     """Records ``[lo, hi)`` in the seeded order (``seed=None``: file order)."""
+    if seed is None and hasattr(source, "refresh"):  # a stream: exactly [lo, hi) or an error
+        return dict(source.read(lo, hi, columns))
     hi = min(hi, source.rows)
     if seed is None or hi <= lo:
         return dict(source.read(lo, hi, columns))
@@ -134,7 +154,10 @@ class ShardReader:
 
     def __init__(self, pool: ThreadPoolExecutor, source: Any, start: int, end: int,
                  columns: Sequence[str] | None, seed: int | None, chunk: int = CHUNK_ROWS) -> None:
-        self.start, self.end = start, min(end, source.rows)
+        if hasattr(source, "refresh"):  # a stream: its samples may have arrived after the source looked;
+            self.start, self.end = start, end  # never clipped (a missing sample is a read error, not skipped)
+        else:
+            self.start, self.end = start, min(end, source.rows)
         self.chunk = max(1, chunk)
         self._chunks: list[Future[Columns]] = [
             pool.submit(read_rows, source, a, min(a + self.chunk, self.end), columns, seed)

@@ -26,15 +26,26 @@ is deduplicated by the stream's duplicate window.  It commits the Kafka offset
 only after the JetStream ack.  Several partitions interleave into one
 sequence order, which is fine: the dataset's order is the stream's.
 
-URIs and placement
-------------------
+URIs, reading and following
+---------------------------
 A dataset URI ``jetstream://<STREAM>`` (:func:`stream_uri`) names a stream on
-the job's own NATS.  :class:`StreamSource` is the worker's reader (the
+the job's own NATS; it must have ``allow_direct`` on (``nats stream add
+--allow-direct``, ``StreamConfig(allow_direct=True)``), because a worker
+reads exactly its records' sequences by batched direct gets: read-only
+requests that need no consumer (:meth:`StreamReader._fetch`), so a pod's
+NATS user is granted ``$JS.API.DIRECT.GET.<STREAM>`` and
+``$JS.API.STREAM.INFO.<STREAM>`` of its own job's stream and nothing else
+of JetStream (:func:`pacer.security.agent_job_permissions`).
+:class:`StreamSource` is the worker's reader (the
 :class:`pacer.data.sources.Source` interface, synchronous, on a private event
-loop thread); :class:`StreamFollower` (async) tells the shard service how
-many records exist: ``ShardAdmin.append(job, dataset, n)`` takes a *delta*,
-records ``[known, known + n)`` become new TODO shards, so it must never be
-sent twice for the same records (see :class:`StreamFollower`).
+loop thread).  The shard service follows the stream for the job (the
+dataset's ``DatasetSpec.stream``): it appends new samples as shards, a full
+shard at once and a partial one after ``max_wait_s``, and closes the
+dataset after ``idle_close_s`` without a new sample
+(``pacer_services.shard_service.follow``).
+
+A streaming dataset is read in stream order, never shuffled: online learning
+trains on the past to predict the future.
 """
 
 from __future__ import annotations
@@ -45,7 +56,6 @@ import json
 import logging
 import math
 import threading
-import time
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -56,12 +66,11 @@ import numpy as np
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.nuid import NUID
 
-from pacer.bus import NO_RETRY, Bus
+from pacer import security
+from pacer.bus import Bus
 from pacer.data.criteo import DataError
-from pacer.shards.client import ShardAdmin
+from pacer.errors import ValidationError
 
 log = logging.getLogger("pacer.data.stream")
 T = TypeVar("T")
@@ -105,6 +114,28 @@ def parse_stream_uri(uri: str) -> str:
 def _check_name(name: str) -> None:
     if not name or any(c in name for c in " .*>/\\\t\r\n"):
         raise StreamError(f"invalid JetStream stream name: {name!r}")
+
+
+def check_data_stream(name: str) -> str:
+    """``name`` if a job may train on that stream (:func:`pacer.security.check_data_stream`), else
+    :class:`StreamError`."""
+    try:
+        return security.check_data_stream(name)
+    except ValidationError as exc:
+        raise StreamError(exc.message) from None
+
+
+def schema_kinds(schema: Any) -> dict[str, str]:
+    """Column kinds for a :class:`pacer.data.schema.Schema` whose stream holds no sample yet: numbers are
+    ``float``, categorical ids ``string``, multi-hot ``list<string>`` (a sample's ints are read as their
+    decimal text, so they hash as the same ids they would as strings)."""
+    kinds = {schema.label: "float"}
+    if schema.weight:
+        kinds[schema.weight] = "float"
+    kinds.update({d.name: "float" for d in schema.dense})
+    kinds.update({c.name: "string" for c in schema.categorical})
+    kinds.update({m.name: "list<string>" for m in schema.multi_hot})
+    return kinds
 
 
 # ------------------------------------------------------------------ decoding
@@ -187,6 +218,8 @@ def _decode(samples: Sequence[Mapping[str, Any]], seqs: Sequence[int], kinds: Ma
                 inner = {"list<float>": np.float32, "list<int>": np.int64, "list<string>": object}[kind]
                 col = np.empty(n, dtype=object)
                 for i, v in enumerate(vals):
+                    if kind == "list<string>" and v:
+                        v = [x.decode() if isinstance(x, bytes) else str(x) for x in v]
                     col[i] = np.array(v if v is not None else [], dtype=inner)
                 out[name] = col
         except (TypeError, ValueError, OverflowError):
@@ -225,7 +258,6 @@ class StreamReader:
         self.fetch_timeout = fetch_timeout
         self.rows = 0
         self.malformed = 0  # payloads found not to be a msgpack map
-        self._nuid = NUID()
 
     async def last_seq(self) -> int:
         try:
@@ -259,58 +291,56 @@ class StreamReader:
         """The decoded samples of sequences ``[first_seq + lo, first_seq + hi)``, all of them or an error
         (``strict=False``, to infer kinds: those there are, skipping bad payloads).
 
-        An ephemeral pull consumer starting at the first wanted sequence (no acks, in memory, removed by
-        the server if this process dies before deleting it), pulled in batches of :data:`FETCH_BATCH`
-        into a plain subscription with a callback: nats-py's ``fetch`` waits for each message
-        separately and was 3x slower.  A gap in the delivered sequences is a missing record.
+        Batched direct gets (``$JS.API.DIRECT.GET.<STREAM>`` with ``{"seq", "batch"}``; the stream has
+        ``allow_direct``): read-only, no consumer is created, so a pod needs no right to make the server
+        deliver anything anywhere.  Each answer is the messages from ``seq`` on, then an end-of-batch
+        status (204); a start past the last message answers 404.  The server skips deleted sequences,
+        so a gap in the delivered ones is a missing record.
         """
         want, stop = self.first_seq + lo, self.first_seq + hi
         if want >= stop:
             return [], []
-        name = self._nuid.next().decode()
-        cfg = ConsumerConfig(name=name, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=want,
-                             ack_policy=AckPolicy.NONE, mem_storage=True, inactive_threshold=30.0)
-        try:
-            await self.js.add_consumer(self.stream, config=cfg)
-        except nats.js.errors.NotFoundError:
-            raise StreamError(f"no JetStream stream {self.stream!r}") from None
         got: list[Msg] = []
-        ended = asyncio.Event()  # the batch is complete, or the server said there is no more
-        need = 0
+        ended = asyncio.Event()  # the batch is complete (end-of-batch or an error status)
+        status: list[str] = []
 
         async def on_msg(m: Msg) -> None:
-            if not m.data and m.headers and m.headers.get("Status"):
-                if m.headers["Status"] != "100":  # 404 no messages, 408 request expired, 409 ...; 100 = heartbeat
-                    ended.set()
+            code = m.headers.get("Status") if m.headers else None
+            if code is not None and not m.data:
+                status.append(code)
+                ended.set()
                 return
             got.append(m)
-            if len(got) >= need:
-                ended.set()
 
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox, cb=on_msg, pending_msgs_limit=4 * FETCH_BATCH,
                                       pending_bytes_limit=256 << 20)
-        nxt = f"{self.js._prefix}.CONSUMER.MSG.NEXT.{self.stream}.{name}"  # the JS API prefix (domain aware)
+        subject = f"{self.js._prefix}.DIRECT.GET.{self.stream}"  # the JS API prefix (domain aware)
         seqs: list[int] = []
         samples: list[dict[str, Any]] = []
-        empty = 0
         try:
             while want < stop:
                 got.clear()
+                status.clear()
                 ended.clear()
                 need = min(stop - want, FETCH_BATCH)
-                # no_wait: what exists now, then a 404 status at once (no waiting for the tail to appear)
-                await self.nc.publish(nxt, json.dumps({"batch": need, "no_wait": True}).encode(), reply=inbox)
-                with contextlib.suppress(TimeoutError):
+                await self.nc.publish(subject, json.dumps({"seq": want, "batch": need}).encode(), reply=inbox)
+                try:
                     await asyncio.wait_for(ended.wait(), self.fetch_timeout)
-                empty = 0 if got else empty + 1
-                if empty >= 2 and not strict:
-                    break
-                if empty >= 2:  # twice nothing (once could be a late status of the previous pull)
+                except TimeoutError:
+                    raise StreamError(f"stream {self.stream}: no answer to a read of sequences {want}..{stop - 1} "
+                                      f"within {self.fetch_timeout:g} s (is allow_direct on?)") from None
+                if status and status[0] == "503":
+                    raise StreamError(f"no JetStream stream {self.stream!r} (or it has allow_direct off)")
+                if not got:
+                    if not strict:
+                        break
                     raise StreamError(f"stream {self.stream}: sequences {want}..{stop - 1} are missing "
                                       "(deleted, purged or past the end)")
                 for m in got:
-                    seq = m.metadata.sequence.stream
+                    seq = int(m.headers["Nats-Sequence"]) if m.headers else -1
+                    if seq >= stop:
+                        break
                     if seq != want and strict:
                         raise StreamError(f"stream {self.stream}: sequence {want} is missing (deleted or purged; "
                                           f"the next one is {seq})")
@@ -322,13 +352,9 @@ class StreamReader:
                             self.malformed += 1
                             raise
                     want = seq + 1
-                    if want >= stop:
-                        break
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-            with contextlib.suppress(Exception):
-                await self.js.delete_consumer(self.stream, name)
         return seqs, samples
 
 
@@ -413,107 +439,3 @@ class StreamSource:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-# ------------------------------------------------------------------ following
-
-
-class StreamFollower:
-    """Appends a stream's new samples to a streaming dataset of the shard service, and closes it when idle.
-
-    ``ShardAdmin.append(job, dataset, n)`` means "``n`` more records exist":
-    a delta, records ``[known, known + n)`` of the dataset (``known`` being
-    the records registered plus every append so far) become TODO shards.  So
-    the follower keeps ``appended`` (records of the stream, from
-    ``first_seq``, the dataset has) and sends only the difference.  A retried
-    append whose first reply was lost would add the records twice: appends
-    are sent without retries, and after a failed one ``appended`` is re-read
-    from the service (``DatasetStatus.records_total``, which for a streaming
-    dataset is the records known) before anything else is appended.  After a
-    restart, build it with ``appended=`` that count (:meth:`resume` does it).
-
-    The dataset is registered by the caller (``DatasetSpec(mode=STREAMING,
-    records=0)``, or with records already in the stream and ``appended`` set
-    to them).  ``idle_close_s``: close the dataset (``append(..., 0,
-    close=True)``) once the stream got no new message for that long; ``None``
-    never closes it (a true online job runs until stopped).
-    """
-
-    def __init__(self, bus_or_js: Bus | JetStreamContext, admin: ShardAdmin, job: str, dataset: str, stream: str,
-                 first_seq: int, *, poll_s: float = 0.5, idle_close_s: float | None = None,
-                 appended: int = 0) -> None:
-        if first_seq < 1:
-            raise ValueError("first_seq: JetStream sequences start at 1")
-        _check_name(stream)
-        self.js = bus_or_js.js if isinstance(bus_or_js, Bus) else bus_or_js
-        self._admin = ShardAdmin(admin.bus, admin.timeout, NO_RETRY)  # an append is not idempotent
-        self._status_admin = admin
-        self.job, self.dataset, self.stream, self.first_seq = job, dataset, stream, first_seq
-        self.poll_s, self.idle_close_s = poll_s, idle_close_s
-        self.appended = appended
-        self.appends = 0  # append requests that succeeded
-        self.closed = False
-        self._last_seen = -1
-        self._since = time.monotonic()
-        self._resync = False
-
-    @classmethod
-    async def resume(cls, bus_or_js: Bus | JetStreamContext, admin: ShardAdmin, job: str, dataset: str,
-                     stream: str, first_seq: int, **kwargs: Any) -> StreamFollower:
-        """A follower that carries on from what the shard service already has (after a restart)."""
-        st = await admin.status(job, dataset)
-        f = cls(bus_or_js, admin, job, dataset, stream, first_seq, appended=st.records_total, **kwargs)
-        f.closed = st.closed
-        return f
-
-    async def available(self) -> int:
-        """Records of the stream from ``first_seq`` on, now."""
-        try:
-            info = await self.js.stream_info(self.stream)
-        except nats.js.errors.NotFoundError:
-            raise StreamError(f"no JetStream stream {self.stream!r}") from None
-        assert info.state is not None
-        return max(0, int(info.state.last_seq) - self.first_seq + 1)
-
-    async def poll(self) -> int:
-        """One round: append the records that became available, close when idle; the records appended."""
-        if self.closed:
-            return 0
-        if self._resync:
-            st = await self._status_admin.status(self.job, self.dataset)
-            self.appended, self.closed, self._resync = st.records_total, st.closed, False
-            if self.closed:
-                return 0
-        avail = await self.available()
-        now = time.monotonic()
-        if avail != self._last_seen:
-            self._last_seen, self._since = avail, now
-        new = avail - self.appended
-        if new > 0:
-            try:
-                await self._admin.append(self.job, self.dataset, new)
-            except BaseException:
-                self._resync = True  # it may have landed: ask the service before appending again
-                raise
-            self.appended += new
-            self.appends += 1
-            return new
-        if self.idle_close_s is not None and now - self._since >= self.idle_close_s:
-            try:
-                await self._admin.append(self.job, self.dataset, 0, close=True)
-            except BaseException:
-                self._resync = True
-                raise
-            self.closed = True
-        return 0
-
-    async def run(self) -> None:
-        """Poll every ``poll_s`` until the dataset is closed (or the task is cancelled); errors are logged
-        and retried on the next round."""
-        while not self.closed:
-            try:
-                await self.poll()
-            except Exception as exc:  # NATS down, a stream not there yet, an error reply: try again next round
-                log.warning("stream follower round failed: %s: %s", type(exc).__name__, exc)
-            if not self.closed:
-                await asyncio.sleep(self.poll_s)

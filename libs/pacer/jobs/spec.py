@@ -27,10 +27,13 @@ Defaults (a field left out)
                         ``.csv`` -> ``criteo_csv`` (``csv`` with a
                         ``schema``), ``.tsv``/``.txt`` (optionally
                         ``.gz``) -> ``criteo_tsv`` (``tsv`` with a
-                        ``schema``), anything else -> ``record``
+                        ``schema``), ``jetstream://<STREAM>`` ->
+                        ``stream``, anything else -> ``record``
 ``dataset.schema``      Criteo's (examples/schemas/criteo.yaml); a map as
                         in docs/data.md otherwise
-``dataset.options``     csv/tsv: a header line, names from it
+``dataset.options``     csv/tsv: a header line, names from it; stream:
+                        ``start: first``, ``max_wait_s: 5``, no
+                        ``idle_close_s`` (runs until stopped)
 ``dataset.records``     0 = derived from the file when the job is planned
 ``dataset.name``        ``train``
 ``policies``            straggler ``antdt-nd``, optimizer ``brain``, no
@@ -357,6 +360,7 @@ MODEL_FIELDS = ("name", "hash_buckets", "embed_dim", "hidden", "cross_layers", "
                 "learning_rate", "optimizer")
 DATASET_FIELDS = ("path", "format", "records", "test_path", "name", "schema", "options")
 OPTION_FIELDS = ("delimiter", "header", "names")
+STREAM_OPTION_FIELDS = ("start", "max_wait_s", "idle_close_s")
 EXPORT_FIELDS = ("path", "every_s")
 MAX_COLUMNS = 10_000  # names in dataset.options.names
 POLICY_FIELDS = ("straggler", "optimizer", "params")
@@ -370,6 +374,8 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def infer_format(path: str, own_schema: bool = False) -> DataFormat:
     """The layout of a dataset from its name (see the module docstring): text files are Criteo's
     unless the spec gives its own schema."""
+    if path.startswith("jetstream://"):
+        return DataFormat.STREAM
     name = path.lower().removesuffix(".gz")
     if name.endswith((".parquet", ".pq")):
         return DataFormat.PARQUET
@@ -453,6 +459,8 @@ def _schema(c: _Checker, raw: Any) -> dict[str, Any]:
 
 def _data_options(c: _Checker, raw: Any, fmt: DataFormat) -> dict[str, Any]:
     """Reader options of delimited text: ``delimiter`` (one character), ``header`` (bool), ``names``."""
+    if fmt is DataFormat.STREAM:
+        return _stream_options(c, raw)
     if raw is None or raw == {}:
         return {}
     d = c.section(raw, "dataset.options", OPTION_FIELDS)
@@ -485,6 +493,27 @@ def _data_options(c: _Checker, raw: Any, fmt: DataFormat) -> dict[str, Any]:
             out["names"] = list(names)
     if out.get("header") is False and "names" not in out:
         c.bad("dataset.options.names", "required when header is false")
+    return out
+
+
+def _stream_options(c: _Checker, raw: Any) -> dict[str, Any]:
+    """Options of a stream (docs/data.md): ``start`` (``first``: the stream's first sample, the default;
+    ``new``: only samples published after the submission; or a sequence number), ``max_wait_s`` (a
+    partial shard of new samples is trained after this long; default 5) and ``idle_close_s`` (the job
+    completes once the stream got nothing new for this long; absent: it runs until stopped)."""
+    d = c.section(raw if raw is not None else {}, "dataset.options", STREAM_OPTION_FIELDS)
+    if d is None:
+        return {}
+    out: dict[str, Any] = {}
+    start = d.get("start", "first")
+    if start in ("first", "new") or (type(start) is int and start >= 1):
+        out["start"] = start
+    else:
+        c.bad("dataset.options.start", f"must be first, new or a stream sequence (>= 1), got {_brief(start)}")
+    for key, default in (("max_wait_s", 5.0), ("idle_close_s", None)):
+        v = c.number(d, key, "dataset.options", default)
+        if v is not None:
+            out[key] = float(v)
     return out
 
 
@@ -645,6 +674,16 @@ def _cross_checks(c: _Checker, spec: JobSpec) -> None:
     if r is not None and r.workers is not None and spec.batch_size < r.workers:
         c.bad("batch_size", f"must be >= resources.workers ({r.workers}) so every worker gets records, "
                             f"got {spec.batch_size}")
+    if spec.dataset.format is DataFormat.STREAM:
+        if not spec.dataset.path.startswith("jetstream://"):
+            c.bad("dataset.path", f"a stream dataset is named jetstream://<STREAM>, got {_brief(spec.dataset.path)}")
+        if spec.epochs != 1:
+            c.bad("epochs", f"a stream is trained once, in order (online learning): must be 1, got {spec.epochs}")
+        if spec.dataset.test_path:
+            c.bad("dataset.test_path", "a streaming job has no held-out file: score its periodic exports "
+                                       "(export.every_s) on a later window of the stream")
+        if spec.dataset.records:
+            c.bad("dataset.records", "a stream's record count grows: leave it out (idle_close_s ends the job)")
     if lim is not None and lim.max_workers is not None and spec.backup_workers >= lim.max_workers:
         c.bad("backup_workers", f"must be < limits.max_workers ({lim.max_workers}), got {spec.backup_workers}")
     if r is None or lim is None:

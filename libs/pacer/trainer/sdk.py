@@ -359,7 +359,8 @@ class Worker:
 
     def read(self, lo: int, hi: int, columns: list[str] | None = None) -> dict[str, Any]:
         """Records ``[lo, hi)`` of the job's dataset as columns (name -> numpy array), in the job's seeded
-        order: the same records in the same order for every reader and after a relaunch.
+        order: the same records in the same order for every reader and after a relaunch (a stream's
+        in stream order: record ``i`` is sequence ``first_seq + i``).
 
         Numbers come as float32 / int64 arrays, strings and lists as object arrays
         (pacer.data.sources); ``columns`` picks some (default: all).
@@ -368,8 +369,8 @@ class Worker:
 
         ref = self.data
         if self._source is None:
-            self._source = ref.open()
-        return read_rows(self._source, lo, hi, columns, ref.seed)
+            self._source = ref.open(self.env.nats_url)
+        return read_rows(self._source, lo, hi, columns, ref.order_seed)
 
     # ------------------------------------------------------------ actions
     def check(self, iteration: int | None = None) -> list[Action]:

@@ -695,7 +695,7 @@ def _export_path(root: str, step: int) -> str:
 def run(cfg: WorkerConfig) -> int:
     t_start = time.monotonic()
     ref = cfg.data_ref()
-    source = ref.open()  # metadata only (Parquet footers, an index): a missing object fails here, clearly
+    source = ref.open(cfg.nats_url)  # metadata only (Parquet footers, an index): a missing object fails here, clearly
     trainer = Trainer(cfg)
     trainer.build({c.name: c.kind for c in source.columns})
     tf = trainer.tf
@@ -710,7 +710,7 @@ def run(cfg: WorkerConfig) -> int:
         # while another worker has none, lengthening the tail of the epoch.
         prefetch = 1 if cfg.mode == "bsp" else cfg.prefetch
         client = BlockingShardClient(cfg.nats_url, cfg.job, cfg.dataset, cfg.node, prefetch=prefetch)
-        feed = ShardFeed(client, source, trainer.columns, ref.seed)
+        feed = ShardFeed(client, source, trainer.columns, ref.order_seed)
         if trainer.is_chief and cfg.checkpoint_dir:
             admin_ckpt = _flushed(client, _shard_checkpointer(cfg))
     ipc = None
