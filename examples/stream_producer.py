@@ -1,9 +1,10 @@
 """Publish an ads click log to a JetStream stream, one sample per message, for online learning.
 
-    python examples/stream_producer.py NATS_URL --stream ADS --rows N --rate R [--seed S]
+    python examples/stream_producer.py NATS_URL --stream ADS --rows N --rate R [--seed S] [--split K]
 
 Creates the stream ``ADS`` (subject ``ADS.samples``, ``allow_direct`` on) if it is missing, then
-publishes ``N`` rows of :func:`pacer.data.formats.ads_table` at about ``R``
+publishes ``N`` rows of :func:`pacer.data.formats.ads_table` (split ``K`` of seed ``S``: every
+split of one seed has the same click signal, so a later split is new traffic) at about ``R``
 rows per second (0: as fast as the server acks), each as a msgpack map
 ``{column: value}`` (the format :mod:`pacer.data.stream` reads).  Prints one
 JSON line at the end: ``{"published": N, "first_seq": .., "last_seq": ..}`` --
@@ -29,7 +30,7 @@ from pacer.data.formats import ads_table
 from pacer.security import connect_options
 
 
-async def main(url: str, stream: str, rows: int, rate: float, seed: int) -> dict[str, int]:
+async def main(url: str, stream: str, rows: int, rate: float, seed: int, split: int = 0) -> dict[str, int]:
     nc = await nats.connect(**connect_options(url, os.environ))  # type: ignore[arg-type]  # servers, creds, TLS
     js = nc.jetstream()
     subject = f"{stream}.samples"
@@ -39,7 +40,7 @@ async def main(url: str, stream: str, rows: int, rate: float, seed: int) -> dict
         # allow_direct: Pacer's workers read exactly their sequences by direct get (docs/data.md)
         await js.add_stream(name=stream, subjects=[subject], allow_direct=True)
 
-    samples = ads_table(rows, seed).to_pylist()  # [{"click": 0, "price": 2.7, "tags": ["t3"], ...}, ...]
+    samples = ads_table(rows, seed, split).to_pylist()  # [{"click": 0, "price": 2.7, "tags": ["t3"], ...}, ...]
     first = last = 0
     start = time.monotonic()
     window = 256 if rate <= 0 else max(1, min(256, int(rate / 10)))  # publishes in flight before their acks
@@ -61,5 +62,7 @@ if __name__ == "__main__":
     ap.add_argument("--rows", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=0.0, help="rows per second; 0 = as fast as possible")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--split", type=int, default=0, help="which rows of the seed's traffic (same signal)")
     args = ap.parse_args()
-    print(json.dumps(asyncio.run(main(args.url, args.stream, args.rows, args.rate, args.seed))), flush=True)
+    print(json.dumps(asyncio.run(main(args.url, args.stream, args.rows, args.rate, args.seed, args.split))),
+          flush=True)

@@ -34,6 +34,13 @@ quotes a file's bytes (:mod:`pacer.data.criteo` says what is wrong with a
 line or header, not what it holds).  The record stores the resolved path,
 the file that was checked.
 
+A stream dataset (``jetstream://<STREAM>``, :meth:`JobService._check_stream`)
+is checked on the bus instead: the stream exists, has ``allow_direct``, is
+not one of Pacer's own; its ``start`` is resolved to a sequence and its
+column kinds read from its first samples (or the schema).  It is registered
+as a streaming dataset naming the stream, which the shard service then
+follows (docs/data.md).
+
 Lifecycle (:mod:`pacer.jobs.lifecycle`, one event per state on
 ``pacer.events.job.<job>.<state>``): ``submitted -> planning`` when the spec
 is accepted; ``running`` when the executor says every node of the plan runs

@@ -12,18 +12,22 @@ the stack, the pods and the commands through the environment only.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import job_client, running_stack
 from pacer.contracts.jobs import JobRecord, JobState
+from pacer.errors import NotFound
 from s3_server import S3Server, s3  # noqa: F401  (the module-scoped S3 server fixture)
 
 pytestmark = pytest.mark.slow
@@ -141,3 +145,147 @@ def test_schema_inference_prints_its_decisions(user_dir: Path) -> None:
     out = subprocess.run([str(PACER), "data", "schema", str(data)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "label: click" in out.stdout and "tags" in out.stdout, out.stdout
+
+
+def script_of(example: Path) -> list[tuple[list[str], bool]]:
+    """Every command line of an example's comments (``pacer ...`` and ``python ...``), in order, each with
+    whether it runs in the background (a trailing ``&``)."""
+    out = []
+    for line in example.read_text().splitlines():
+        m = re.match(r"#\s+((?:pacer|python)\s.*)$", line)
+        if m:
+            text = m.group(1).rstrip()
+            out.append((shlex.split(text.removesuffix("&")), text.endswith("&")))
+    return out
+
+
+def trainer_pid(job: str, node: str, timeout: float = 120.0) -> int:
+    """The pid of a node's running TensorFlow worker process (found by its command line)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            if "pacer.trainer.worker" in cmd and f'"job": "{job}"' in cmd and f'"node": "{node}"' in cmd:
+                return int(p.info["pid"])
+        time.sleep(0.2)
+    raise AssertionError(f"no running process of {job}/{node}")
+
+
+# Scores SavedModels in a fresh process, as a serving system would: raw columns in, probability out.
+SCORE = r"""
+import json, sys
+import numpy as np, tensorflow as tf
+from pacer.data.formats import ads_table
+from pacer.models.metrics import auc
+kinds = json.loads(sys.argv[1])
+t = ads_table(5000, 0, 9)  # a held-out split of the traffic the producer publishes (same signal)
+cols = {}
+for name, kind in kinds.items():
+    if name in ("click", "weight"):
+        continue
+    v = t.column(name).to_pylist()
+    if kind.startswith("list<"):
+        width = max(1, max(len(x) for x in v))
+        cols[name] = tf.constant([list(map(str, x)) + [""] * (width - len(x)) for x in v])
+    elif kind == "string":
+        cols[name] = tf.constant([str(x) for x in v])
+    elif kind == "int":
+        cols[name] = tf.constant(np.asarray(v, dtype=np.int64))
+    else:
+        cols[name] = tf.constant(np.asarray(v, dtype=np.float32))
+y = np.asarray(t.column("click").to_pylist())
+out = []
+for path in sys.argv[2:]:
+    f = tf.saved_model.load(path).signatures["serving_default"]
+    out.append(auc(y, f(**cols)["probability"].numpy()))
+print(json.dumps(out))
+"""
+
+
+def test_streaming_example_trains_every_sample_once_through_a_worker_kill(stack: object, user_dir: Path) -> None:
+    """The streaming example, its commands run as written (the producer in the background while the job
+    trains); worker-1 is killed mid-stream.  Every published sample is trained, each counted once by the
+    shard service, and the periodic exports score a held-out window better and better."""
+    job = "ads-online"
+    env = {**os.environ, **aws_env(), "PACER_NATS_URL": stack.url}  # type: ignore[attr-defined]
+    producers: list[subprocess.Popen[str]] = []
+    submit: subprocess.Popen[str] | None = None
+    published: list[dict[str, int]] = []
+    try:
+        for argv, background in script_of(EXAMPLES / "streaming.yaml"):
+            argv = [a.replace("$PACER_NATS_URL", env["PACER_NATS_URL"]) for a in argv]  # as a shell expands it
+            exe = [sys.executable] if argv[0] == "python" else [str(PACER)]
+            proc = subprocess.Popen([*exe, *argv[1:]], cwd=user_dir, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            if argv[:2] == ["pacer", "submit"]:
+                submit = proc
+            elif background:
+                producers.append(proc)
+            else:
+                out, err = proc.communicate(timeout=300)
+                assert proc.returncode == 0, err
+                published.append(json.loads(out))
+        assert submit is not None and len(producers) == 1
+
+        async def trained_some() -> JobRecord:
+            async with job_client(stack.url, "examples-test") as c:  # type: ignore[attr-defined]
+                deadline = time.monotonic() + 300
+                while True:
+                    assert submit is not None and submit.poll() in (None, 0), submit.communicate()
+                    try:
+                        rec: JobRecord = await c.get(job)
+                    except NotFound:  # not submitted yet
+                        assert time.monotonic() < deadline
+                        await asyncio.sleep(0.2)
+                        continue
+                    if rec.state is JobState.RUNNING and rec.progress.shards_done >= 2:
+                        return rec
+                    assert time.monotonic() < deadline and rec.state in (JobState.SUBMITTED, JobState.PLANNING,
+                                                                         JobState.RUNNING), rec
+                    await asyncio.sleep(0.2)
+
+        asyncio.run(trained_some())
+        assert producers[0].poll() is None, "the producer finished before the kill: not mid-stream"
+        os.kill(trainer_pid(job, "worker-1"), signal.SIGKILL)
+        out, err = producers[0].communicate(timeout=300)
+        assert producers[0].returncode == 0, err
+        published.append(json.loads(out))
+        out, err = submit.communicate(timeout=900)
+        assert submit.returncode == 0, f"{out}\n{err}"
+    finally:
+        for p in [*producers, *([submit] if submit else [])]:
+            if p.poll() is None:
+                p.kill()
+
+    total = sum(p["published"] for p in published)
+    assert published[0]["first_seq"] == 1 and published[-1]["last_seq"] == total
+    rec = record(stack, job)
+    assert rec.state is JobState.COMPLETED, rec.reason
+
+    async def status() -> object:
+        from pacer.bus import Bus
+        from pacer.shards.client import ShardAdmin
+
+        bus = await Bus.connect(stack.url, name="examples-test")  # type: ignore[attr-defined]
+        try:
+            return await ShardAdmin(bus).status(job, "train")
+        finally:
+            await bus.close()
+
+    st = asyncio.run(status())
+    # Every sample, from sequence 1 to the last, was appended once and trained to the end; the killed
+    # worker's shards were granted again from its last reported progress.
+    assert st.closed and st.finished and st.failed == 0, st  # type: ignore[attr-defined]
+    assert st.records_total == total and st.records_done == total, st  # type: ignore[attr-defined]
+    assert sum(n.records for n in st.nodes) == total, st  # type: ignore[attr-defined]
+
+    exports = rec.result["exports"]
+    assert len(exports) >= 3 and exports[-1] == rec.exported, rec.result
+    proc = subprocess.run([sys.executable, "-c", SCORE, json.dumps(rec.columns), *exports], capture_output=True,
+                          text=True, timeout=600, cwd=user_dir)
+    assert proc.returncode == 0, proc.stderr
+    aucs = json.loads(proc.stdout.strip().splitlines()[-1])
+    print("streaming example:", {"published": total, "exports": len(exports), "aucs": aucs,
+                                 "duplicated": st.records_duplicated})  # type: ignore[attr-defined]
+    # The model learns online: the last export scores the held-out window clearly better than the first.
+    assert aucs[-1] > 0.65 and aucs[-1] >= aucs[0] + 0.02, aucs

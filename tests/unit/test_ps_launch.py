@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,29 @@ def test_a_delayed_cpu_straggler_travels_to_the_pod_supervisor() -> None:
 def test_a_bad_cpu_is_refused() -> None:
     with pytest.raises(ValueError, match="cpu"):
         StragglerSpec(cpu=-1.0)
+
+
+def test_a_streaming_jobs_pods_get_a_token_for_their_stream_and_its_kinds() -> None:
+    """The workers of a stream job open it at the resolved first sequence with the kinds checked at submit,
+    in stream order; every pod's password grants that stream (and only a file job's grants none)."""
+    from pacer import authjwt
+    from pacer.data.feed import DataRef
+    from pacer.trainer.worker import WorkerConfig
+
+    spec = parse_job_spec(f"name: {JOB}\nmodel: wide_deep\ndataset:\n  path: jetstream://ADS\n"
+                          "  schema: {label: click, dense: [price]}\n")
+    spec = replace(spec, dataset=replace(spec.dataset, options={**spec.dataset.options, "first_seq": 42}))
+    rec = JobRecord(JOB, spec, JobState.RUNNING, time.time(), data_path="jetstream://ADS", records=10,
+                    columns={"click": "int", "price": "float"})
+    plan = ResourcePlan(JOB, 2, 1, 1.0, 1024, 1.5, 2048, PlanSource.BRAIN)
+    c = launch.LaunchConfig("nats://127.0.0.1:4222", agent_secret="s3cret")
+    worker = launch.pod_spec(rec, plan, CLUSTER, "worker", 0, 0, 1.0, 1024, 7100, c)
+    ref = DataRef.from_json(WorkerConfig(**json.loads(worker.command[-1])).data)
+    assert ref.streaming and ref.order_seed is None and ref.options["first_seq"] == 42
+    assert ref.columns == {"click": "int", "price": "float"}
+    for pod in (worker, launch.pod_spec(rec, plan, CLUSTER, "ps", 0, 0, 1.0, 1024, 7000, c)):
+        token = pod.env["PACER_NATS_PASSWORD"]
+        assert authjwt.token_stream(token) == "ADS" and authjwt.token_ok("s3cret", JOB, token)
+        assert not authjwt.token_ok("s3cret", "j2", token)
+    file_rec, _ = record()
+    assert authjwt.token_stream(launch.pod_credentials(c, JOB, launch.stream_of(file_rec))["PACER_NATS_PASSWORD"]) == ""
