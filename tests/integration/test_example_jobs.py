@@ -285,7 +285,7 @@ def test_streaming_example_trains_every_sample_once_through_a_worker_kill(stack:
                           text=True, timeout=600, cwd=user_dir)
     assert proc.returncode == 0, proc.stderr
     aucs = json.loads(proc.stdout.strip().splitlines()[-1])
-    print("streaming example:", {"published": total, "exports": len(exports), "aucs": aucs,
-                                 "duplicated": st.records_duplicated})  # type: ignore[attr-defined]
-    # The model learns online: the last export scores the held-out window clearly better than the first.
-    assert aucs[-1] > 0.65 and aucs[-1] >= aucs[0] + 0.02, aucs
+    # The model learns online: the last export scores the held-out window better than the first (which
+    # saw a third of the samples or more: the backlog of the workers' start-up).  Four runs here:
+    # 0.689-0.702 first, 0.715-0.729 last.
+    assert aucs[-1] > 0.68 and aucs[-1] >= aucs[0] + 0.01, aucs
