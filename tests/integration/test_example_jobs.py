@@ -281,6 +281,10 @@ def test_streaming_example_trains_every_sample_once_through_a_worker_kill(stack:
 
     exports = rec.result["exports"]
     assert len(exports) >= 3 and exports[-1] == rec.exported, rec.result
+    # TensorFlow Serving's layout: integer versions that only grow, the newest served; the step inside.
+    versions = [int(Path(e).name) for e in exports]
+    steps = [json.loads(Path(e, "pacer.json").read_text())["step"] for e in exports]
+    assert versions == sorted(set(versions)) and steps == sorted(steps) and steps[0] > 0, (versions, steps)
     proc = subprocess.run([sys.executable, "-c", SCORE, json.dumps(rec.columns), *exports], capture_output=True,
                           text=True, timeout=600, cwd=user_dir)
     assert proc.returncode == 0, proc.stderr

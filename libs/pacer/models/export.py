@@ -26,6 +26,7 @@ TensorFlow Serving reads it as any v1 SavedModel.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -121,6 +122,7 @@ def export_saved_model(
     schema: Schema,
     kinds: Mapping[str, str],
     values: Mapping[str, np.ndarray],
+    meta: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the model with variable values ``values`` (:func:`model_values`, :class:`CheckpointValues`) as a SavedModel.
 
@@ -130,7 +132,8 @@ def export_saved_model(
     ``<export_dir>.tmp-<pid>`` and renamed into place, so a reader never sees
     a half-written export.  ``kinds`` are the dataset's column kinds (as
     for :func:`pacer.models.features.raw_inputs`); they decide the input
-    dtypes.  Returns ``export_dir``.
+    dtypes.  ``meta`` (e.g. the global step) is written beside it as
+    ``pacer.json``, inside the same rename.  Returns ``export_dir``.
     """
     dest = Path(export_dir)
     if dest.exists():
@@ -183,6 +186,8 @@ def export_saved_model(
                     strip_default_attrs=True,
                 )
                 builder.save()
+        if meta is not None:
+            (tmp / "pacer.json").write_text(json.dumps(dict(meta), sort_keys=True))
         os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(OSError):

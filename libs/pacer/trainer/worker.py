@@ -299,6 +299,7 @@ class Trainer:
         # The one straggler generator (shared with the simulator), seeded by this node's name.
         self.straggler = StragglerSpec.from_json(cfg.straggler).on(cfg.node)
         self.applied: list[dict[str, Any]] = []  # actions applied: {seq, kind, iteration}
+        self._export_version = 0  # the last export's directory name (_export_version)
         self.checkpoint_on_exit = False  # set by a KILL_RESTART {"checkpoint": true} (migration)
         self.step_t0 = 0.0  # perf_counter at the start of the current step (straggler delay included)
         self.own_s = 0.0  # BSP: the current step's time up to the barrier
@@ -626,9 +627,12 @@ class Trainer:
 
         step = int(self.sess.run(self.global_step))
         values = model_values(self.sess, self.graph, scope=self.spec.name)
-        dest = _export_path(self.cfg.export_dir, step)
+        self._export_version = _export_version(self._export_version)
+        dest = f"{self.cfg.export_dir.rstrip('/')}/{self._export_version}"
+        meta = {"step": step, "job": self.cfg.job, "time": time.time()}
         if "://" not in dest or dest.startswith("file://"):
-            return str(export_saved_model(dest.removeprefix("file://"), self.spec, self.schema, self.kinds, values))
+            return str(export_saved_model(dest.removeprefix("file://"), self.spec, self.schema, self.kinds, values,
+                                          meta))
         # Object storage: written locally, then uploaded whole (credentials from the environment).
         import shutil
         import tempfile
@@ -637,7 +641,7 @@ class Trainer:
 
         tmp = tempfile.mkdtemp(prefix="pacer-export-")
         try:
-            local = export_saved_model(Path(tmp, "model"), self.spec, self.schema, self.kinds, values)
+            local = export_saved_model(Path(tmp, "model"), self.spec, self.schema, self.kinds, values, meta)
             fs, key = fsspec.core.url_to_fs(dest)
             fs.put(str(local), key, recursive=True)
         finally:
@@ -687,9 +691,11 @@ def _optimizer(tf: Any, name: str, lr: Any) -> Any:
     raise ValueError(f"optimizer: unknown {name!r} (adagrad|adam|sgd)")
 
 
-def _export_path(root: str, step: int) -> str:
-    """``<root>/<seconds since the epoch>-step<step>``: a new directory per export, newest sorting last."""
-    return f"{root.rstrip('/')}/{int(time.time())}-step{step}"
+def _export_version(last: int) -> int:
+    """The next export's directory name: milliseconds since the epoch, above ``last``.  An integer, so that
+    TensorFlow Serving, given the export path as its ``model_base_path``, serves the newest on its own
+    (an online job's exports never end); the step is in the export's ``pacer.json``."""
+    return max(int(time.time() * 1000), last + 1)
 
 
 def run(cfg: WorkerConfig) -> int:
