@@ -142,7 +142,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StragglerKind
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, StragglerKind
 from pacer.contracts.policy import PolicyRequest
 from pacer_services.controller.policies import registry
 from pacer_services.simulator.stragglers import Scenario, parse, run
@@ -680,7 +680,7 @@ def synthetic_request(workers: int, seed: int = 0) -> PolicyRequest:
         return NodeStats(node=name, role=role, bpt_short_s=base * short, bpt_long_s=base * long,
                          speed_samples_per_s=(local / (base * short)) if role == "worker" else 0.0,
                          samples_total=local * 500, cpu_percent=100.0, rss_bytes=600 << 20, last_seen=1000.0,
-                         state=NodeState.RUNNING, pending_s=0.0, restarts=0, slowdown_short=short,
+                         state=Liveness.RUNNING, pending_s=0.0, restarts=0, slowdown_short=short,
                          slowdown_long=long, straggler=kind)
 
     for i in range(workers):

@@ -23,7 +23,7 @@ the same node within the cool-down, and a malformed answer means "none".
 from __future__ import annotations
 
 from pacer.contracts.agent import ActionKind
-from pacer.contracts.monitor import NodeState
+from pacer.contracts.monitor import Liveness
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 from pacer.policy import run_policy
 
@@ -34,7 +34,7 @@ THRESHOLD = 2.0
 def decide(req: PolicyRequest) -> PolicyDecision:
     threshold = float(req.params.get("threshold", THRESHOLD))
     workers = [n for n in req.stats.nodes
-               if n.role != "ps" and n.state is NodeState.RUNNING and n.node not in req.restart_blocked]
+               if n.role != "ps" and n.state is Liveness.RUNNING and n.node not in req.restart_blocked]
     slow = max(workers, key=lambda n: n.slowdown_short, default=None)
     if slow is None or slow.slowdown_short < threshold:
         return PolicyDecision(req.job, NAME, [], reason="no worker is slow enough")

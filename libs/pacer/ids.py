@@ -1,12 +1,4 @@
-"""Identifier types shared by every service (kopf-style NewTypes)."""
-
-from typing import NewType
-
-JobId = NewType("JobId", str)
-DatasetId = NewType("DatasetId", str)
-NodeId = NewType("NodeId", str)
-ShardId = NewType("ShardId", int)
-CheckpointId = NewType("CheckpointId", str)
+"""What an id may be: one NATS subject level (jobs, datasets, nodes, checkpoints are plain ``str``)."""
 
 # A token is what may appear in one NATS subject level: we keep ids to this
 # alphabet so that a job id can never inject a wildcard or a new level.

@@ -158,8 +158,7 @@ from pacer_services.brain.core.oom import DEFAULT_OOM, MemoryWatch, OomConfig, p
 from pacer_services.brain.core.placement import after_placement, machines_for, place_plan
 from pacer_services.brain.core.round import ReadyJob, cluster_round
 from pacer_services.brain.effects import BrainStore
-from pacer_services.brain.state import JobState as OwnedState
-from pacer_services.brain.state import Outgoing, decode_state, encode_state, seed_of
+from pacer_services.brain.state import Outgoing, OwnedJob, decode_state, encode_state, seed_of
 
 log = logging.getLogger("pacer.brain")
 
@@ -374,7 +373,7 @@ class BrainService:
         if rec is not None:
             self.running[job] = rec
         data = await self.own.get_state(job)
-        st = OwnedState()
+        st = OwnedJob()
         if data:
             try:
                 st = decode_state(data)
@@ -434,9 +433,9 @@ class BrainService:
         self.unsent.pop(job, None)
         self.latest.pop(job, None)
 
-    def state_of(self, job: str, outbox: list[Outgoing] | None = None) -> OwnedState:
+    def state_of(self, job: str, outbox: list[Outgoing] | None = None) -> OwnedJob:
         auto = self.autoscalers.get(job)
-        return OwnedState(seq=self.seq.get(job, 0), oom_plan=self.oom_plans.get(job), oom_at=self.oom_at.get(job),
+        return OwnedJob(seq=self.seq.get(job, 0), oom_plan=self.oom_plans.get(job), oom_at=self.oom_at.get(job),
                         published=self.published.get(job, 0), outbox=[*self.unsent.get(job, ()), *(outbox or ())],
                         auto=seed_of(auto) if auto is not None else None)
 

@@ -41,7 +41,7 @@ from .core.autoscaler import JobAutoscaler, autoscaler_state
 from .core.calibration import Calibration
 from .core.fitting import Coefficients
 
-__all__ = ["AutoscalerSeed", "JobState", "Outgoing", "decode_state", "encode_state", "seed_of"]
+__all__ = ["AutoscalerSeed", "Outgoing", "OwnedJob", "decode_state", "encode_state", "seed_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,9 @@ class AutoscalerSeed:
 
 
 @dataclass(slots=True)
-class JobState:
+class OwnedJob:
+    """What the brain keeps of one job it owns, in the owner's fenced state (restored on takeover)."""
+
     seq: int = 0
     oom_plan: ResourcePlan | None = None
     oom_at: float | None = None
@@ -85,7 +87,7 @@ def _out(o: Outgoing) -> dict[str, Any]:
             "decision": to_dict(o.decision) if o.decision is not None else None}
 
 
-def encode_state(st: JobState) -> bytes:
+def encode_state(st: OwnedJob) -> bytes:
     auto = None
     if st.auto is not None:
         a = st.auto
@@ -98,7 +100,7 @@ def encode_state(st: JobState) -> bytes:
     }).encode()
 
 
-def decode_state(data: bytes) -> JobState:
+def decode_state(data: bytes) -> OwnedJob:
     """The state :func:`encode_state` wrote; ``ValueError`` on anything else."""
     try:
         d = json.loads(data)
@@ -114,7 +116,7 @@ def decode_state(data: bytes) -> JobState:
                            from_dict(ResourcePlan, o["plan"]) if o["plan"] is not None else None,
                            from_dict(BrainDecision, o["decision"]) if o["decision"] is not None else None)
                   for o in d["outbox"]]
-        return JobState(seq=int(d["seq"]),
+        return OwnedJob(seq=int(d["seq"]),
                         oom_plan=from_dict(ResourcePlan, d["oom_plan"]) if d["oom_plan"] is not None else None,
                         oom_at=float(d["oom_at"]) if d["oom_at"] is not None else None,
                         published=int(d["published"]), outbox=outbox, auto=auto)

@@ -72,7 +72,7 @@ from typing import Any
 from pacer.contracts.agent import ActionKind
 from pacer.contracts.common import Role
 from pacer.contracts.jobs import JobRecord
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats
 from pacer.contracts.policy import (
     ControllerDecision,
     PolicyAction,
@@ -186,7 +186,7 @@ def restart_price(stats: JobStatistics, node: str, mode: str, cfg: ControllerCon
     both, what it trains now (its share of the throughput).  It pays when the
     gain is ``restart_margin`` times the cost.
     """
-    nodes = {n.node: n for n in stats.nodes if n.state is NodeState.RUNNING}
+    nodes = {n.node: n for n in stats.nodes if n.state is Liveness.RUNNING}
     me = nodes.get(node)
     workers = [n for n in nodes.values() if n.role != Role.PS]
     sh = stats.shards
@@ -274,7 +274,7 @@ def backup_rate(bpts: Sequence[float], backup: int) -> float:
 def scene(stats: JobStatistics) -> tuple[str, ...]:
     """What a batch or backup action does not change: the live nodes and their incarnations (a relaunched
     node runs elsewhere).  Not the straggler flags: a batch action changes them (that is what it is for)."""
-    return tuple(sorted(f"{n.node}#{n.restarts}" for n in stats.nodes if n.state is NodeState.RUNNING))
+    return tuple(sorted(f"{n.node}#{n.restarts}" for n in stats.nodes if n.state is Liveness.RUNNING))
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,7 +403,7 @@ def round_due(last: float, now: float, every_s: float, stats: JobStatistics) -> 
 def all_workers_running(stats: JobStatistics) -> bool:
     """Every worker runs and has reported a step: an ADJUST_BS now reaches each of them."""
     workers = [n for n in stats.nodes if n.role != Role.PS]
-    return bool(workers) and all(n.state is NodeState.RUNNING and n.bpt_short_s > 0 for n in workers)
+    return bool(workers) and all(n.state is Liveness.RUNNING and n.bpt_short_s > 0 for n in workers)
 
 
 def _refused(r: Refusal) -> RefusedAction:
@@ -605,7 +605,7 @@ class ControllerCore:
                 node = nodes.get(a.node)
                 if node is None:
                     refuse(a, f"KILL_RESTART of unknown node {a.node!r}")
-                elif node.state is not NodeState.RUNNING:
+                elif node.state is not Liveness.RUNNING:
                     refuse(a, f"KILL_RESTART of {a.node}: node is {node.state.value}, not running")
                 elif a.node in restarting:
                     refuse(a, f"KILL_RESTART of {a.node}: already restarting in this round")

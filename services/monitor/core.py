@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 from pacer.contracts.agent import AgentMetrics, Heartbeat
 from pacer.contracts.monitor import (
     JobStatistics,
-    NodeState,
+    Liveness,
     NodeStats,
     ShardSummary,
     StragglerKind,
@@ -178,7 +178,7 @@ class NodeWindow:
     cpu_percent: float = 0.0
     rss_bytes: int = 0
     last_seen: float = 0.0  # monitor time of the last report (0: never)
-    lifecycle: NodeState = NodeState.RUNNING  # from node events; RUNNING until told otherwise
+    lifecycle: Liveness = Liveness.RUNNING  # from node events; RUNNING until told otherwise
     died_at: float | None = None  # executor time of the last death (NodeEvent.ts)
     pending_since: float | None = None  # monitor time the current pending interval began
     pending_s: float = 0.0  # length of the last finished pending interval
@@ -249,7 +249,7 @@ class NodeWindow:
     def begin_pending(self, now: float) -> None:
         if self.pending_since is None:
             self.pending_since = now
-        self.lifecycle = NodeState.PENDING
+        self.lifecycle = Liveness.PENDING
 
     def end_pending(self, now: float) -> None:
         if self.pending_since is not None:
@@ -258,7 +258,7 @@ class NodeWindow:
 
     def revive(self) -> None:
         """A dead node is back (relaunched): count it once."""
-        if self.lifecycle is NodeState.DEAD:
+        if self.lifecycle is Liveness.DEAD:
             self.restarts += 1
             self.died_at = None
 
@@ -334,12 +334,12 @@ class JobWindows:
         A report of a step taken before the executor saw the death is a late
         message of the dead trainer; a later one means the node is back.
         """
-        if nw.lifecycle is NodeState.DEAD:
+        if nw.lifecycle is Liveness.DEAD:
             if nw.died_at is not None and ts <= nw.died_at:
                 return False
             nw.revive()
         nw.end_pending(now)
-        nw.lifecycle = NodeState.RUNNING
+        nw.lifecycle = Liveness.RUNNING
         nw.last_seen = max(nw.last_seen, now)
         return True
 
@@ -349,9 +349,9 @@ class JobWindows:
             return
         nw = self.node(ev.node, ev.role)
         if kind in DEAD_KINDS:
-            if nw.lifecycle is not NodeState.DEAD:
+            if nw.lifecycle is not Liveness.DEAD:
                 nw.end_pending(now)
-                nw.lifecycle = NodeState.DEAD
+                nw.lifecycle = Liveness.DEAD
             nw.died_at = ev.ts if nw.died_at is None else max(nw.died_at, ev.ts)
             # The relaunched node may land on another machine (that is the
             # point of KILL_RESTART): its old BPTs say nothing about it, and
@@ -368,7 +368,7 @@ class JobWindows:
             if not (nw.samples and nw.samples[-1].t >= ev.ts):  # its trainer reported already (events raced)
                 nw.running_ts = ev.ts
             nw.end_pending(now)
-            nw.lifecycle = NodeState.RUNNING
+            nw.lifecycle = Liveness.RUNNING
             nw.last_seen = max(nw.last_seen, now)
         self.evict(now)
 
@@ -445,9 +445,9 @@ class JobWindows:
             shifts[role] = max(4 * sigma, floor_shift)
         return min(cfg.window_short_s, window), shifts
 
-    def state_of(self, nw: NodeWindow, now: float) -> NodeState:
-        if nw.lifecycle is NodeState.RUNNING and now - nw.last_seen > self.cfg.heartbeat_timeout_s:
-            return NodeState.DEAD
+    def state_of(self, nw: NodeWindow, now: float) -> Liveness:
+        if nw.lifecycle is Liveness.RUNNING and now - nw.last_seen > self.cfg.heartbeat_timeout_s:
+            return Liveness.DEAD
         return nw.lifecycle
 
     def shard_summary(self) -> ShardSummary | None:
@@ -476,7 +476,7 @@ class JobWindows:
                                                             shifts.get(self.nodes[n].role, math.inf)))
                  for n in names}
         long = {n: self.nodes[n].window(now - cfg.window_long_s) for n in names}
-        live = [n for n in names if states[n] is NodeState.RUNNING]
+        live = [n for n in names if states[n] is Liveness.RUNNING]
 
         # Per role, the sorted BPTs of the live nodes with data: the median of a node's peers is
         # read off this list with the node's own entry skipped, O(log n) per node instead of O(n).
@@ -505,7 +505,7 @@ class JobWindows:
         waited_too_long = False
         for n in names:
             nw, state = self.nodes[n], states[n]
-            alive = state is NodeState.RUNNING
+            alive = state is Liveness.RUNNING
             s_short = slowdown(n, short) if alive else 0.0
             s_long = slowdown(n, long) if alive else 0.0
             kind = StragglerKind.NONE
@@ -520,10 +520,10 @@ class JobWindows:
             speed = short[n].speed if alive else 0.0
             if alive and nw.role != PS_ROLE:
                 throughput += speed
-            if state is NodeState.PENDING:
+            if state is Liveness.PENDING:
                 pending += 1
             pending_s = nw.pending_s if nw.pending_since is None else max(0.0, now - nw.pending_since)
-            if state is NodeState.PENDING and pending_s >= cfg.busy_pending_s:
+            if state is Liveness.PENDING and pending_s >= cfg.busy_pending_s:
                 waited_too_long = True
             out.append(
                 NodeStats(

@@ -157,8 +157,8 @@ from pacer.contracts.executor import (
     MigrationPhase,
     NodeInfo,
     NodeIntent,
+    NodePhase,
     NodeRecord,
-    NodeState,
     PodPhase,
     PodStatus,
 )
@@ -173,11 +173,11 @@ from pacer.subjects import ExecutorOp, JobEventKind, NodeEventKind
 from pacer.telemetry import Counters
 from pacer.trainer.cluster import ClusterDesc
 from pacer_services.pod_executor import core, launch
+from pacer_services.pod_executor.applier import Effects, NotOwner, PodBuilder, move, node_view
 from pacer_services.pod_executor.backends import Backend
 from pacer_services.pod_executor.config import ExecutorConfig, bus_url
-from pacer_services.pod_executor.core import effects as cfx
+from pacer_services.pod_executor.core import effects as fx
 from pacer_services.pod_executor.core.exits import ExitOutcome
-from pacer_services.pod_executor.effects import Effects, NotOwner, PodBuilder, move, node_view
 from pacer_services.pod_executor.queueing import JobQueues
 
 log = logging.getLogger("pacer.executor")
@@ -215,8 +215,8 @@ class ExecutorService:
                                           agents=self.cfg.agents, stragglers=tuple(self.cfg.stragglers.items()),
                                           agent_secret=self.cfg.agent_secret)
         # pod_builder: what runs in a pod (tests run small stand-in programs)
-        self.fx = Effects(bus, backend, self.counters, clock, pod_builder, self.launch, self.cfg.delete_grace_s)
-        self.pods = self.fx.pods  # newest status of every pod we know
+        self.io = Effects(bus, backend, self.counters, clock, pod_builder, self.launch, self.cfg.delete_grace_s)
+        self.pods = self.io.pods  # newest status of every pod we know
         self.rpc = {
             ExecutorOp.COMMAND: self._rpc_command,
             ExecutorOp.STATUS: self._rpc_status,
@@ -231,7 +231,7 @@ class ExecutorService:
             retry_delay_s=self.cfg.job_event_retry_s)  # an event for the other instance goes back soon
         self.own = Ownership(bus, self.name, self._acquired, self._lost, instance=self.cfg.instance,
                              ttl_s=self.cfg.lease_ttl_s)
-        self.fx.may_act = self.own.owns
+        self.io.may_act = self.own.owns
         self.queues: JobQueues | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._rpc_sub: Subscription | None = None
@@ -239,7 +239,7 @@ class ExecutorService:
 
     @property
     def records(self) -> dict[str, JobRecord]:
-        records: dict[str, JobRecord] = self.fx.records
+        records: dict[str, JobRecord] = self.io.records
         return records
 
     # ================================================================ lifecycle
@@ -247,8 +247,8 @@ class ExecutorService:
         self._tg = tg
         self.queues = JobQueues(lambda coro, name: tg.create_task(coro, name=name), self.counters)
         await self.bus.ensure_streams()
-        self.fx.kv = await self.bus.kv(subjects.EXECUTOR_BUCKET, "Pacer pod-executor: its record of each job")
-        self.fx.jobs_kv = await self.bus.kv(subjects.JOB_BUCKET, "Pacer jobs: one JobRecord per job")
+        self.io.kv = await self.bus.kv(subjects.EXECUTOR_BUCKET, "Pacer pod-executor: its record of each job")
+        self.io.jobs_kv = await self.bus.kv(subjects.JOB_BUCKET, "Pacer jobs: one JobRecord per job")
         # The pods' agents elect their primary in this bucket but may not make it (pacer.security).
         await agent_bucket.ensure(self.bus.js, self.bus.replicas)
         await self.own.start(tg, on_forwarded=self._on_forwarded)
@@ -256,8 +256,8 @@ class ExecutorService:
             self.pods[st.name] = st
         # Compete for every job of the bucket with work left; the ones we win are loaded by _acquired (a
         # job whose owner was killed is free one TTL later: not waited for here).
-        known = [job for job, ej in (await self.fx.load()).items() if ej.state is not JS.TORN_DOWN]
-        self.fx.revisions.clear()  # only an owner's revisions count (read again by _acquired)
+        known = [job for job, ej in (await self.io.load()).items() if ej.state is not JS.TORN_DOWN]
+        self.io.revisions.clear()  # only an owner's revisions count (read again by _acquired)
         await asyncio.gather(*(self.own.claim(job, within=self.cfg.claim_at_start_s) for job in known))
         self._rpc_sub = await self.bus.nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name,
                                                     cb=self._on_rpc)
@@ -285,8 +285,8 @@ class ExecutorService:
         """We own ``job`` now: take its record over (rewritten at the revision read, so the previous
         owner's next write is refused), then replay its pods and run a reconcile pass on its worker:
         they finish what the previous owner began (an exit it did not handle, a pod it did not create)."""
-        ej = await self.fx.mark(job)
-        self.fx.records.pop(job, None)
+        ej = await self.io.mark(job)
+        self.io.records.pop(job, None)
         state = await self.own.get_state(job)
         try:
             self.plan_seq[job] = int(json.loads(state or b"{}").get("plan_seq", 0))
@@ -312,8 +312,8 @@ class ExecutorService:
         self.counters.inc("jobs_lost")
         self.jobs.pop(job, None)
         self.plan_seq.pop(job, None)
-        self.fx.revisions.pop(job, None)
-        self.fx.records.pop(job, None)
+        self.io.revisions.pop(job, None)
+        self.io.records.pop(job, None)
         for name in [n for n, st in self.pods.items() if st.job == job]:
             self.orphans.pop(name, None)
 
@@ -359,7 +359,7 @@ class ExecutorService:
         lost write shows that another instance took the job over, the work
         stops with :class:`NotOwner` (temporary too).
         """
-        self.fx.guard(job)
+        self.io.guard(job)
         try:
             return await work()
         except StaleRevision:
@@ -379,7 +379,7 @@ class ExecutorService:
         await self._reload(job)
 
     async def _reload(self, job: str) -> None:
-        ej = await self.fx.reread(job)
+        ej = await self.io.reread(job)
         if ej is None:
             self.jobs.pop(job, None)
         else:
@@ -438,14 +438,14 @@ class ExecutorService:
         if ev.state is JobState.COMPLETED:
             if ej.state.active:
                 ej.state, ej.completing_since = JS.COMPLETING, self.clock()
-                await self.fx.save(ej)
+                await self.io.save(ej)
         else:  # stopped or failed by the job service
             await self._teardown(ej, f"job {ev.state.value}: {ev.reason}")
 
     async def apply_plan(self, plan: ResourcePlan) -> None:
         """Make the job's nodes match ``plan`` (on the job's worker): :func:`.core.plan_change` decides."""
         _check_plan(plan)
-        rec = await self.fx.record(plan.job)
+        rec = await self.io.record(plan.job)
         if rec.state in (JobState.COMPLETED, JobState.FAILED, JobState.STOPPED):
             self.counters.inc("plans_ignored")
             return  # a late plan of a finished job (e.g. replayed history)
@@ -493,21 +493,21 @@ class ExecutorService:
             else:  # scaled back up: a fresh pod, nothing pending on it
                 n.generation += 1
                 n.cpu, n.memory_mb = s.cpu, s.memory_mb
-                move(n, NodeState.PENDING)
+                move(n, NodePhase.PENDING)
         for name in change.stop:
-            move(have[name], NodeState.REMOVED)
+            move(have[name], NodePhase.REMOVED)
         self._queue_resize(ej, change.resize)
         if change.resize and not change.migrate_ps:
             reasons.append(f"replacing {len(change.resize)} running worker(s) with {plan.worker_cpu:g} CPU / "
                            f"{plan.worker_memory_mb} MiB, at most "
                            f"{core.resize_batch_size(workers, self.cfg.policy)} at a time")
         ej.reason = "; ".join(reasons)
-        await self.fx.save(ej)  # intent first: a crash from here on is healed by reconcile
+        await self.io.save(ej)  # intent first: a crash from here on is healed by reconcile
         by_name = {n.node: n for n in ej.nodes}
         for name in started:
-            await self.fx.create(ej, by_name[name])
+            await self.io.create(ej, by_name[name])
         for name in change.stop:
-            await self.fx.delete(ej, by_name[name])
+            await self.io.delete(ej, by_name[name])
         if change.migrate_ps:
             await self.start_migration(ej, {i: (plan.ps_cpu, plan.ps_memory_mb) for i in range(plan.ps)},
                                        f"plan: {plan.ps} PS x {plan.ps_cpu:g} CPU / {plan.ps_memory_mb} MiB")
@@ -530,7 +530,7 @@ class ExecutorService:
             if n is None:
                 continue
             try:
-                await self.fx.grow(ej, n, spec.memory_mb)
+                await self.io.grow(ej, n, spec.memory_mb)
             except (Conflict, NotFound) as exc:
                 self.counters.inc("memory_grow_refused")
                 log.warning("in-place memory resize refused; applying the plan without it",
@@ -551,7 +551,7 @@ class ExecutorService:
             n.resize_cpu, n.resize_memory_mb = (t.cpu, t.memory_mb) if t is not None else (0.0, 0)
 
     def _worker_phase(self, ej: ExecutorJob, n: NodeRecord) -> core.WorkerPhase:
-        st = self.fx.current(ej, n)
+        st = self.io.current(ej, n)
         if st is None or st.phase is PodPhase.EXITED:
             return core.WorkerPhase.GONE
         if n.intent is not NodeIntent.NONE:
@@ -576,8 +576,8 @@ class ExecutorService:
         if not batch:
             return
         # intent first: reconcile stops a pod whose stop a crash swallowed
-        await self.fx.apply(ej, (cfx.SetIntent(batch, NodeIntent.RESIZE), cfx.SaveRecord(),
-                                 *(cfx.DeletePod(b) for b in batch)))
+        await self.io.apply(ej, (fx.SetIntent(batch, NodeIntent.RESIZE), fx.SaveRecord(),
+                                 *(fx.DeletePod(b) for b in batch)))
         self.counters.inc("workers_resized", len(batch))
         log.info("replacing workers with their new size", extra={"fields": {"job": ej.job, "nodes": list(batch)}})
 
@@ -592,7 +592,7 @@ class ExecutorService:
         prev = self.pods.get(st.name)
         self.pods[st.name] = st
         if st.phase is PodPhase.EXITED:
-            self.fx.stops_sent.discard(st.name)
+            self.io.stops_sent.discard(st.name)
         if not self.own.owns(st.job):
             if st.phase is not PodPhase.EXITED and not self._draining:
                 with contextlib.suppress(ValidationError):
@@ -613,20 +613,20 @@ class ExecutorService:
         if st.generation != n.generation:
             if st.phase is PodPhase.EXITED and st.name in n.deleting:
                 n.deleting.remove(st.name)
-                await self.fx.save(ej)
+                await self.io.save(ej)
             if (st.phase is PodPhase.EXITED and n.role == Role.PS and prev is not None
                     and prev.phase is not PodPhase.EXITED):
                 # A PS replaced by a migration has now stopped (PS hold no shards: no requeue to fear).
-                await self.fx.node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, generation=st.generation,
+                await self.io.node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, generation=st.generation,
                                          exit_code=st.exit_code, reason="replaced", detail="old PS of a migration")
             return  # an older incarnation: its death was handled when it was replaced
         if st.phase is PodPhase.RUNNING and not n.running_at:
             n.running_at = st.started_at or self.clock()
-            if n.state is NodeState.PENDING:
-                move(n, NodeState.RUNNING)
-            await self.fx.save(ej)
+            if n.state is NodePhase.PENDING:
+                move(n, NodePhase.RUNNING)
+            await self.io.save(ej)
             pending = max(0.0, n.running_at - (st.created_at or n.created_at))
-            await self.fx.node_event(ej.job, n, NodeEventKind.RUNNING, pod=st.name, pending_s=pending)
+            await self.io.node_event(ej.job, n, NodeEventKind.RUNNING, pod=st.name, pending_s=pending)
         if st.phase is PodPhase.EXITED and n.handled < st.generation:
             if prev is not None and prev.phase is not PodPhase.RUNNING and not n.running_at and st.started_at:
                 n.running_at = st.started_at
@@ -634,7 +634,7 @@ class ExecutorService:
 
     async def _on_exit(self, ej: ExecutorJob, n: NodeRecord, st: PodStatus) -> None:
         # A stale owner (the job taken over, the record rewritten) stops here, before its died event.
-        await self.fx.check(ej)
+        await self.io.check(ej)
         n.handled = st.generation
         by_us = st.name in n.deleting
         if by_us:
@@ -645,7 +645,7 @@ class ExecutorService:
                 tail = await self.backend.logs(st.name, 40)
         info = core.ExitInfo(code=st.exit_code, signal=st.signal, k8s_reason=st.reason, oom=st.oom,
                              by_executor=by_us, network_error=any(k in tail for k in NETWORK_MARKERS))
-        removed = n.state is NodeState.REMOVED
+        removed = n.state is NodePhase.REMOVED
         due = core.NodeSpec(n.role, n.index, n.resize_cpu, n.resize_memory_mb) if n.resize_memory_mb else None
         now = self.clock()
         if n.role == Role.PS and not by_us and st.exit_code != 0:
@@ -658,22 +658,22 @@ class ExecutorService:
         self.counters.inc("exits", reason=ans.decision.reason.value)
         if ans.outcome is ExitOutcome.FINISHED:
             if not removed:
-                move(n, NodeState.FINISHED)
-            await self.fx.save(ej)
-            await self.fx.node_event(ej.job, n, NodeEventKind.FINISHED, pod=st.name, exit_code=0,
+                move(n, NodePhase.FINISHED)
+            await self.io.save(ej)
+            await self.io.node_event(ej.job, n, NodeEventKind.FINISHED, pod=st.name, exit_code=0,
                                      reason=ans.reason, detail=ans.detail, result=launch.parse_result(tail))
             return
-        if n.state in (NodeState.PENDING, NodeState.RUNNING, NodeState.STOPPING):
-            move(n, NodeState.RELAUNCHING, n.intent)  # the pod is gone; what comes next is below
+        if n.state in (NodePhase.PENDING, NodePhase.RUNNING, NodePhase.STOPPING):
+            move(n, NodePhase.RELAUNCHING, n.intent)  # the pod is gone; what comes next is below
         if ans.outcome is ExitOutcome.MIGRATING:  # started again by the migration, on the next cluster
             ckpt = launch.parse_result(tail).get("checkpoint")
             if n.role == Role.WORKER and n.index == 0 and isinstance(ckpt, str) and ckpt:
                 ej.checkpoint = ckpt
-            await self.fx.save(ej)
-            await self.fx.node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
+            await self.io.save(ej)
+            await self.io.node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
                                      reason=ans.reason, relaunch=True, detail=ans.detail)
             return
-        await self.fx.node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
+        await self.io.node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
                                  reason=ans.reason, relaunch=ans.relaunch is not None, detail=ans.detail)
         if ans.outcome is ExitOutcome.RELAUNCH and ans.relaunch is not None:
             if ans.requested:
@@ -686,29 +686,29 @@ class ExecutorService:
             n.resize_cpu, n.resize_memory_mb = 0.0, 0
             n.restore = ans.restore
             n.generation += 1
-            move(n, NodeState.PENDING)
-            await self.fx.apply(ej, (cfx.CreatePod(n.node), cfx.SaveRecord()))
+            move(n, NodePhase.PENDING)
+            await self.io.apply(ej, (fx.CreatePod(n.node), fx.SaveRecord()))
         elif ans.outcome is ExitOutcome.FAIL_JOB:
-            await self.fx.save(ej)
+            await self.io.save(ej)
             await self._fail(ej, ans.detail)
         else:
-            await self.fx.save(ej)
+            await self.io.save(ej)
 
     async def _fail(self, ej: ExecutorJob, reason: str) -> None:
         log.warning("job failed", extra={"fields": {"job": ej.job, "reason": reason}})
-        await self.fx.executor_event(ej, ExecutorEventKind.FAILED, reason)
+        await self.io.executor_event(ej, ExecutorEventKind.FAILED, reason)
         await self._teardown(ej, reason, state=JS.FAILED)
 
     async def _teardown(self, ej: ExecutorJob, reason: str, state: JS = JS.TEARING_DOWN) -> None:
         ej.state, ej.reason = state, reason
         for n in ej.nodes:
-            if n.state is not NodeState.FINISHED:
-                move(n, NodeState.REMOVED)
-        await self.fx.save(ej)
+            if n.state is not NodePhase.FINISHED:
+                move(n, NodePhase.REMOVED)
+        await self.io.save(ej)
         for n in ej.nodes:
-            await self.fx.delete(ej, n)
+            await self.io.delete(ej, n)
         for name in ej.retiring:
-            await self.fx.delete_pod(ej, name)
+            await self.io.delete_pod(ej, name)
         self.counters.inc("teardowns")
 
     # ================================================================ reconcile
@@ -757,7 +757,7 @@ class ExecutorService:
             elif now - since >= self.cfg.orphan_grace_s:
                 self.orphans.pop(name, None)
                 try:
-                    rec = await self.fx.reread(st.job, track=False)
+                    rec = await self.io.reread(st.job, track=False)
                     if (rec is not None and any(n.node == st.node for n in rec.nodes)) or not self.own.owns(st.job):
                         continue
                     log.warning("deleting pod %s: it belongs to no known job", name)
@@ -770,11 +770,11 @@ class ExecutorService:
         """The first phase of a reconcile pass: the record and the pods as they are now."""
         nodes = []
         for n in ej.nodes:
-            st = self.fx.current(ej, n)
+            st = self.io.current(ej, n)
             nodes.append(core.NodeView(
                 n.node, n.role, n.state, n.intent, st.phase if st is not None else None,
                 exit_handled=n.handled >= n.generation, resize_due=bool(n.resize_memory_mb),
-                running_at=n.running_at, stop_sent=st is not None and st.name in self.fx.stops_sent,
+                running_at=n.running_at, stop_sent=st is not None and st.name in self.io.stops_sent,
                 stopping=st is not None and st.name in n.deleting))
         left = any(p.phase is not PodPhase.EXITED for p in self.pods.values() if p.job == ej.job)
         return core.JobView(ej.state, ej.migration, ej.applied, ej.plan_at, ej.completing_since, tuple(nodes), left)
@@ -789,15 +789,15 @@ class ExecutorService:
             self.counters.inc("pods_recreated")
             if n.resize_memory_mb:  # a replacement was due: the new pod is it
                 n.cpu, n.memory_mb, n.resize_cpu, n.resize_memory_mb = n.resize_cpu, n.resize_memory_mb, 0.0, 0
-            move(n, NodeState.PENDING)
-            await self.fx.create(ej, n)
+            move(n, NodePhase.PENDING)
+            await self.io.create(ej, n)
         for name in p.restop:
             self.counters.inc("stops_resent")
-            await self.fx.delete(ej, nodes[name])
+            await self.io.delete(ej, nodes[name])
         if p.applied_overhead is not None:
             ej.applied, ej.state = True, JS.RUNNING
-            await self.fx.save(ej)
-            await self.fx.executor_event(ej, ExecutorEventKind.APPLIED, ej.reason, p.applied_overhead,
+            await self.io.save(ej)
+            await self.io.executor_event(ej, ExecutorEventKind.APPLIED, ej.reason, p.applied_overhead,
                                          started=started)
         if p.migrate:
             await self._migrate_step(ej)
@@ -806,17 +806,17 @@ class ExecutorService:
         if p.teardown:
             await self._teardown(ej, p.teardown)
         for name in p.redelete:  # a delete may have been lost in a crash
-            await self.fx.delete(ej, nodes[name])
+            await self.io.delete(ej, nodes[name])
         if p.torn_down:
-            await self.fx.check(ej)
+            await self.io.check(ej)
             try:
                 await self.backend.release(ej.job)
             except PacerError as exc:  # leftovers cost memory, not correctness: say so, go on
                 self.counters.inc("errors", code=exc.code, op="release")
                 log.warning("resources of %s not released: %s", ej.job, exc.message)
             ej.state = JS.TORN_DOWN
-            await self.fx.save(ej)
-            await self.fx.executor_event(ej, ExecutorEventKind.TORN_DOWN, ej.reason)
+            await self.io.save(ej)
+            await self.io.executor_event(ej, ExecutorEventKind.TORN_DOWN, ej.reason)
             self.records.pop(ej.job, None)
 
     # ================================================================ PS migration
@@ -844,8 +844,8 @@ class ExecutorService:
         ej.reason = f"migrating PS: {reason}"
         by_index = {n.index: n for n in ej.nodes if n.role == Role.PS}
         live = {i: p.name for i, n in by_index.items()
-                if (p := self.fx.current(ej, n)) is not None and p.phase is not PodPhase.EXITED}
-        plan = core.migration_start([core.PsView(i, n.state is NodeState.REMOVED, live.get(i, ""))
+                if (p := self.io.current(ej, n)) is not None and p.phase is not PodPhase.EXITED}
+        plan = core.migration_start([core.PsView(i, n.state is NodePhase.REMOVED, live.get(i, ""))
                                      for i, n in by_index.items()], ps)
         for s in plan.start:
             n = by_index.get(s.index)
@@ -856,22 +856,22 @@ class ExecutorService:
                 n.handled = n.generation  # the old pod's end is the migration's doing
             n.generation += 1
             n.cpu, n.memory_mb, n.running_at = s.cpu, s.memory_mb, 0.0
-            move(n, NodeState.PENDING)
+            move(n, NodePhase.PENDING)
         ej.retiring.extend(plan.retire)
         for name in plan.remove:
-            move(next(n for n in ej.nodes if n.node == name), NodeState.REMOVED)
-        await self.fx.save(ej)
+            move(next(n for n in ej.nodes if n.node == name), NodePhase.REMOVED)
+        await self.io.save(ej)
         for n in ej.nodes:
-            if n.role == Role.PS and n.state is not NodeState.REMOVED:
-                await self.fx.create(ej, n)
+            if n.role == Role.PS and n.state is not NodePhase.REMOVED:
+                await self.io.create(ej, n)
         self.counters.inc("migrations")
         log.info("PS migration started", extra={"fields": {"job": ej.job, "reason": reason}})
 
     async def _migrate_step(self, ej: ExecutorJob) -> None:
-        ps = [n for n in ej.nodes if n.role == Role.PS and n.state is not NodeState.REMOVED]
+        ps = [n for n in ej.nodes if n.role == Role.PS and n.state is not NodePhase.REMOVED]
         workers = [n for n in ej.nodes if n.role == Role.WORKER and _live(n)]
         draining = tuple(n.node for n in workers if n.intent is NodeIntent.MIGRATE
-                         and (p := self.fx.current(ej, n)) is not None and p.phase is not PodPhase.EXITED)
+                         and (p := self.io.current(ej, n)) is not None and p.phase is not PodPhase.EXITED)
         step = core.migration_step(core.MigrationView(
             ej.migration, all(n.running_at for n in ps), tuple(n.node for n in workers), draining,
             ej.checkpoint, tuple(ej.retiring), ej.migration_stop_first))
@@ -880,9 +880,9 @@ class ExecutorService:
         if not step.effects:
             return
         try:
-            await self.fx.apply(ej, step.effects)
+            await self.io.apply(ej, step.effects)
         except PacerError as exc:
-            if not any(isinstance(e, cfx.RequestCheckpoint) for e in step.effects) or ej.migration is not (
+            if not any(isinstance(e, fx.RequestCheckpoint) for e in step.effects) or ej.migration is not (
                     MigrationPhase.STARTING_PS):
                 raise
             self.counters.inc("migration_retries")
@@ -938,7 +938,7 @@ class ExecutorService:
                 return
             forwarded = bool(msg.headers and msg.headers.get(FORWARDED_BY))
             if not forwarded and not self.own.wanted(job) and await self.own.owner_of(job) is None \
-                    and await self.fx.reread(job, track=False) is None:
+                    and await self.io.reread(job, track=False) is None:
                 await self._dispatch(msg)  # not_found
                 return
             how = await self.own.route(msg, job, self._dispatch)
@@ -972,19 +972,19 @@ class ExecutorService:
                                  "already done")
         if not ej.state.active:
             raise Conflict(f"job {job!r} is {ej.state.value}: no node commands")
-        if n.state in (NodeState.REMOVED, NodeState.FINISHED):
+        if n.state in (NodePhase.REMOVED, NodePhase.FINISHED):
             raise Conflict(f"node {n.node} of job {job!r} is {n.state.value}")
-        st = self.fx.current(ej, n)
+        st = self.io.current(ej, n)
         live = st is not None and st.phase is not PodPhase.EXITED
         detail = ""
         if cmd.kind is CommandKind.STOP:
-            move(n, NodeState.REMOVED)
+            move(n, NodePhase.REMOVED)
             detail = "stopping"
         elif n.role == Role.PS:
             # A PS is never restarted alone (its workers would lose what it holds since the last
             # checkpoint): MIGRATE moves it seamlessly, RESTART stops training first (core.migration).
             ps = {x.index: (x.cpu, x.memory_mb) for x in ej.nodes
-                  if x.role == Role.PS and x.state is not NodeState.REMOVED}
+                  if x.role == Role.PS and x.state is not NodePhase.REMOVED}
             ps[n.index] = (cmd.cpu if cmd.cpu is not None else n.cpu,
                            cmd.memory_mb if cmd.memory_mb is not None else n.memory_mb)
             stop_first = cmd.kind is CommandKind.RESTART
@@ -992,7 +992,7 @@ class ExecutorService:
                                                f"{ps[n.index][1]} MiB: {cmd.reason}", stop_first=stop_first)
             if cmd.command_id:
                 ej.commands = [*ej.commands[-63:], cmd.command_id]
-                await self.fx.save(ej)
+                await self.io.save(ej)
             return CommandResult(job, n.node, cmd.command_id, True, launch.pod_name(job, n.node, n.generation),
                                  "stop-and-restart started" if stop_first else "migration started")
         else:  # RESTART, or MIGRATE of a worker: stop it, start it again (with new resources)
@@ -1000,18 +1000,18 @@ class ExecutorService:
                 n.cpu = cmd.cpu if cmd.cpu is not None else n.cpu
                 n.memory_mb = cmd.memory_mb if cmd.memory_mb is not None else n.memory_mb
             if live:
-                move(n, NodeState.STOPPING, NodeIntent.RESTART)
+                move(n, NodePhase.STOPPING, NodeIntent.RESTART)
             detail = f"{cmd.kind.value}: {cmd.reason}".strip(": ")
         if cmd.command_id:
             ej.commands = [*ej.commands[-63:], cmd.command_id]
-        await self.fx.save(ej)
+        await self.io.save(ej)
         if live:
-            await self.fx.delete(ej, n)
+            await self.io.delete(ej, n)
         elif cmd.kind is not CommandKind.STOP:  # nothing running to stop: start the next pod now
             n.requested_restarts += 1
             n.generation += 1
-            move(n, NodeState.PENDING)
-            await self.fx.create(ej, n)
+            move(n, NodePhase.PENDING)
+            await self.io.create(ej, n)
         self.counters.inc("commands", kind=cmd.kind.value)
         # A restart is under way when the old pod is still stopping: its successor is the next generation.
         serving = n.generation + 1 if n.intent is NodeIntent.RESTART else n.generation
@@ -1021,7 +1021,7 @@ class ExecutorService:
         nodes = []
         now = self.clock()
         for n in sorted(ej.nodes, key=lambda x: (x.role != Role.PS, x.index)):
-            st = self.fx.current(ej, n)
+            st = self.io.current(ej, n)
             phase = st.phase if st else PodPhase.EXITED
             pending = (n.running_at or now) - n.created_at if n.created_at else 0.0
             nodes.append(NodeInfo(n.node, n.role, launch.pod_name(ej.job, n.node, n.generation), phase, n.cpu,
@@ -1078,7 +1078,7 @@ def _check_job(job: str) -> None:
 
 def _live(n: NodeRecord) -> bool:
     """A node with a pod to keep: neither scaled away nor finished."""
-    return n.state not in (NodeState.REMOVED, NodeState.FINISHED)
+    return n.state not in (NodePhase.REMOVED, NodePhase.FINISHED)
 
 
 def _same_job(job: str, body_job: str) -> None:

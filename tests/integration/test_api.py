@@ -43,7 +43,7 @@ from pacer.contracts.jobs import (
     StopRequest,
     SubmitRequest,
 )
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StatsQuery
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, StatsQuery
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.policy import ControllerDecision, PolicyAction, RefusedAction
 from pacer.embedded import EmbeddedNats
@@ -177,7 +177,7 @@ def statistics(job: str, throughput: float, ts: float | None = None) -> JobStati
     def node(name: str, role: str, bpt: float, speed: float) -> NodeStats:
         return NodeStats(node=name, role=role, bpt_short_s=bpt, bpt_long_s=bpt, speed_samples_per_s=speed,
                          samples_total=1000, cpu_percent=90.0, rss_bytes=1 << 28, last_seen=ts,
-                         state=NodeState.RUNNING, pending_s=1.0, restarts=0, slowdown_short=1.0, slowdown_long=1.0)
+                         state=Liveness.RUNNING, pending_s=1.0, restarts=0, slowdown_short=1.0, slowdown_long=1.0)
 
     return JobStatistics(job=job, ts=ts, window_short_s=3.0, window_long_s=30.0,
                          throughput_samples_per_s=throughput,

@@ -27,7 +27,7 @@ import pytest
 from conftest import InProcess, InProcessService
 from pacer import subjects
 from pacer.bus import NO_RETRY, Bus
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats
 from pacer.contracts.policy import PolicyDecision, PolicyRequest
 from pacer.contracts.shards import (
     CheckpointRequest,
@@ -120,7 +120,7 @@ async def test_a_job_waiting_on_io_does_not_delay_another_job(shard_service: InP
 def _stats(job: str, n: int = 4) -> JobStatistics:
     nodes = [NodeStats(node=f"worker-{i}", role="worker", bpt_short_s=0.1 * (1 + i), bpt_long_s=0.1 * (1 + i),
                        speed_samples_per_s=100.0, samples_total=1000, cpu_percent=100.0, rss_bytes=1, last_seen=1.0,
-                       state=NodeState.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0 + i,
+                       state=Liveness.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0 + i,
                        slowdown_long=1.0 + i) for i in range(n)]
     return JobStatistics(job=job, ts=100.0, window_short_s=60.0, window_long_s=300.0,
                          throughput_samples_per_s=400.0, nodes=nodes)

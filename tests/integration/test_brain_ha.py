@@ -36,15 +36,14 @@ from pacer.codec import decode, encode
 from pacer.contracts.brain import BrainDecision, PlanRequest
 from pacer.contracts.executor import ExecutorEvent, ExecutorEventKind
 from pacer.contracts.jobs import JobRecord, JobSpec, JobState, PlanSource, ResourcePlan
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, ShardSummary
 from pacer.embedded import EmbeddedNats
 from pacer.jobs.spec import parse_job_spec
 from pacer.lease import Lease
 from pacer.ownership import LEASE_BUCKET, lease_key, state_key
 from pacer_services.brain.app import BrainConfig, BrainService
 from pacer_services.brain.core.autoscaler import Stage, autoscaler_state, load_autoscaler_state
-from pacer_services.brain.state import JobState as OwnedState
-from pacer_services.brain.state import Outgoing, decode_state, encode_state
+from pacer_services.brain.state import Outgoing, OwnedJob, decode_state, encode_state
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,7 +61,7 @@ def window(job: str, plan: ResourcePlan, t: float, done: int) -> JobStatistics:
     def node(name: str, role: str, cpu: float) -> NodeStats:
         return NodeStats(node=name, role=role, bpt_short_s=0.1, bpt_long_s=0.1, speed_samples_per_s=1000.0,
                          samples_total=done, cpu_percent=cpu * 100, rss_bytes=600 << 20, last_seen=t,
-                         state=NodeState.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0, slowdown_long=1.0)
+                         state=Liveness.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0, slowdown_long=1.0)
 
     nodes = [node(f"worker-{i}", "worker", 0.9) for i in range(plan.workers)]
     nodes += [node(f"ps-{j}", "ps", 0.15) for j in range(plan.ps)]
@@ -101,7 +100,7 @@ async def owner_of(bus: Bus, job: str) -> str | None:
     return entry.value.decode() if entry.value else None
 
 
-async def saved(bus: Bus, job: str) -> OwnedState | None:
+async def saved(bus: Bus, job: str) -> OwnedJob | None:
     kv = await bus.kv(LEASE_BUCKET)
     try:
         entry = await kv.get(state_key(subjects.BRAIN_SERVICE, job))
@@ -110,7 +109,7 @@ async def saved(bus: Bus, job: str) -> OwnedState | None:
     return decode_state(entry.value) if entry.value else None
 
 
-def sample_windows(st: OwnedState | None) -> int:
+def sample_windows(st: OwnedJob | None) -> int:
     """Valid windows of the sample plan in a saved state."""
     if st is None or st.auto is None:
         return 0
@@ -248,7 +247,7 @@ async def test_owner_dies_mid_sample_the_other_continues_the_sample(url: str, bu
         await stop_all(b, a)
 
 
-async def _saved_with(bus: Bus, job: str, windows: int) -> OwnedState | None:
+async def _saved_with(bus: Bus, job: str, windows: int) -> OwnedJob | None:
     st = await saved(bus, job)
     return st if sample_windows(st) == windows else None
 
@@ -293,7 +292,7 @@ async def test_a_dead_owners_outbox_is_published_once(url: str, bus: Bus) -> Non
         plan = ResourcePlan(name, 2, 1, 1.0, 4096, 1.0, 2048, PlanSource.BRAIN, reason="OOM prevention")
         lease = await Lease.open(bus, LEASE_BUCKET, lease_key(subjects.BRAIN_SERVICE, name), "ghost", TTL)
         assert await lease.acquire()
-        await lease.fenced_put(state_key(subjects.BRAIN_SERVICE, name), encode_state(OwnedState(
+        await lease.fenced_put(state_key(subjects.BRAIN_SERVICE, name), encode_state(OwnedJob(
             oom_plan=plan, oom_at=time.time(), published=1, outbox=[Outgoing(f"brain-{name}-1-plan", plan=plan)])))
         if already:
             await bus.publish_durable(subjects.job_event(name, subjects.JobEventKind.PLAN), plan,
@@ -362,10 +361,10 @@ def test_a_warm_jobs_priors_are_handed_over_with_its_state() -> None:
     cal = Calibration(worker_overhead=1.2, worker_cost=0.005, worker_parallel=5.0, ps_overhead=0.5,
                       ps_cost=0.0013, ps_skew=1.5, ps_parallel=8.0, memory_skew=1.6)
     auto = cfg.autoscaler(spec("wm"), first, warm=True, prior=prior, prior_calibration=cal)
-    back = decode_state(encode_state(OwnedState(seq=3, auto=seed_of(auto))))
+    back = decode_state(encode_state(OwnedJob(seq=3, auto=seed_of(auto))))
     assert back.auto is not None
     assert (back.auto.prior, back.auto.prior_calibration, back.auto.warm) == (prior, cal, True)
-    old = json.loads(encode_state(OwnedState(seq=3, auto=seed_of(auto))))
+    old = json.loads(encode_state(OwnedJob(seq=3, auto=seed_of(auto))))
     del old["auto"]["prior_calibration"]
     seed = decode_state(json.dumps(old).encode()).auto
     assert isinstance(seed, AutoscalerSeed) and seed.prior == prior and seed.prior_calibration is None

@@ -135,12 +135,12 @@ async def test_pacer_history_lists_the_config_db(brain: InProcess[BrainService],
 
 def stats_window(job: str, t: float, ps_rss_mb: float, done: int, total: int = 10_000_000,
                  ps_cpu_percent: float = 90.0) -> Any:
-    from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
+    from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, ShardSummary
 
     def node(name: str, role: str, rss_mb: float) -> NodeStats:
         return NodeStats(node=name, role=role, bpt_short_s=0.1, bpt_long_s=0.1, speed_samples_per_s=1000.0,
                          samples_total=done, cpu_percent=ps_cpu_percent if role == "ps" else 90.0, rss_bytes=int(rss_mb * (1 << 20)), last_seen=t,
-                         state=NodeState.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0,
+                         state=Liveness.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0,
                          slowdown_long=1.0)
 
     return JobStatistics(job=job, ts=t, window_short_s=300.0, window_long_s=600.0, throughput_samples_per_s=2000.0,
@@ -410,7 +410,7 @@ def truth_window(job: str, plan: ResourcePlan, ts: float, beta: float) -> Any:
     """A window of a job whose true throughput has DLRover-RM Eq. 1-5's form (the unit tests' Truth): 512
     samples per worker step, 0.02 core-s per sample on a worker (4 cores at most), 0.0133 core-s on the PS
     (which caps it), ``beta`` s of fixed cost per step."""
-    from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
+    from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, ShardSummary
 
     cw = min(plan.worker_cpu, 4.0)
     psi = min(plan.workers * 512 / (0.02 * 512 / cw + 0.002 * plan.workers / plan.ps + beta),
@@ -420,7 +420,7 @@ def truth_window(job: str, plan: ResourcePlan, ts: float, beta: float) -> Any:
     def node(name: str, role: str, cpu: float, rss_mb: float) -> NodeStats:
         return NodeStats(node=name, role=role, bpt_short_s=0.1, bpt_long_s=0.1, speed_samples_per_s=0.0,
                          samples_total=0, cpu_percent=cpu * 100, rss_bytes=int(rss_mb * (1 << 20)), last_seen=ts,
-                         state=NodeState.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0, slowdown_long=1.0)
+                         state=Liveness.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0, slowdown_long=1.0)
 
     nodes = [node(f"worker-{i}", "worker", w_use, 1500.0) for i in range(plan.workers)]
     nodes += [node(f"ps-{j}", "ps", p_use, 600.0 + 500.0 / plan.ps) for j in range(plan.ps)]

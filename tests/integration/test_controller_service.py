@@ -22,7 +22,7 @@ from pacer.codec import decode, encode
 from pacer.contracts.agent import ActionKind, ActionResult, GlobalAction
 from pacer.contracts.executor import CommandKind, CommandResult, ExecutorCommand
 from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StragglerKind
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, StragglerKind
 from pacer.contracts.policy import ControllerDecision, PolicyAction, PolicyDecision, PolicyRequest
 from pacer.embedded import EmbeddedNats
 from pacer.jobs.spec import parse_job_spec
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.timeout(60)
 def node(name: str, bpt: float, role: str = "worker", kind: StragglerKind = StragglerKind.NONE) -> NodeStats:
     return NodeStats(node=name, role=role, bpt_short_s=bpt, bpt_long_s=bpt, speed_samples_per_s=256 / bpt,
                      samples_total=1000, cpu_percent=90.0, rss_bytes=1 << 28, last_seen=time.time(),
-                     state=NodeState.RUNNING, pending_s=1.0, restarts=0, slowdown_short=bpt / 0.1,
+                     state=Liveness.RUNNING, pending_s=1.0, restarts=0, slowdown_short=bpt / 0.1,
                      slowdown_long=bpt / 0.1, straggler=kind)
 
 

@@ -29,7 +29,7 @@ from pacer.codec import decode, encode
 from pacer.contracts.agent import ActionKind, AgentMetrics
 from pacer.contracts.executor import CommandResult, ExecutorCommand
 from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StatsQuery, StragglerKind
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, StatsQuery, StragglerKind
 from pacer.contracts.policy import ControllerDecision, PolicyAction, PolicyDecision, PolicyRequest
 from pacer.embedded import EmbeddedCluster
 from pacer.errors import NotFound, ValidationError
@@ -69,7 +69,7 @@ def node(name: str, role: str = "worker", kind: StragglerKind = StragglerKind.NO
     bpt = 0.5 if kind is StragglerKind.PERSISTENT else 0.1
     return NodeStats(node=name, role=role, bpt_short_s=bpt, bpt_long_s=bpt, speed_samples_per_s=256 / bpt,
                      samples_total=1000, cpu_percent=90.0, rss_bytes=1 << 28, last_seen=time.time(),
-                     state=NodeState.RUNNING, pending_s=1.0, restarts=0, slowdown_short=bpt / 0.1,
+                     state=Liveness.RUNNING, pending_s=1.0, restarts=0, slowdown_short=bpt / 0.1,
                      slowdown_long=bpt / 0.1, straggler=kind)
 
 

@@ -35,7 +35,7 @@ from pacer.contracts.jobs import (
     StopRequest,
     SubmitRequest,
 )
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StatsQuery, StragglerKind
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, StatsQuery, StragglerKind
 from pacer.embedded import EmbeddedNats
 from pacer.errors import Conflict, NotFound, PacerError
 from pacer.jobs.spec import DEFAULT_PLAN, default_plan, parse_job_spec
@@ -157,7 +157,7 @@ class ServiceDouble:
         self._record(job)
         nodes = [NodeStats(node=f"worker-{i}", role="worker", bpt_short_s=0.02 * (1 + 2 * i), bpt_long_s=0.02,
                            speed_samples_per_s=1000.0 / (1 + 2 * i), samples_total=5000, cpu_percent=90.0,
-                           rss_bytes=1 << 28, last_seen=T0, state=NodeState.RUNNING, pending_s=0.0, restarts=0,
+                           rss_bytes=1 << 28, last_seen=T0, state=Liveness.RUNNING, pending_s=0.0, restarts=0,
                            slowdown_short=1.0, slowdown_long=1.0,
                            straggler=StragglerKind.TRANSIENT if i else StragglerKind.NONE) for i in range(2)]
         return JobStatistics(job=job, ts=T0, window_short_s=30, window_long_s=300,

@@ -19,7 +19,7 @@ from pacer import subjects
 from pacer.bus import NO_RETRY, Bus
 from pacer.contracts.agent import AgentMetrics, Heartbeat
 from pacer.contracts.common import Health
-from pacer.contracts.monitor import JobStatistics, NodeState, StatsQuery, StragglerKind
+from pacer.contracts.monitor import JobStatistics, Liveness, StatsQuery, StragglerKind
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetMode, DatasetStatus, ProgressEvent
 from pacer.embedded import EmbeddedNats
@@ -129,7 +129,7 @@ async def test_straggler_statistics_and_death(bus: Bus, monitor: InProcess[Monit
     assert w2.bpt_long_s == pytest.approx(0.3)
     # Throughput is the sum of the workers' speeds over the short window.
     assert st.throughput_samples_per_s == pytest.approx(sum(SPEED.values()))
-    assert all(n.state is NodeState.RUNNING for n in st.nodes)
+    assert all(n.state is Liveness.RUNNING for n in st.nodes)
     assert st.shards is not None and st.shards.records_done == 300 and st.shards.todo == 5
 
     # The periodic statistics event for the job.
@@ -143,7 +143,7 @@ async def test_straggler_statistics_and_death(bus: Bus, monitor: InProcess[Monit
     await bus.publish_durable(
         subjects.event("node", JOB, subjects.NodeEventKind.DIED), NodeEvent(JOB, "w2", "died", time.time(), "killed", "worker")
     )
-    st = await until(lambda s: s.nodes[2].state is NodeState.DEAD, bus)
+    st = await until(lambda s: s.nodes[2].state is Liveness.DEAD, bus)
     assert st.nodes[2].straggler is StragglerKind.NONE
     assert st.throughput_samples_per_s == pytest.approx(SPEED["w0"] + SPEED["w1"])
 
@@ -215,7 +215,7 @@ async def test_restart_rebuilds_windows_from_the_stream(bus: Bus, nats_server: E
         await bus.publish_durable(
             subjects.event("node", JOB, subjects.NodeEventKind.DIED), NodeEvent(JOB, "w1", "died", time.time(), "oom", "worker")
         )
-        st = await until(lambda s: s.nodes[1].state is NodeState.DEAD, bus)
+        st = await until(lambda s: s.nodes[1].state is Liveness.DEAD, bus)
         assert st.nodes[1].straggler is StragglerKind.NONE
     finally:
         await m.stop()

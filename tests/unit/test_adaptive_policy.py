@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from pacer.contracts.agent import ActionKind
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary, StragglerKind
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, ShardSummary, StragglerKind
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup
 from pacer_services.controller.policies import adaptive, antdt_nd
@@ -34,7 +34,7 @@ def ns(name: str, bpt: float, slow: float, role: str = "worker", long: float | N
     return NodeStats(
         node=name, role=role, bpt_short_s=bpt, bpt_long_s=bpt if long is None else long,
         speed_samples_per_s=0.0, samples_total=0, cpu_percent=100.0, rss_bytes=1, last_seen=1.0,
-        state=NodeState.RUNNING, pending_s=0.0, restarts=restarts, slowdown_short=slow,
+        state=Liveness.RUNNING, pending_s=0.0, restarts=restarts, slowdown_short=slow,
         slowdown_long=slow if long_slow is None else long_slow, straggler=StragglerKind.NONE)
 
 
@@ -337,7 +337,7 @@ def test_end_game_idle_workers_give_their_batch_to_the_workers_that_train() -> N
 def test_the_spare_stays_while_a_relaunched_worker_has_not_reported() -> None:
     delays = {f"w{i}": 0.0 for i in range(8)}
     req = job(delays, {"ps-0": 0.0}, backup=1)
-    pending = replace(req.stats.nodes[2], state=NodeState.PENDING, restarts=1, bpt_short_s=0.0)
+    pending = replace(req.stats.nodes[2], state=Liveness.PENDING, restarts=1, bpt_short_s=0.0)
     back = replace(req, stats=replace(req.stats, nodes=[pending if n.node == "w2" else n for n in req.stats.nodes]))
     assert of(adaptive.decide(back), ActionKind.BACKUP_WORKERS) == []  # b = 1 kept
     assert [a.payload["backup"] for a in of(adaptive.decide(req), ActionKind.BACKUP_WORKERS)] == [0]

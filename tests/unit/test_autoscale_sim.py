@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pacer.contracts.jobs import PlanSource, ResourcePlan
-from pacer.contracts.monitor import JobStatistics, NodeState
+from pacer.contracts.monitor import JobStatistics, Liveness
 from pacer_services.brain.core.cluster import Resources, ScalingKind, ScalingRecord
 from pacer_services.cli.main import main
 from pacer_services.pod_executor.core import ExecutorPolicy
@@ -417,17 +417,17 @@ def test_scalers_see_the_monitor_cores_statistics_of_what_the_executor_did() -> 
     run_job("wide_deep", sc, seed=0, samples_total=100_000_000, config=cfg)
     by_ts = {st.ts: st for st in sc.stats}
 
-    def states(ts: float, role: str) -> list[NodeState]:
+    def states(ts: float, role: str) -> list[Liveness]:
         return [n.state for n in by_ts[ts].nodes if n.role == role]
 
     first = by_ts[180.0]
     assert first.window_short_s < cfg.adjust_interval_s and first.pending_nodes == 0
-    assert states(180.0, "worker") == [NodeState.RUNNING] * 8 and first.throughput_samples_per_s > 0
+    assert states(180.0, "worker") == [Liveness.RUNNING] * 8 and first.throughput_samples_per_s > 0
     assert first.shards is not None and 0 < first.shards.records_done < first.shards.records_total
     # scaled down: the stopped workers are dead to the monitor, the others train on
-    assert states(540.0, "worker").count(NodeState.DEAD) == 4 and states(540.0, "worker").count(NodeState.RUNNING) == 4
+    assert states(540.0, "worker").count(Liveness.DEAD) == 4 and states(540.0, "worker").count(Liveness.RUNNING) == 4
     # the PS migration: the new PS run beside the old until the switch (720 + 120), then every worker restarts
     assert by_ts[900.0].pending_nodes == 0 and by_ts[900.0].throughput_samples_per_s == 0.0  # trainers starting
     after = by_ts[1080.0]
-    assert states(1080.0, "ps") == [NodeState.RUNNING] * 3 and after.throughput_samples_per_s > 0
-    assert {n.restarts for n in after.nodes if n.role == "worker" and n.state is NodeState.RUNNING} == {1}
+    assert states(1080.0, "ps") == [Liveness.RUNNING] * 3 and after.throughput_samples_per_s > 0
+    assert {n.restarts for n in after.nodes if n.role == "worker" and n.state is Liveness.RUNNING} == {1}

@@ -23,7 +23,7 @@ from pacer.contracts.jobs import (
     ResourceLimits,
     ResourcePlan,
 )
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, ShardSummary
 from pacer_services.brain.core.autoscaler import AutoscaleConfig, JobAutoscaler, Stage
 from pacer_services.brain.core.cluster import Resources, ScalingKind, ScalingRecord, plan_resources
 from pacer_services.brain.core.round import ReadyJob, cluster_round
@@ -74,12 +74,12 @@ def stats_of(truth: Truth, plan: ResourcePlan, ts: float, *, done: int = 0, tota
     nodes = []
     for i in range(plan.workers):
         nodes.append(NodeStats(f"worker-{i}", "worker", 0.1, 0.1, psi / plan.workers, 0, w_use * 100,
-                               int(1500 * MIB), ts, NodeState.PENDING if pending and i == 0 else NodeState.RUNNING,
+                               int(1500 * MIB), ts, Liveness.PENDING if pending and i == 0 else Liveness.RUNNING,
                                0.0, 0, 1.0, 1.0))
     for j in range(plan.ps):
         rss = 600 + truth.ps_rss_mb / plan.ps + truth.growth_mb_per_s * (ts - t0) / plan.ps
         nodes.append(NodeStats(f"ps-{j}", "ps", 0.0, 0.0, 0.0, 0, p_use * 100, int(rss * MIB), ts,
-                               NodeState.RUNNING, 0.0, 0, 1.0, 1.0))
+                               Liveness.RUNNING, 0.0, 0, 1.0, 1.0))
     return JobStatistics(job=plan.job, ts=ts, window_short_s=60, window_long_s=300,
                          throughput_samples_per_s=psi, nodes=nodes, pending_nodes=1 if pending else 0,
                          shards=ShardSummary(todo=1, doing=1, done=0, failed=0, records_done=done,

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 from pacer.contracts.jobs import PlanSource, ResourcePlan
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats
 from pacer_services.brain.core.oom import (
     ALL_ROLES,
     MemorySample,
@@ -118,7 +118,7 @@ def window(t: float, rss_mb: dict[str, float], restarts: dict[str, int] | None =
 
     nodes = [NodeStats(node=name, role=role(name), bpt_short_s=0.1, bpt_long_s=0.1, speed_samples_per_s=100.0,
                        samples_total=0, cpu_percent=90.0, rss_bytes=int(mb * (1 << 20)), last_seen=t,
-                       state=NodeState.RUNNING, pending_s=0.0, restarts=(restarts or {}).get(name, 0),
+                       state=Liveness.RUNNING, pending_s=0.0, restarts=(restarts or {}).get(name, 0),
                        slowdown_short=1.0, slowdown_long=1.0)
              for name, mb in sorted(rss_mb.items())]
     return JobStatistics(job="j", ts=t, window_short_s=300.0, window_long_s=600.0, throughput_samples_per_s=200.0,
@@ -178,7 +178,7 @@ def test_a_dead_node_forecasts_nothing() -> None:
         watch.feed(window(10.0 * i, {"worker-0": 900.0, "worker-1": 1800.0 + 20.0 * i}))
     assert watch.plan_for(PLAN, 1000.0, roles=ALL_ROLES) is not None  # growing while it runs: would be raised
     gone = window(100.0, {"worker-0": 900.0, "worker-1": 1980.0})
-    gone = replace(gone, nodes=[replace(n, state=NodeState.DEAD) if n.node == "worker-1" else n
+    gone = replace(gone, nodes=[replace(n, state=Liveness.DEAD) if n.node == "worker-1" else n
                                 for n in gone.nodes])
     watch.feed(gone)
     assert "worker-1" not in watch.nodes

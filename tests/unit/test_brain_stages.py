@@ -30,7 +30,7 @@ from pacer.contracts.jobs import (
     ResourceRequest,
     TrainingMode,
 )
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats
 from pacer_services.brain.core.stages import (
     MIB,
     SampleProfile,
@@ -244,7 +244,7 @@ def test_idle_rule_respects_limits_and_threshold() -> None:
 
 
 def node(name: str, role: str, cpu_percent: float, rss_mb: float,
-         state: NodeState = NodeState.RUNNING) -> NodeStats:
+         state: Liveness = Liveness.RUNNING) -> NodeStats:
     return NodeStats(node=name, role=role, bpt_short_s=0.1, bpt_long_s=0.1, speed_samples_per_s=10.0,
                      samples_total=100, cpu_percent=cpu_percent, rss_bytes=int(rss_mb * MIB), last_seen=1.0,
                      state=state, pending_s=0.0, restarts=0, slowdown_short=1.0, slowdown_long=1.0)
@@ -253,7 +253,7 @@ def node(name: str, role: str, cpu_percent: float, rss_mb: float,
 def test_profile_from_statistics_in_cores_and_mib() -> None:
     stats = JobStatistics(job="j", ts=1.0, window_short_s=300, window_long_s=600, throughput_samples_per_s=512.0,
                           nodes=[node("chief-0", "chief", 250.0, 900.0), node("worker-1", "worker", 150.0, 1100.0),
-                                 node("worker-2", "worker", 900.0, 5000.0, NodeState.DEAD),
+                                 node("worker-2", "worker", 900.0, 5000.0, Liveness.DEAD),
                                  node("ps-1", "ps", 80.0, 2000.0), node("ps-0", "ps", 120.0, 1500.0)])
     prof = profile_from_statistics(stats)
     assert prof is not None

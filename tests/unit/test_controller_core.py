@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from pacer.contracts.agent import ActionKind
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StragglerKind
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, StragglerKind
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup, Round
 from pacer_services.controller.policies import antdt_nd
@@ -20,7 +20,7 @@ JOB = "job1"
 T0 = 10_000.0
 
 
-def node(name: str, role: str = "worker", state: NodeState = NodeState.RUNNING, bpt: float = 1.0,
+def node(name: str, role: str = "worker", state: Liveness = Liveness.RUNNING, bpt: float = 1.0,
          kind: StragglerKind = StragglerKind.NONE) -> NodeStats:
     return NodeStats(
         node=name, role=role, bpt_short_s=bpt, bpt_long_s=bpt, speed_samples_per_s=0.0, samples_total=0,
@@ -31,7 +31,7 @@ def node(name: str, role: str = "worker", state: NodeState = NodeState.RUNNING, 
 
 def stats(busy: bool = False, extra: list[NodeStats] | None = None) -> JobStatistics:
     nodes = [node("ps-0", role="ps"), node("worker-0"), node("worker-1"), node("worker-2"),
-             node("worker-3", state=NodeState.DEAD)] + (extra or [])
+             node("worker-3", state=Liveness.DEAD)] + (extra or [])
     return JobStatistics(job=JOB, ts=T0, window_short_s=300.0, window_long_s=600.0,
                          throughput_samples_per_s=0.0, nodes=nodes, cluster_busy=busy)
 

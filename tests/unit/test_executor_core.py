@@ -7,7 +7,7 @@ from pacer.contracts.executor import (
     ExecutorJobState,
     MigrationPhase,
     NodeIntent,
-    NodeState,
+    NodePhase,
     PodPhase,
 )
 from pacer_services.pod_executor.core import (
@@ -244,11 +244,11 @@ def test_a_relaunch_while_a_replacement_is_due_takes_the_new_size() -> None:
 # ------------------------------------------------------------ node lifecycle: one transition table
 
 def test_terminal_states_have_no_outgoing_transitions_and_every_state_is_in_the_table() -> None:
-    assert set(TRANSITIONS) == set(NodeState)
-    assert frozenset({NodeState.FINISHED}) == TERMINAL
+    assert set(TRANSITIONS) == set(NodePhase)
+    assert frozenset({NodePhase.FINISHED}) == TERMINAL
     for state in TERMINAL:
         assert TRANSITIONS[state] == {}
-        for to in NodeState:
+        for to in NodePhase:
             if to is not state:
                 assert not can_move(state, to)
                 with pytest.raises(IllegalTransition):
@@ -259,20 +259,20 @@ def test_every_edge_says_why_and_illegal_moves_are_rejected_in_one_place() -> No
     for frm, out in TRANSITIONS.items():
         for to, why in out.items():
             assert why.strip(), f"{frm.value} -> {to.value} has no comment"
-    assert transition("worker-1", NodeState.PENDING, NodeState.RUNNING) is NodeState.RUNNING
-    assert transition("worker-1", NodeState.RUNNING, NodeState.RUNNING) is NodeState.RUNNING  # a redo
+    assert transition("worker-1", NodePhase.PENDING, NodePhase.RUNNING) is NodePhase.RUNNING
+    assert transition("worker-1", NodePhase.RUNNING, NodePhase.RUNNING) is NodePhase.RUNNING  # a redo
     with pytest.raises(IllegalTransition, match="removed to running"):
-        transition("worker-1", NodeState.REMOVED, NodeState.RUNNING)  # scale-up starts a fresh pod first
+        transition("worker-1", NodePhase.REMOVED, NodePhase.RUNNING)  # scale-up starts a fresh pod first
     with pytest.raises(IllegalTransition, match="intent"):
-        transition("worker-1", NodeState.RUNNING, NodeState.STOPPING)  # a stop must say why
-    assert transition("worker-1", NodeState.RUNNING, NodeState.STOPPING, NodeIntent.RESIZE) is NodeState.STOPPING
+        transition("worker-1", NodePhase.RUNNING, NodePhase.STOPPING)  # a stop must say why
+    assert transition("worker-1", NodePhase.RUNNING, NodePhase.STOPPING, NodeIntent.RESIZE) is NodePhase.STOPPING
 
 
 def test_a_record_written_before_node_states_gets_its_state_from_the_loose_fields() -> None:
-    assert legacy_state(finished=True, removed=True, intent=NodeIntent.NONE, running=True) is NodeState.FINISHED
-    assert legacy_state(finished=False, removed=True, intent=NodeIntent.NONE, running=True) is NodeState.REMOVED
-    assert legacy_state(finished=False, removed=False, intent=NodeIntent.RESIZE, running=True) is NodeState.STOPPING
-    assert legacy_state(finished=False, removed=False, intent=NodeIntent.NONE, running=False) is NodeState.PENDING
+    assert legacy_state(finished=True, removed=True, intent=NodeIntent.NONE, running=True) is NodePhase.FINISHED
+    assert legacy_state(finished=False, removed=True, intent=NodeIntent.NONE, running=True) is NodePhase.REMOVED
+    assert legacy_state(finished=False, removed=False, intent=NodeIntent.RESIZE, running=True) is NodePhase.STOPPING
+    assert legacy_state(finished=False, removed=False, intent=NodeIntent.NONE, running=False) is NodePhase.PENDING
 
 
 # ------------------------------------------------------------ plan_change: one algorithm for executor and simulators
@@ -478,7 +478,7 @@ def test_a_failure_relaunches_or_fails_the_job_and_a_migration_stop_waits() -> N
 
 # ------------------------------------------------------------ one reconcile pass: observe, then decide
 
-def nv(node: str, state: NodeState = NodeState.RUNNING, pod: PodPhase | None = PodPhase.RUNNING, *,
+def nv(node: str, state: NodePhase = NodePhase.RUNNING, pod: PodPhase | None = PodPhase.RUNNING, *,
        intent: NodeIntent = NodeIntent.NONE, handled: bool = False, resize_due: bool = False,
        running_at: float = 5.0, stop_sent: bool = False, stopping: bool = False) -> NodeView:
     return NodeView(node, node.rsplit("-", 1)[0], state, intent, pod, handled, resize_due, running_at, stop_sent,
@@ -494,7 +494,7 @@ def jv(*nodes: NodeView, state: ExecutorJobState = ExecutorJobState.STARTING, ap
 def test_a_plan_is_applied_once_every_live_node_runs() -> None:
     p = reconcile_pass(jv(nv("ps-0", running_at=3.0), nv("worker-0", running_at=7.5)), 10.0, 300.0)
     assert p.applied_overhead == 6.5 and p.resize and not p.migrate and not p.teardown
-    waiting = jv(nv("ps-0"), nv("worker-0", NodeState.PENDING, PodPhase.PENDING, running_at=0.0))
+    waiting = jv(nv("ps-0"), nv("worker-0", NodePhase.PENDING, PodPhase.PENDING, running_at=0.0))
     assert reconcile_pass(waiting, 10.0, 300.0).applied_overhead is None
     resizing = jv(nv("ps-0"), nv("worker-0", resize_due=True))  # applied only once the replacement ran
     assert reconcile_pass(resizing, 10.0, 300.0).applied_overhead is None
@@ -504,27 +504,27 @@ def test_a_plan_is_applied_once_every_live_node_runs() -> None:
 
 
 def test_what_a_crash_left_undone_is_done_again() -> None:
-    job = jv(nv("ps-0"), nv("worker-0", NodeState.PENDING, None, running_at=0.0),  # saved, never created
-             nv("worker-1", NodeState.RELAUNCHING, None, handled=True),  # its exit was handled: not recreated
-             nv("worker-2", NodeState.STOPPING, intent=NodeIntent.RESIZE),  # a stop that a crash swallowed
-             nv("worker-3", NodeState.STOPPING, intent=NodeIntent.RESIZE, stop_sent=True),
+    job = jv(nv("ps-0"), nv("worker-0", NodePhase.PENDING, None, running_at=0.0),  # saved, never created
+             nv("worker-1", NodePhase.RELAUNCHING, None, handled=True),  # its exit was handled: not recreated
+             nv("worker-2", NodePhase.STOPPING, intent=NodeIntent.RESIZE),  # a stop that a crash swallowed
+             nv("worker-3", NodePhase.STOPPING, intent=NodeIntent.RESIZE, stop_sent=True),
              state=ExecutorJobState.RUNNING)
     p = reconcile_pass(job, 10.0, 300.0)
     assert p.recreate == ("worker-0",) and p.restop == ("worker-2",) and p.applied_overhead is None
 
 
 def test_a_job_is_torn_down_when_its_workers_finished_or_the_grace_ran_out_then_reported_gone() -> None:
-    done = jv(nv("ps-0"), nv("worker-0", NodeState.FINISHED, PodPhase.EXITED), state=ExecutorJobState.RUNNING,
+    done = jv(nv("ps-0"), nv("worker-0", NodePhase.FINISHED, PodPhase.EXITED), state=ExecutorJobState.RUNNING,
               applied=True)
     assert reconcile_pass(done, 10.0, 300.0).teardown == "every worker finished"
     late = jv(nv("ps-0"), nv("worker-1"), state=ExecutorJobState.COMPLETING, completing_since=1.0)
     assert reconcile_pass(late, 100.0, 300.0).teardown == ""
     assert "after completion" in reconcile_pass(late, 400.0, 300.0).teardown
-    tearing = jv(nv("ps-0", NodeState.REMOVED, stopping=True), nv("worker-0", NodeState.REMOVED),
+    tearing = jv(nv("ps-0", NodePhase.REMOVED, stopping=True), nv("worker-0", NodePhase.REMOVED),
                  state=ExecutorJobState.TEARING_DOWN)
     p = reconcile_pass(tearing, 10.0, 300.0)
     assert p.redelete == ("worker-0",) and not p.torn_down and not p.recreate  # ps-0's stop is under way
-    gone = jv(nv("ps-0", NodeState.REMOVED, PodPhase.EXITED), state=ExecutorJobState.FAILED, pods_left=False)
+    gone = jv(nv("ps-0", NodePhase.REMOVED, PodPhase.EXITED), state=ExecutorJobState.FAILED, pods_left=False)
     assert reconcile_pass(gone, 10.0, 300.0).torn_down
     assert reconcile_pass(jv(state=ExecutorJobState.TORN_DOWN, pods_left=False), 10.0, 300.0) == ReconcilePass()
 

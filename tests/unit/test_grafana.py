@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from pacer import metrics
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, ShardSummary
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, ShardSummary
 from pacer.telemetry import Counters
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
@@ -19,7 +19,7 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "pacer-
 def exposed_names() -> set[str]:
     """Every sample name /metrics shows once a request was handled and the monitor published a job."""
     metrics.observe_request("jobs", "submit", "ok", 0.01)
-    node = NodeStats("worker-0", "worker", 0.1, 0.1, 50.0, 100, 90.0, 1 << 20, 1.0, NodeState.RUNNING, 0.0, 1, 1.0, 1.0)
+    node = NodeStats("worker-0", "worker", 0.1, 0.1, 50.0, 100, 90.0, 1 << 20, 1.0, Liveness.RUNNING, 0.0, 1, 1.0, 1.0)
     gauges = metrics.JobGauges()
     gauges.set(JobStatistics("j", 1.0, 30.0, 300.0, 50.0, [node], shards=ShardSummary(1, 1, 1, 0, 10)))
     registry = CollectorRegistry()

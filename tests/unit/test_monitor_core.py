@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pacer.codec import decode, encode
 from pacer.contracts.agent import AgentMetrics, Heartbeat
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StatsQuery, StragglerKind
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, StatsQuery, StragglerKind
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetMode, DatasetStatus
 from pacer.errors import NotFound, ValidationError
@@ -241,13 +241,13 @@ def test_throughput_is_the_sum_of_live_worker_speeds() -> None:
 def test_silent_node_is_dead_after_the_heartbeat_timeout() -> None:
     core = MonitorCore(MonitorConfig(heartbeat_timeout_s=60))
     feed(core, "w0", T0, T0 + 100, 1.0)  # last report at T0 + 90
-    assert by_node(core.statistics(JOB, T0 + 150))["w0"].state is NodeState.RUNNING
+    assert by_node(core.statistics(JOB, T0 + 150))["w0"].state is Liveness.RUNNING
     st = by_node(core.statistics(JOB, T0 + 151))["w0"]
-    assert st.state is NodeState.DEAD
+    assert st.state is Liveness.DEAD
     assert st.last_seen == T0 + 90
     # Heard again: running.
     core.observe_heartbeat(Heartbeat(JOB, "w0", "worker", T0 + 200, "h-1", False, True), T0 + 200)
-    assert by_node(core.statistics(JOB, T0 + 200))["w0"].state is NodeState.RUNNING
+    assert by_node(core.statistics(JOB, T0 + 200))["w0"].state is Liveness.RUNNING
 
 
 def test_died_relaunched_pending_running_counts_restarts_and_pending_time() -> None:
@@ -255,21 +255,21 @@ def test_died_relaunched_pending_running_counts_restarts_and_pending_time() -> N
     feed(core, "w0", T0, T0 + 100, 1.0)
     core.observe_node_event(NodeEvent(JOB, "w0", "died", T0 + 100, "killed", "worker"), T0 + 100)
     st = by_node(core.statistics(JOB, T0 + 100))["w0"]
-    assert st.state is NodeState.DEAD and st.restarts == 0
+    assert st.state is Liveness.DEAD and st.restarts == 0
     assert st.bpt_short_s == 0.0  # the old machine's BPTs are gone
     assert (st.cpu_percent, st.rss_bytes) == (0.0, 0)  # and so is the dead process's CPU and RSS
     # A late report of a step before the death does not revive it, nor bring its readings back.
     core.observe_metrics(metrics("w0", T0 + 95, 1.0), T0 + 101)
     st = by_node(core.statistics(JOB, T0 + 101))["w0"]
-    assert st.state is NodeState.DEAD and (st.cpu_percent, st.rss_bytes) == (0.0, 0)
+    assert st.state is Liveness.DEAD and (st.cpu_percent, st.rss_bytes) == (0.0, 0)
     core.observe_node_event(NodeEvent(JOB, "w0", "started", T0 + 110, "", "worker"), T0 + 110)
     st = by_node(core.statistics(JOB, T0 + 150))["w0"]
-    assert st.state is NodeState.PENDING and st.restarts == 1
+    assert st.state is Liveness.PENDING and st.restarts == 1
     assert st.pending_s == pytest.approx(40.0)  # still pending: time so far
     assert core.statistics(JOB, T0 + 150).pending_nodes == 1
     core.observe_node_event(NodeEvent(JOB, "w0", "running", T0 + 200, "", "worker"), T0 + 200)
     st = by_node(core.statistics(JOB, T0 + 250))["w0"]
-    assert st.state is NodeState.RUNNING and st.restarts == 1
+    assert st.state is Liveness.RUNNING and st.restarts == 1
     assert st.pending_s == pytest.approx(90.0)  # the finished pending interval
     assert core.statistics(JOB, T0 + 250).pending_nodes == 0
 
@@ -306,7 +306,7 @@ def test_metrics_after_a_death_mean_the_node_is_back() -> None:
     core.observe_node_event(NodeEvent(JOB, "w0", "died", T0 + 100, "killed", "worker"), T0 + 100)
     core.observe_metrics(metrics("w0", T0 + 160, 1.0), T0 + 160)
     st = by_node(core.statistics(JOB, T0 + 160))["w0"]
-    assert st.state is NodeState.RUNNING and st.restarts == 1
+    assert st.state is Liveness.RUNNING and st.restarts == 1
 
 
 def test_unknown_node_event_kinds_are_ignored() -> None:
@@ -315,7 +315,7 @@ def test_unknown_node_event_kinds_are_ignored() -> None:
     with pytest.raises(NotFound):
         core.statistics(JOB, T0)  # the job was only created by a known observation
     core.observe_node_event(NodeEvent(JOB, "w0", "pending", T0, role="worker"), T0)
-    assert by_node(core.statistics(JOB, T0))["w0"].state is NodeState.PENDING
+    assert by_node(core.statistics(JOB, T0))["w0"].state is Liveness.PENDING
 
 
 # ------------------------------------------------------------------ cluster, shards

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pacer.contracts.agent import ActionKind
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats, StragglerKind
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats, StragglerKind
 from pacer.contracts.policy import PolicyDecision, PolicyRequest
 from pacer.subjects import POLICY_BUILTINS
 from pacer_services.controller.policies import antdt_dd, antdt_nd, baselines, registry
@@ -29,7 +29,7 @@ def node(
     name: str,
     bpt: float = 1.0,
     role: str = "worker",
-    state: NodeState = NodeState.RUNNING,
+    state: Liveness = Liveness.RUNNING,
     kind: StragglerKind = StragglerKind.NONE,
     slow: float | None = None,
     speed: float = 0.0,
@@ -233,8 +233,8 @@ def test_nd_asp_only_restarts() -> None:
 
 def test_nd_ignores_dead_and_pending_nodes() -> None:
     nodes = workers(
-        node("worker-8", bpt=3.0, kind=P, state=NodeState.DEAD),
-        node("worker-9", bpt=3.0, kind=T, state=NodeState.PENDING),
+        node("worker-8", bpt=3.0, kind=P, state=Liveness.DEAD),
+        node("worker-9", bpt=3.0, kind=T, state=Liveness.PENDING),
     )
     d = antdt_nd.decide(request(nodes))
     assert d.actions == []

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pacer.contracts import policy as contract
 from pacer.contracts.common import decode_reply, encode_error
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats
 from pacer.contracts.policy import PolicyDecision, PolicyRequest
 from pacer.contracts.shards import DatasetStatus
 from pacer.errors import PacerError, ValidationError
@@ -29,7 +29,7 @@ MAX_NODES = 10_000
 def node(name: str, bpt: float = 0.1, **kw: Any) -> NodeStats:
     base: dict[str, Any] = dict(node=name, role="worker", bpt_short_s=bpt, bpt_long_s=bpt, speed_samples_per_s=100.0,
                                 samples_total=1000, cpu_percent=100.0, rss_bytes=1, last_seen=1.0,
-                                state=NodeState.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0,
+                                state=Liveness.RUNNING, pending_s=0.0, restarts=0, slowdown_short=1.0,
                                 slowdown_long=1.0)
     base.update(kw)
     return NodeStats(**base)

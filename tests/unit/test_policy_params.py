@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pacer import codec
 from pacer.contracts.jobs import JobRecord, JobSpec, JobState, PlanSource, ResourcePlan
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats
 from pacer.jobs import JobSpecError
 from pacer.jobs.spec import MAX_POLICY_PARAMS, parse_job_spec
 from pacer_services.controller.core import ControllerCore, JobSetup
@@ -47,7 +47,7 @@ def test_bad_params_are_refused_naming_the_field(params: str, problem: str) -> N
 def _stats(slow: float) -> JobStatistics:
     def node(name: str, bpt: float) -> NodeStats:
         return NodeStats(node=name, role="worker", bpt_short_s=bpt, bpt_long_s=bpt, speed_samples_per_s=1.0,
-                         samples_total=0, cpu_percent=100.0, rss_bytes=1, last_seen=1.0, state=NodeState.RUNNING,
+                         samples_total=0, cpu_percent=100.0, rss_bytes=1, last_seen=1.0, state=Liveness.RUNNING,
                          pending_s=0.0, restarts=0, slowdown_short=bpt, slowdown_long=bpt)
 
     return JobStatistics(job="j", ts=100.0, window_short_s=300.0, window_long_s=600.0,

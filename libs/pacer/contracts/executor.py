@@ -144,7 +144,7 @@ class MigrationPhase(str, enum.Enum):
     DRAINING = "draining"
 
 
-class NodeState(str, enum.Enum):
+class NodePhase(str, enum.Enum):
     """Where a node (a slot of a job) is in the executor's lifecycle (``NodeRecord.state``).
 
     ``pending`` (its current pod is created, not running yet) -> ``running``
@@ -335,7 +335,7 @@ class NodeRecord:
     restarts: int = 0
     requested_restarts: int = 0
     handled: int = field(default=-1, metadata=doc("highest generation whose exit was handled"))
-    state: NodeState = field(default=NodeState.PENDING, metadata=doc(
+    state: NodePhase = field(default=NodePhase.PENDING, metadata=doc(
         "pending | running | stopping | relaunching | finished | removed (records written before this "
         "field: derived from finished / removed / intent on load)"))
     finished: bool = field(default=False, metadata=doc("the trainer exited 0: not relaunched (state finished)"))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pacer.codec import doc, message
 
 
-class NodeState(str, enum.Enum):
+class Liveness(str, enum.Enum):
     """What the monitor believes about a node.
 
     PENDING (created or relaunched, not yet running) -> RUNNING (the executor
@@ -61,7 +61,7 @@ class NodeStats:
     cpu_percent: float = field(metadata=doc("CPU of the trainer process in the last report (100 = one core)"))
     rss_bytes: int = field(metadata=doc("resident memory of the trainer process in the last report"))
     last_seen: float = field(metadata=doc("monitor time (s) when the node's agent was last heard (0: never)"))
-    state: NodeState
+    state: Liveness
     pending_s: float = field(metadata=doc("seconds spent pending: the current pending interval, else the last one (0: never pending)"))
     restarts: int = field(metadata=doc("times the node came back after it died"))
     slowdown_short: float = field(metadata=doc("bpt_short_s / median bpt_short_s of the live peers of the same role (0: no peers or no data)"))

@@ -96,7 +96,7 @@ from pacer.codec import from_dict, to_dict
 from pacer.contracts.brain import BrainRule as Rule
 from pacer.contracts.brain import BrainStage as Stage
 from pacer.contracts.jobs import JobSpec, ResourceLimits, ResourcePlan
-from pacer.contracts.monitor import JobStatistics, NodeState
+from pacer.contracts.monitor import JobStatistics, Liveness
 from pacer.jobs.spec import JobSpecError
 
 from .calibration import Calibration, CalibrationConfig, Observation, calibrate, skew
@@ -352,7 +352,7 @@ class JobAutoscaler:
         plan = self.plan
         if plan is None:
             return None
-        live = [n for n in stats.nodes if n.state is NodeState.RUNNING]
+        live = [n for n in stats.nodes if n.state is Liveness.RUNNING]
         ps_rss = [n.rss_bytes / MIB for n in live if n.role == "ps" and n.rss_bytes > 0]
         if stats.shards is not None and ps_rss and len(ps_rss) == plan.ps:
             self._records_total = stats.shards.records_total

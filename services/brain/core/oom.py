@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pacer.contracts.jobs import ResourcePlan
-from pacer.contracts.monitor import JobStatistics, NodeState
+from pacer.contracts.monitor import JobStatistics, Liveness
 from scipy.stats import t as student_t  # type: ignore[import-untyped]
 
 from .stages import WORKER_ROLES
@@ -249,7 +249,7 @@ class MemoryWatch:
                 self.forget(n.node)
                 self._stale[n.node] = rss
             self._seen[n.node] = (n.restarts, n.rss_bytes)
-            if n.state is NodeState.DEAD:
+            if n.state is Liveness.DEAD:
                 # Scaled away, or a PS retired by a migration: the monitor keeps showing it
                 # until the job ends, but no process is left to run out of memory.
                 self.forget(n.node)
@@ -257,7 +257,7 @@ class MemoryWatch:
             if n.rss_bytes == self._stale.get(n.node):
                 continue  # the previous process's last report
             self._stale.pop(n.node, None)
-            if n.state is NodeState.RUNNING and n.rss_bytes > 0:
+            if n.state is Liveness.RUNNING and n.rss_bytes > 0:
                 q = self.nodes.setdefault(n.node, deque(maxlen=self.config.window))
                 if not q or stats.ts > q[-1].at:
                     q.append(MemorySample(stats.ts, n.rss_bytes / (1 << 20)))

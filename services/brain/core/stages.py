@@ -55,7 +55,7 @@ from pacer.contracts.jobs import (
     ResourcePlan,
     ResourceRequest,
 )
-from pacer.contracts.monitor import JobStatistics, NodeState
+from pacer.contracts.monitor import JobStatistics, Liveness
 from pacer.jobs.limits import LimitsError, clamp
 from pacer.jobs.spec import DEFAULT_PLAN, RESOURCE_FIELDS, JobSpecError
 
@@ -124,7 +124,7 @@ def profile_from_statistics(stats: JobStatistics) -> SampleProfile | None:
 
     Only running nodes count; a node without a CPU report (0) is not measured yet.
     """
-    live = [n for n in stats.nodes if n.state == NodeState.RUNNING]
+    live = [n for n in stats.nodes if n.state == Liveness.RUNNING]
     workers = [n for n in live if n.role in WORKER_ROLES and n.cpu_percent > 0]
     ps = sorted((n for n in live if n.role == "ps"), key=lambda n: n.node)
     if not workers:

@@ -15,7 +15,7 @@ import math
 import statistics
 from collections.abc import Callable
 
-from pacer.contracts.monitor import JobStatistics, NodeState, NodeStats
+from pacer.contracts.monitor import JobStatistics, Liveness, NodeStats
 from pacer.contracts.policy import MAX_NODES, PolicyDecision, PolicyRequest
 from pacer.errors import ValidationError
 
@@ -31,11 +31,11 @@ def is_worker(n: NodeStats) -> bool:
 
 def live_workers(stats: JobStatistics) -> list[NodeStats]:
     """Running non-PS nodes, in node order: the only ones that take part in a batch assignment."""
-    return [n for n in stats.nodes if n.state is NodeState.RUNNING and is_worker(n)]
+    return [n for n in stats.nodes if n.state is Liveness.RUNNING and is_worker(n)]
 
 
 def live_servers(stats: JobStatistics) -> list[NodeStats]:
-    return [n for n in stats.nodes if n.state is NodeState.RUNNING and n.role == PS_ROLE]
+    return [n for n in stats.nodes if n.state is Liveness.RUNNING and n.role == PS_ROLE]
 
 
 def even_split(global_batch: int, workers: int, min_batch: int = 1) -> int:

@@ -101,7 +101,7 @@ import statistics
 from dataclasses import dataclass
 
 from pacer.contracts.agent import ActionKind
-from pacer.contracts.monitor import NodeState, NodeStats
+from pacer.contracts.monitor import Liveness, NodeStats
 from pacer.contracts.policy import PolicyAction, PolicyDecision, PolicyRequest
 
 from . import batch_caps, current_assignment, is_worker, live_servers, live_workers, param_float
@@ -462,7 +462,7 @@ def decide(req: PolicyRequest) -> PolicyDecision:
             # A relaunched worker that has not reported yet may bring its slowness back (contention on its
             # host follows it), at the spec's B / n: the spare stays until it has shown its speed.
             returning = [n.node for n in stats.nodes if is_worker(n) and n.restarts > 0 and (
-                n.state is NodeState.PENDING or (n.state is NodeState.RUNNING and n.bpt_short_s <= 0))]
+                n.state is Liveness.PENDING or (n.state is Liveness.RUNNING and n.bpt_short_s <= 0))]
             spare = max(0, int(param_float(req, "backup", 1)))
             if stats.window_short_s < param_float(req, "backup_window_s", 120.0):
                 # Rounds come every short window: a fresh straggler is balanced out within one, and a spare

@@ -1,4 +1,4 @@
-"""The IO a core decision asks for, as data: the service applies them in order (``effects.py``).
+"""The IO a core decision asks for, as data: the service applies them in order (``applier.py``).
 
 Each effect is a small frozen dataclass naming the node (``worker-3``) it is
 about; the service's applier knows the job.  Record changes (intents, the

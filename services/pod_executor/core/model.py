@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pacer.contracts.common import Role
-from pacer.contracts.executor import NodeState
+from pacer.contracts.executor import NodePhase
 
 #: A node state that frees its slot in the simulators' views: the process
 #: ended and nothing relaunched it (the live executor says ``relaunching``
@@ -36,8 +36,8 @@ class Node:
     spec: NodeSpec
     restarts: int = 0  # relaunches after retryable failures (not counting KILL_RESTART)
     requested_restarts: int = 0  # relaunches asked for by KILL_RESTART
-    # A NodeState value (the live executor) or "exited" (the simulators: ended, slot free).
-    state: str = NodeState.PENDING.value
+    # A NodePhase value (the live executor) or "exited" (the simulators: ended, slot free).
+    state: str = NodePhase.PENDING.value
     oom_memory_mb: int = 0  # the memory an OOM relaunch gave it (0: none); see resize_targets
 
     @property
@@ -47,12 +47,12 @@ class Node:
     @property
     def holds_slot(self) -> bool:
         """Its slot is taken (a plan does not start it again): anything but ended-for-good or removed."""
-        return self.state not in (EXITED, NodeState.REMOVED)
+        return self.state not in (EXITED, NodePhase.REMOVED)
 
     @property
     def live(self) -> bool:
         """It has (or is about to have) a pod: neither ended, removed nor finished."""
-        return self.holds_slot and self.state != NodeState.FINISHED
+        return self.holds_slot and self.state != NodePhase.FINISHED
 
 
 @dataclass(frozen=True, slots=True)

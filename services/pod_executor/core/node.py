@@ -2,7 +2,7 @@
 
 A node is a slot of a job (``worker-3``); each pod is one incarnation of it
 (generation).  The executor's KV record keeps the node's
-:class:`~pacer.contracts.executor.NodeState`; every change of it goes
+:class:`~pacer.contracts.executor.NodePhase`; every change of it goes
 through :func:`transition`, which rejects a move the table does not list
 (Ray's ``instance_manager/common.py`` keeps its instance states the same
 way).  Pure: no IO, no clock.
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pacer.contracts.executor import NodeIntent, NodeState
+from pacer.contracts.executor import NodeIntent, NodePhase
 from pacer.errors import Conflict
 
-P, R, S, L, F, X = (NodeState.PENDING, NodeState.RUNNING, NodeState.STOPPING, NodeState.RELAUNCHING,
-                    NodeState.FINISHED, NodeState.REMOVED)
+P, R, S, L, F, X = (NodePhase.PENDING, NodePhase.RUNNING, NodePhase.STOPPING, NodePhase.RELAUNCHING,
+                    NodePhase.FINISHED, NodePhase.REMOVED)
 
 #: state -> {next state: why that move happens}.  The only legal moves.
-TRANSITIONS: Mapping[NodeState, Mapping[NodeState, str]] = {
+TRANSITIONS: Mapping[NodePhase, Mapping[NodePhase, str]] = {
     P: {
         R: "the backend reports the pod running",
         S: "the executor stops a pod that is not running yet (restart command, replacement, migration)",
@@ -55,18 +55,18 @@ TRANSITIONS: Mapping[NodeState, Mapping[NodeState, str]] = {
     F: {},  # terminal: a finished trainer is never started again
 }
 
-TERMINAL: frozenset[NodeState] = frozenset(s for s, out in TRANSITIONS.items() if not out)
+TERMINAL: frozenset[NodePhase] = frozenset(s for s, out in TRANSITIONS.items() if not out)
 
 
 class IllegalTransition(Conflict):
     """A node was asked to move along an edge the table does not have (a bug, or a stale record)."""
 
 
-def can_move(frm: NodeState, to: NodeState) -> bool:
+def can_move(frm: NodePhase, to: NodePhase) -> bool:
     return to in TRANSITIONS[frm]
 
 
-def transition(node: str, frm: NodeState, to: NodeState, intent: NodeIntent = NodeIntent.NONE) -> NodeState:
+def transition(node: str, frm: NodePhase, to: NodePhase, intent: NodeIntent = NodeIntent.NONE) -> NodePhase:
     """``to``, if the table allows ``frm -> to``; otherwise :class:`IllegalTransition`.
 
     ``intent`` is the reason of a stop: ``stopping`` is never entered without
@@ -75,17 +75,17 @@ def transition(node: str, frm: NodeState, to: NodeState, intent: NodeIntent = No
     """
     if frm is not to and to not in TRANSITIONS[frm]:
         raise IllegalTransition(f"node {node}: no move from {frm.value} to {to.value}")
-    if to is NodeState.STOPPING and intent is NodeIntent.NONE:
+    if to is NodePhase.STOPPING and intent is NodeIntent.NONE:
         raise IllegalTransition(f"node {node}: stopping without an intent (restart, resize or migrate)")
     return to
 
 
-def legacy_state(*, finished: bool, removed: bool, intent: NodeIntent, running: bool) -> NodeState:
+def legacy_state(*, finished: bool, removed: bool, intent: NodeIntent, running: bool) -> NodePhase:
     """The state of a node in a record written before ``NodeRecord.state`` existed (its loose fields)."""
     if finished:
-        return NodeState.FINISHED
+        return NodePhase.FINISHED
     if removed:
-        return NodeState.REMOVED
+        return NodePhase.REMOVED
     if intent is not NodeIntent.NONE:
-        return NodeState.STOPPING
-    return NodeState.RUNNING if running else NodeState.PENDING
+        return NodePhase.STOPPING
+    return NodePhase.RUNNING if running else NodePhase.PENDING

@@ -16,7 +16,7 @@ from pacer.contracts.executor import (
     ExecutorJobState,
     MigrationPhase,
     NodeIntent,
-    NodeState,
+    NodePhase,
     PodPhase,
 )
 
@@ -27,7 +27,7 @@ class NodeView:
 
     node: str
     role: str
-    state: NodeState
+    state: NodePhase
     intent: NodeIntent
     pod: PodPhase | None  # the node's current pod as the backend reports it (None: the backend has none)
     exit_handled: bool  # the current pod's exit was handled already (generation <= handled)
@@ -38,7 +38,7 @@ class NodeView:
 
     @property
     def live(self) -> bool:
-        return self.state not in (NodeState.REMOVED, NodeState.FINISHED)
+        return self.state not in (NodePhase.REMOVED, NodePhase.FINISHED)
 
     @property
     def pod_live(self) -> bool:
@@ -87,8 +87,8 @@ def reconcile_pass(job: JobView, now: float, completion_grace_s: float) -> Recon
             and not recreate and all(n.running_at for n in live)):
         overhead = max(0.0, max(n.running_at for n in live) - job.plan_at)
     teardown = ""
-    workers = [n for n in job.nodes if n.role == Role.WORKER and n.state is not NodeState.REMOVED]
-    if running and workers and all(n.state is NodeState.FINISHED for n in workers):
+    workers = [n for n in job.nodes if n.role == Role.WORKER and n.state is not NodePhase.REMOVED]
+    if running and workers and all(n.state is NodePhase.FINISHED for n in workers):
         teardown = "every worker finished"
     elif job.state is ExecutorJobState.COMPLETING and now - job.completing_since > completion_grace_s:
         teardown = f"workers still running {completion_grace_s:.0f}s after completion"

@@ -56,7 +56,7 @@ import numpy as np
 import numpy.typing as npt
 from pacer.contracts.agent import AgentMetrics, Heartbeat
 from pacer.contracts.common import Role
-from pacer.contracts.executor import NodeState as ExecutorNodeState
+from pacer.contracts.executor import NodePhase
 from pacer.contracts.jobs import ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
@@ -178,15 +178,15 @@ class JobSim:
         out: dict[str, Node] = {}
         for i in range(len(self.ready)):
             spec = NodeSpec(Role.WORKER.value, i, float(self.w_cpu[i]), int(self.w_mem[i]))
-            state = ExecutorNodeState.RUNNING if now >= self.w_down[i] + self.cfg.pending_s or now >= self.ready[i] \
-                else ExecutorNodeState.PENDING
+            state = NodePhase.RUNNING if now >= self.w_down[i] + self.cfg.pending_s or now >= self.ready[i] \
+                else NodePhase.PENDING
             out[f"worker-{i}"] = Node(spec, restarts=self.node_restarts.get(f"worker-{i}", 0), state=state.value,
                                       oom_memory_mb=int(self.w_oom_mb[i]))
         if self.ps is not None:
             for j in range(self.ps.count):
                 spec = NodeSpec(Role.PS.value, j, self.ps.cpu, self.ps.memory_mb)
                 out[f"ps-{j}"] = Node(spec, restarts=self.node_restarts.get(f"ps-{j}", 0),
-                                      state=ExecutorNodeState.RUNNING.value)
+                                      state=NodePhase.RUNNING.value)
         return out
 
     def _resize_workers(self, n: int) -> None:

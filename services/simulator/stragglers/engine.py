@@ -106,7 +106,7 @@ import numpy as np
 from pacer.agent.reporting import window_steps
 from pacer.contracts.agent import ActionKind, AgentMetrics, Heartbeat
 from pacer.contracts.common import Role
-from pacer.contracts.executor import NodeState as PodState
+from pacer.contracts.executor import NodePhase
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.policy import PolicyAction
@@ -206,7 +206,7 @@ class Simulation:
         plan = reconcile(Plan(workers=c.workers, ps=c.ps), {})
         self.nodes: dict[str, Node] = {}
         for spec in plan.start:
-            node = Node(spec, state=PodState.RUNNING.value)
+            node = Node(spec, state=NodePhase.RUNNING.value)
             self.nodes[node.name] = node
         for name in self.wnames:
             # Training starts at t = 0; the pods ran init_s before (as live, where the monitor measures
@@ -542,7 +542,7 @@ class Simulation:
         decision = on_exit(node, ExitInfo(code=EXIT_RESTART))
         if decision.relaunch is None:  # never for exit 75; kept so a changed executor rule shows up here
             raise SimulationError(f"{name}: the executor would not relaunch after KILL_RESTART ({decision.detail})")
-        self.nodes[name] = replace(node, spec=decision.relaunch, requested_restarts=node.requested_restarts + 1, state=PodState.PENDING.value)
+        self.nodes[name] = replace(node, spec=decision.relaunch, requested_restarts=node.requested_restarts + 1, state=NodePhase.PENDING.value)
         gen = self.nodes[name].requested_restarts + self.nodes[name].restarts
         self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.DIED, self.t, reason=decision.reason.value, role=role,
                                                   exit_code=EXIT_RESTART, relaunch=True, generation=gen - 1), self.t)
@@ -582,7 +582,7 @@ class Simulation:
         starts (``init_s``), and the monitor measures that start-up from here to its first step."""
         name = self.wnames[i]
         self.booting.add(i)
-        self.nodes[name] = replace(self.nodes[name], state=PodState.RUNNING.value)
+        self.nodes[name] = replace(self.nodes[name], state=NodePhase.RUNNING.value)
         self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.RUNNING, self.t, role=Role.WORKER,
                                                   pending_s=self.sc.cluster.pending_s), self.t)
 
@@ -631,7 +631,7 @@ class Simulation:
     def _ps_return(self, j: int) -> None:
         name = self.pnames[j]
         self.ps_up[j] = True
-        self.nodes[name] = replace(self.nodes[name], state=PodState.RUNNING.value)
+        self.nodes[name] = replace(self.nodes[name], state=NodePhase.RUNNING.value)
         self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.RUNNING, self.t, role=Role.PS,
                                                   pending_s=self.sc.cluster.pending_s), self.t)
 

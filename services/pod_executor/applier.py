@@ -42,8 +42,8 @@ from pacer.contracts.executor import (
     ExecutorJob,
     MigrationPhase,
     NodeIntent,
+    NodePhase,
     NodeRecord,
-    NodeState,
     PodPhase,
     PodSpec,
     PodStatus,
@@ -70,13 +70,13 @@ class NotOwner(Unavailable):
     and reaches the owner."""
 
 
-def move(n: NodeRecord, to: NodeState, intent: NodeIntent = NodeIntent.NONE) -> None:
+def move(n: NodeRecord, to: NodePhase, intent: NodeIntent = NodeIntent.NONE) -> None:
     """The one place a node's state changes (checked against :data:`.core.TRANSITIONS`)."""
     n.state = core.transition(n.node, n.state, to, intent)
-    n.finished, n.removed = to is NodeState.FINISHED, to is NodeState.REMOVED
-    if to is NodeState.STOPPING or intent is not NodeIntent.NONE:
+    n.finished, n.removed = to is NodePhase.FINISHED, to is NodePhase.REMOVED
+    if to is NodePhase.STOPPING or intent is not NodeIntent.NONE:
         n.intent = intent
-    elif to in (NodeState.PENDING, NodeState.REMOVED, NodeState.FINISHED):
+    elif to in (NodePhase.PENDING, NodePhase.REMOVED, NodePhase.FINISHED):
         n.intent = NodeIntent.NONE  # a new pod, or no pod to come: no stop pending
 
 
@@ -89,11 +89,11 @@ def node_view(n: NodeRecord) -> core.Node:
 def normalise(ej: ExecutorJob) -> None:
     """Give every node of a record written before ``NodeRecord.state`` its state (and a stop due its intent)."""
     for n in ej.nodes:
-        if n.state is NodeState.PENDING:
+        if n.state is NodePhase.PENDING:
             n.state = core.legacy_state(finished=n.finished, removed=n.removed, intent=n.intent,
                                         running=bool(n.running_at))
-        elif n.intent is not NodeIntent.NONE and n.state is NodeState.RUNNING:
-            n.state = NodeState.STOPPING  # an intent saved by a hand (or an older executor) is a stop due
+        elif n.intent is not NodeIntent.NONE and n.state is NodePhase.RUNNING:
+            n.state = NodePhase.STOPPING  # an intent saved by a hand (or an older executor) is a stop due
 
 
 class Effects:
@@ -317,7 +317,7 @@ class Effects:
                     ej.retiring = [p for p in ej.retiring if p not in pods]  # stopped: no longer to retire
                 case fx.SetIntent(nodes=names, intent=intent):
                     for name in names:
-                        move(nodes[name], NodeState.STOPPING, intent)
+                        move(nodes[name], NodePhase.STOPPING, intent)
                 case fx.EnterPhase(phase=phase):
                     ej.migration = phase
                 case fx.RequestCheckpoint(node=node):
@@ -343,4 +343,4 @@ class Effects:
                             n.resize_cpu, n.resize_memory_mb = 0.0, 0
                         n.generation += 1
                         n.restore = name in restore
-                        move(n, NodeState.PENDING)
+                        move(n, NodePhase.PENDING)
