@@ -173,11 +173,12 @@ from pacer.subjects import ExecutorOp, JobEventKind, NodeEventKind
 from pacer.telemetry import Counters
 from pacer.trainer.cluster import ClusterDesc
 from pacer_services.pod_executor import core, launch
-from pacer_services.pod_executor.applier import Effects, NotOwner, PodBuilder, move, node_view
+from pacer_services.pod_executor.applier import Effects, NotOwner, PodBuilder
 from pacer_services.pod_executor.backends import Backend
 from pacer_services.pod_executor.config import ExecutorConfig, bus_url
 from pacer_services.pod_executor.core import effects as fx
-from pacer_services.pod_executor.core.exits import ExitOutcome
+from pacer_services.pod_executor.core import record
+from pacer_services.pod_executor.core.record import move, node_view
 from pacer_services.pod_executor.queueing import JobQueues
 
 log = logging.getLogger("pacer.executor")
@@ -232,6 +233,7 @@ class ExecutorService:
         self.own = Ownership(bus, self.name, self._acquired, self._lost, instance=self.cfg.instance,
                              ttl_s=self.cfg.lease_ttl_s)
         self.io.may_act = self.own.owns
+        self.io.fail_job = self._fail  # a FailJob effect (core.record.apply_exit)
         self.queues: JobQueues | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._rpc_sub: Subscription | None = None
@@ -656,43 +658,8 @@ class ExecutorService:
                                policy=self.cfg.policy, ps_lost=ps_lost)
         n.last_reason = ans.decision.reason.value
         self.counters.inc("exits", reason=ans.decision.reason.value)
-        if ans.outcome is ExitOutcome.FINISHED:
-            if not removed:
-                move(n, NodePhase.FINISHED)
-            await self.io.save(ej)
-            await self.io.node_event(ej.job, n, NodeEventKind.FINISHED, pod=st.name, exit_code=0,
-                                     reason=ans.reason, detail=ans.detail, result=launch.parse_result(tail))
-            return
-        if n.state in (NodePhase.PENDING, NodePhase.RUNNING, NodePhase.STOPPING):
-            move(n, NodePhase.RELAUNCHING, n.intent)  # the pod is gone; what comes next is below
-        if ans.outcome is ExitOutcome.MIGRATING:  # started again by the migration, on the next cluster
-            ckpt = launch.parse_result(tail).get("checkpoint")
-            if n.role == Role.WORKER and n.index == 0 and isinstance(ckpt, str) and ckpt:
-                ej.checkpoint = ckpt
-            await self.io.save(ej)
-            await self.io.node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
-                                     reason=ans.reason, relaunch=True, detail=ans.detail)
-            return
-        await self.io.node_event(ej.job, n, NodeEventKind.DIED, pod=st.name, exit_code=st.exit_code,
-                                 reason=ans.reason, relaunch=ans.relaunch is not None, detail=ans.detail)
-        if ans.outcome is ExitOutcome.RELAUNCH and ans.relaunch is not None:
-            if ans.requested:
-                n.requested_restarts += 1
-            else:
-                n.restarts += 1
-            if ans.oom:
-                n.oom_memory_mb = max(n.oom_memory_mb, ans.relaunch.memory_mb)
-            n.cpu, n.memory_mb = ans.relaunch.cpu, ans.relaunch.memory_mb
-            n.resize_cpu, n.resize_memory_mb = 0.0, 0
-            n.restore = ans.restore
-            n.generation += 1
-            move(n, NodePhase.PENDING)
-            await self.io.apply(ej, (fx.CreatePod(n.node), fx.SaveRecord()))
-        elif ans.outcome is ExitOutcome.FAIL_JOB:
-            await self.io.save(ej)
-            await self._fail(ej, ans.detail)
-        else:
-            await self.io.save(ej)
+        await self.io.apply(ej, record.apply_exit(ej, n, ans, pod=st.name, exit_code=st.exit_code,
+                                                  result=launch.parse_result(tail)))
 
     async def _fail(self, ej: ExecutorJob, reason: str) -> None:
         log.warning("job failed", extra={"fields": {"job": ej.job, "reason": reason}})

@@ -8,9 +8,9 @@ PS migration makes (the chief's checkpoint, the shard restore).
 first that fails ends the list and its error goes to the caller (the next
 reconcile pass decides again from what is saved).
 
-A node's state changes only through :func:`move`, which checks the core's
-transition table and keeps the record's older loose fields (``finished``,
-``removed``, ``intent``) in step with it.
+The record's changes themselves are the core's (:mod:`.core.record`: a
+node's state changes only through its ``move``, which checks the transition
+table); this module only applies what they ask for.
 
 Called only from the job's own worker (:mod:`.queueing`): nothing here is
 shared between jobs except the pod cache, which is keyed by pod name.
@@ -27,7 +27,7 @@ job over, so a stale owner's save or check is refused
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import nats.js.errors
@@ -41,7 +41,6 @@ from pacer.contracts.executor import (
     ExecutorEventKind,
     ExecutorJob,
     MigrationPhase,
-    NodeIntent,
     NodePhase,
     NodeRecord,
     PodPhase,
@@ -55,9 +54,10 @@ from pacer.shards.client import ShardAdmin
 from pacer.subjects import NodeEventKind
 from pacer.telemetry import Counters
 from pacer.trainer.cluster import ClusterDesc
-from pacer_services.pod_executor import core, launch
+from pacer_services.pod_executor import launch
 from pacer_services.pod_executor.backends import Backend
 from pacer_services.pod_executor.core import effects as fx
+from pacer_services.pod_executor.core.record import move, node_event_of, normalise, restart_node
 
 log = logging.getLogger("pacer.executor")
 
@@ -68,32 +68,6 @@ _WRONG_LAST_SEQUENCE = (10071, 10164)  # a refused compare-and-set (10164: nats-
 class NotOwner(Unavailable):
     """This instance does not own the job (any more): its work stops; the client or the event retries
     and reaches the owner."""
-
-
-def move(n: NodeRecord, to: NodePhase, intent: NodeIntent = NodeIntent.NONE) -> None:
-    """The one place a node's state changes (checked against :data:`.core.TRANSITIONS`)."""
-    n.state = core.transition(n.node, n.state, to, intent)
-    n.finished, n.removed = to is NodePhase.FINISHED, to is NodePhase.REMOVED
-    if to is NodePhase.STOPPING or intent is not NodeIntent.NONE:
-        n.intent = intent
-    elif to in (NodePhase.PENDING, NodePhase.REMOVED, NodePhase.FINISHED):
-        n.intent = NodeIntent.NONE  # a new pod, or no pod to come: no stop pending
-
-
-def node_view(n: NodeRecord) -> core.Node:
-    """The core's view of a node of the record."""
-    return core.Node(core.NodeSpec(n.role, n.index, n.cpu, n.memory_mb), n.restarts, n.requested_restarts,
-                     state=n.state.value, oom_memory_mb=n.oom_memory_mb)
-
-
-def normalise(ej: ExecutorJob) -> None:
-    """Give every node of a record written before ``NodeRecord.state`` its state (and a stop due its intent)."""
-    for n in ej.nodes:
-        if n.state is NodePhase.PENDING:
-            n.state = core.legacy_state(finished=n.finished, removed=n.removed, intent=n.intent,
-                                        running=bool(n.running_at))
-        elif n.intent is not NodeIntent.NONE and n.state is NodePhase.RUNNING:
-            n.state = NodePhase.STOPPING  # an intent saved by a hand (or an older executor) is a stop due
 
 
 class Effects:
@@ -108,6 +82,7 @@ class Effects:
         self.pods: dict[str, PodStatus] = {}  # newest status of every pod we know
         self.stops_sent: set[str] = set()  # pods this executor (not a crashed predecessor) asked to stop
         self.may_act: Callable[[str], bool] = lambda job: True  # this instance owns the job now
+        self.fail_job: Callable[[ExecutorJob, str], Awaitable[None]] | None = None  # the service's FailJob
 
     def guard(self, job: str) -> None:
         """Refuse to write or act for a job this instance does not own (:class:`NotOwner`)."""
@@ -232,6 +207,12 @@ class Effects:
         await self.bus.publish_durable(subjects.node_event(job, kind), ev)
         self.counters.inc("node_events", kind=kind)
 
+    async def publish_node_event(self, job: str, role: str, e: fx.PublishNodeEvent) -> None:
+        """A node event as the core described it (:func:`.core.record.apply_exit`)."""
+        ev = node_event_of(job, role, e, self.clock(), launch.pod_name(job, e.node, e.generation))
+        await self.bus.publish_durable(subjects.node_event(job, e.kind), ev)
+        self.counters.inc("node_events", kind=e.kind)
+
     async def executor_event(self, job: ExecutorJob, kind: ExecutorEventKind, reason: str = "",
                              overhead_s: float = 0.0, started: list[str] | None = None,
                              stopped: list[str] | None = None) -> None:
@@ -337,10 +318,9 @@ class Effects:
                     ej.retiring = []
                 case fx.RestartNodes(nodes=names, restore=restore):
                     for name in names:
-                        n = nodes[name]
-                        if n.resize_memory_mb:  # a worker resize of the same plan rides on this restart
-                            n.cpu, n.memory_mb = n.resize_cpu, n.resize_memory_mb
-                            n.resize_cpu, n.resize_memory_mb = 0.0, 0
-                        n.generation += 1
-                        n.restore = name in restore
-                        move(n, NodePhase.PENDING)
+                        restart_node(nodes[name], restore=name in restore)
+                case fx.PublishNodeEvent():
+                    await self.publish_node_event(ej.job, nodes[e.node].role, e)
+                case fx.FailJob(reason=reason):
+                    assert self.fail_job is not None, "the service sets Effects.fail_job"
+                    await self.fail_job(ej, reason)

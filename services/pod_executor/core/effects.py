@@ -10,7 +10,9 @@ ends the list: what is left is decided again by the next reconcile pass
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from pacer.contracts.executor import MigrationPhase, NodeIntent
 
@@ -87,5 +89,31 @@ class RestartNodes:
     restore: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class PublishNodeEvent:
+    """Publish a node event (``pacer.events.node.<job>.<kind>``) as the node was when it was decided:
+    its generation, restart count and size are those of the pod that ended, not of the next one."""
+
+    node: str
+    kind: str
+    generation: int
+    restarts: int
+    cpu: float
+    memory_mb: int
+    pod: str = ""
+    exit_code: int | None = None
+    reason: str = ""
+    relaunch: bool = False
+    detail: str = ""
+    result: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FailJob:
+    """The job fails (an ``executor failed`` event, then every pod is torn down)."""
+
+    reason: str
+
+
 Effect = (SaveRecord | CreatePod | DeletePod | DeletePods | SetIntent | EnterPhase | RequestCheckpoint
-          | RestoreShards | SwitchCluster | RestartNodes)
+          | RestoreShards | SwitchCluster | RestartNodes | PublishNodeEvent | FailJob)

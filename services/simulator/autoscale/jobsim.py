@@ -56,8 +56,8 @@ import numpy as np
 import numpy.typing as npt
 from pacer.contracts.agent import AgentMetrics, Heartbeat
 from pacer.contracts.common import Role
-from pacer.contracts.executor import NodePhase
-from pacer.contracts.jobs import ResourcePlan
+from pacer.contracts.executor import ExecutorJob, ExecutorJobState, NodePhase, NodeRecord
+from pacer.contracts.jobs import PlanSource, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetMode, DatasetStatus
@@ -71,9 +71,10 @@ from pacer_services.pod_executor.core import (
     Node,
     NodeSpec,
     Plan,
-    on_exit,
+    answer_exit,
     plan_change,
 )
+from pacer_services.pod_executor.core.record import apply_exit
 
 from .truth import JobTruth, cores_used, ps_rss_mb, throughput
 from .types import JobRun, SimConfig, SimJob, plan_summary
@@ -84,6 +85,7 @@ _SHARD = 100  # batches per shard, for the shard counts of the statistics
 # A node's phase, as the monitor learns it from the executor's events and the agents' reports.
 _ABSENT, _PENDING, _INIT, _TRAINING = 0, 1, 2, 3  # no pod / pod pending / trainer starting / training
 _OOM_EXIT = ExitInfo(code=137, oom=True)  # what a backend reports of a node killed over its memory limit
+_NO_PLAN = ResourcePlan("sim", 0, 0, 0.0, 0, 0.0, 0, PlanSource.DEFAULT)  # a record's plan before the first
 
 
 def executor_plan(plan: ResourcePlan) -> Plan:
@@ -320,12 +322,17 @@ class JobSim:
     def on_exit(self, node: str, now: float) -> ExitDecision:
         """The executor core's answer to ``node`` dying of OOM (its relaunch budget spent by one)."""
         n = self.nodes(now)[node]
-        decision = on_exit(n, _OOM_EXIT, self.policy)
-        if decision.relaunch is not None:
-            self.node_restarts[node] = n.restarts + 1
-            if n.spec.role == Role.WORKER:
-                self.w_oom_mb[n.spec.index] = decision.relaunch.memory_mb
-        return decision
+        ans = answer_exit(n, _OOM_EXIT, policy=self.policy)
+        # The live executor's bookkeeping of the exit, on a record of this node (core.record).
+        rec = NodeRecord(node, n.spec.role, n.spec.index, n.spec.cpu, n.spec.memory_mb, restarts=n.restarts,
+                         requested_restarts=n.requested_restarts, oom_memory_mb=n.oom_memory_mb,
+                         state=NodePhase(n.state))
+        job = ExecutorJob("sim", ExecutorJobState.RUNNING, self.plan or _NO_PLAN, cluster="", nodes=[rec])
+        apply_exit(job, rec, ans, exit_code=_OOM_EXIT.code)
+        self.node_restarts[node] = rec.restarts
+        if n.spec.role == Role.WORKER:
+            self.w_oom_mb[n.spec.index] = rec.oom_memory_mb
+        return ans.decision
 
     def relaunch_plan(self, node: str, now: float) -> ResourcePlan | None:
         """The plan after the executor relaunches OOM-killed ``node`` (its role's memory as

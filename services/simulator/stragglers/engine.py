@@ -106,7 +106,8 @@ import numpy as np
 from pacer.agent.reporting import window_steps
 from pacer.contracts.agent import ActionKind, AgentMetrics, Heartbeat
 from pacer.contracts.common import Role
-from pacer.contracts.executor import NodePhase
+from pacer.contracts.executor import ExecutorJob, ExecutorJobState, NodePhase, NodeRecord
+from pacer.contracts.jobs import PlanSource, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.policy import PolicyAction
@@ -124,7 +125,17 @@ from pacer.trainer.straggler import Pattern
 from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup, round_due
 from pacer_services.controller.policies.limits import batch_floor
 from pacer_services.monitor.core import MonitorConfig, MonitorCore
-from pacer_services.pod_executor.core import EXIT_RESTART, ExitInfo, Node, Plan, on_exit, reconcile
+from pacer_services.pod_executor.core import (
+    EXIT_RESTART,
+    CreatePod,
+    ExitInfo,
+    ExitOutcome,
+    Plan,
+    answer_exit,
+    reconcile,
+)
+from pacer_services.pod_executor.core.effects import PublishNodeEvent
+from pacer_services.pod_executor.core.record import apply_exit, move, node_event_of, node_view
 from pacer_services.shard_service.core import JobShards, Outcome, ShardState
 
 from .policy import Policy, none_policy, resolve_policy
@@ -204,10 +215,15 @@ class Simulation:
             window_short_rel_error=sc.monitor.window_short_rel_error,
         ))
         plan = reconcile(Plan(workers=c.workers, ps=c.ps), {})
-        self.nodes: dict[str, Node] = {}
+        # The executor's record of the job, changed only as the live executor changes it (core.record).
+        self.record = ExecutorJob(JOB, ExecutorJobState.RUNNING, ResourcePlan(
+            JOB, c.workers, c.ps, 1.0, 1024, 1.0, 1024, PlanSource.DEFAULT), cluster="")
+        self.nodes: dict[str, NodeRecord] = {}
         for spec in plan.start:
-            node = Node(spec, state=NodePhase.RUNNING.value)
-            self.nodes[node.name] = node
+            n = NodeRecord(f"{spec.role}-{spec.index}", spec.role, spec.index, spec.cpu, spec.memory_mb,
+                           state=NodePhase.RUNNING)
+            self.record.nodes.append(n)
+            self.nodes[n.node] = n
         for name in self.wnames:
             # Training starts at t = 0; the pods ran init_s before (as live, where the monitor measures
             # the job's start-up from the executor's running events to the first steps).
@@ -538,15 +554,17 @@ class Simulation:
     def _relaunch(self, name: str, role: Role, pats: list[_Injected]) -> float:
         """The executor core decides; the monitor sees died + created; returns when the node is back."""
         c = self.sc.cluster
-        node = self.nodes[name]
-        decision = on_exit(node, ExitInfo(code=EXIT_RESTART))
-        if decision.relaunch is None:  # never for exit 75; kept so a changed executor rule shows up here
-            raise SimulationError(f"{name}: the executor would not relaunch after KILL_RESTART ({decision.detail})")
-        self.nodes[name] = replace(node, spec=decision.relaunch, requested_restarts=node.requested_restarts + 1, state=NodePhase.PENDING.value)
-        gen = self.nodes[name].requested_restarts + self.nodes[name].restarts
-        self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.DIED, self.t, reason=decision.reason.value, role=role,
-                                                  exit_code=EXIT_RESTART, relaunch=True, generation=gen - 1), self.t)
-        self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.CREATED, self.t, role=role, generation=gen), self.t)
+        n = self.nodes[name]
+        ans = answer_exit(node_view(n), ExitInfo(code=EXIT_RESTART))
+        if ans.outcome is not ExitOutcome.RELAUNCH:  # never for exit 75; kept so a changed rule shows up here
+            raise SimulationError(f"{name}: the executor would not relaunch after KILL_RESTART ({ans.detail})")
+        # The live executor's bookkeeping and effects: its died event, then the next pod (created).
+        for e in apply_exit(self.record, n, ans, exit_code=EXIT_RESTART):
+            if isinstance(e, PublishNodeEvent):
+                self.monitor.observe_node_event(node_event_of(JOB, role, e, self.t, f"{name}-g{e.generation}"), self.t)
+            elif isinstance(e, CreatePod):
+                self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.CREATED, self.t, role=role,
+                                                          generation=n.generation), self.t)
         for p in pats:
             if not p.follows_restart:
                 p.cured = True  # the relaunched node runs on a healthy machine
@@ -582,7 +600,7 @@ class Simulation:
         starts (``init_s``), and the monitor measures that start-up from here to its first step."""
         name = self.wnames[i]
         self.booting.add(i)
-        self.nodes[name] = replace(self.nodes[name], state=NodePhase.RUNNING.value)
+        move(self.nodes[name], NodePhase.RUNNING)
         self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.RUNNING, self.t, role=Role.WORKER,
                                                   pending_s=self.sc.cluster.pending_s), self.t)
 
@@ -631,7 +649,7 @@ class Simulation:
     def _ps_return(self, j: int) -> None:
         name = self.pnames[j]
         self.ps_up[j] = True
-        self.nodes[name] = replace(self.nodes[name], state=NodePhase.RUNNING.value)
+        move(self.nodes[name], NodePhase.RUNNING)
         self.monitor.observe_node_event(NodeEvent(JOB, name, NodeEventKind.RUNNING, self.t, role=Role.PS,
                                                   pending_s=self.sc.cluster.pending_s), self.t)
 
