@@ -484,32 +484,12 @@ class ExecutorService:
                                           migrating=ej.migration is not MigrationPhase.NONE)
         if change.ps_deferred:
             reasons.append("PS changes wait: a migration is under way")
-        ej.plan, ej.plan_at, ej.applied = plan, now, False
-        ej.state = JS.STARTING if ej.state is JS.STARTING else JS.RUNNING
-        have = {n.node: n for n in ej.nodes}
-        started = [f"{s.role}-{s.index}" for s in sorted(change.start, key=lambda s: (s.role != Role.PS, s.index))]
-        for s in change.start:
-            n = have.get(f"{s.role}-{s.index}")
-            if n is None:
-                ej.nodes.append(NodeRecord(f"{s.role}-{s.index}", s.role, s.index, s.cpu, s.memory_mb))
-            else:  # scaled back up: a fresh pod, nothing pending on it
-                n.generation += 1
-                n.cpu, n.memory_mb = s.cpu, s.memory_mb
-                move(n, NodePhase.PENDING)
-        for name in change.stop:
-            move(have[name], NodePhase.REMOVED)
-        self._queue_resize(ej, change.resize)
         if change.resize and not change.migrate_ps:
             reasons.append(f"replacing {len(change.resize)} running worker(s) with {plan.worker_cpu:g} CPU / "
                            f"{plan.worker_memory_mb} MiB, at most "
                            f"{core.resize_batch_size(workers, self.cfg.policy)} at a time")
-        ej.reason = "; ".join(reasons)
-        await self.io.save(ej)  # intent first: a crash from here on is healed by reconcile
-        by_name = {n.node: n for n in ej.nodes}
-        for name in started:
-            await self.io.create(ej, by_name[name])
-        for name in change.stop:
-            await self.io.delete(ej, by_name[name])
+        await self.io.apply(ej, record.apply_change(ej, plan, change, now, "; ".join(reasons)))
+        started = [f"{s.role}-{s.index}" for s in change.start]
         if change.migrate_ps:
             await self.start_migration(ej, {i: (plan.ps_cpu, plan.ps_memory_mb) for i in range(plan.ps)},
                                        f"plan: {plan.ps} PS x {plan.ps_cpu:g} CPU / {plan.ps_memory_mb} MiB")
@@ -541,17 +521,6 @@ class ExecutorService:
         return True
 
     # ================================================================ rolling worker replacement
-    def _queue_resize(self, ej: ExecutorJob, due: tuple[core.NodeSpec, ...]) -> None:
-        """Mark every live worker with the size it is due (``plan_change``'s ``resize``; not saved).
-
-        A later plan overrides what an earlier one queued; a worker scaled away
-        or finished has nothing due.
-        """
-        by_index = {t.index: t for t in due}
-        for n in ej.nodes:
-            t = by_index.get(n.index) if n.role == Role.WORKER and _live(n) else None
-            n.resize_cpu, n.resize_memory_mb = (t.cpu, t.memory_mb) if t is not None else (0.0, 0)
-
     def _worker_phase(self, ej: ExecutorJob, n: NodeRecord) -> core.WorkerPhase:
         st = self.io.current(ej, n)
         if st is None or st.phase is PodPhase.EXITED:
@@ -568,7 +537,7 @@ class ExecutorService:
         """
         if not ej.state.active or ej.migration is not MigrationPhase.NONE:
             return
-        live = [n for n in ej.nodes if n.role == Role.WORKER and _live(n)]
+        live = [n for n in ej.nodes if n.role == Role.WORKER and record.live(n)]
         if not any(n.resize_memory_mb for n in live):
             return
         views = [core.ResizeView(n.index, self._worker_phase(ej, n),
@@ -750,7 +719,7 @@ class ExecutorService:
         """Observe, let :func:`.core.reconcile_pass` decide, act; what fails is observed again next pass."""
         p = core.reconcile_pass(self._observe(ej), self.clock(), self.cfg.completion_grace_s)
         nodes = {n.node: n for n in ej.nodes}
-        started = [n.node for n in ej.nodes if _live(n)]
+        started = [n.node for n in ej.nodes if record.live(n)]
         for name in p.recreate:
             n = nodes[name]
             self.counters.inc("pods_recreated")
@@ -836,7 +805,7 @@ class ExecutorService:
 
     async def _migrate_step(self, ej: ExecutorJob) -> None:
         ps = [n for n in ej.nodes if n.role == Role.PS and n.state is not NodePhase.REMOVED]
-        workers = [n for n in ej.nodes if n.role == Role.WORKER and _live(n)]
+        workers = [n for n in ej.nodes if n.role == Role.WORKER and record.live(n)]
         draining = tuple(n.node for n in workers if n.intent is NodeIntent.MIGRATE
                          and (p := self.io.current(ej, n)) is not None and p.phase is not PodPhase.EXITED)
         step = core.migration_step(core.MigrationView(
@@ -943,11 +912,7 @@ class ExecutorService:
             raise Conflict(f"node {n.node} of job {job!r} is {n.state.value}")
         st = self.io.current(ej, n)
         live = st is not None and st.phase is not PodPhase.EXITED
-        detail = ""
-        if cmd.kind is CommandKind.STOP:
-            move(n, NodePhase.REMOVED)
-            detail = "stopping"
-        elif n.role == Role.PS:
+        if n.role == Role.PS and cmd.kind is not CommandKind.STOP:
             # A PS is never restarted alone (its workers would lose what it holds since the last
             # checkpoint): MIGRATE moves it seamlessly, RESTART stops training first (core.migration).
             ps = {x.index: (x.cpu, x.memory_mb) for x in ej.nodes
@@ -958,28 +923,13 @@ class ExecutorService:
             await self.start_migration(ej, ps, f"{n.node} to {ps[n.index][0]:g} CPU / "
                                                f"{ps[n.index][1]} MiB: {cmd.reason}", stop_first=stop_first)
             if cmd.command_id:
-                ej.commands = [*ej.commands[-63:], cmd.command_id]
+                record.remember_command(ej, cmd)
                 await self.io.save(ej)
             return CommandResult(job, n.node, cmd.command_id, True, launch.pod_name(job, n.node, n.generation),
                                  "stop-and-restart started" if stop_first else "migration started")
-        else:  # RESTART, or MIGRATE of a worker: stop it, start it again (with new resources)
-            if cmd.kind is CommandKind.MIGRATE:
-                n.cpu = cmd.cpu if cmd.cpu is not None else n.cpu
-                n.memory_mb = cmd.memory_mb if cmd.memory_mb is not None else n.memory_mb
-            if live:
-                move(n, NodePhase.STOPPING, NodeIntent.RESTART)
-            detail = f"{cmd.kind.value}: {cmd.reason}".strip(": ")
-        if cmd.command_id:
-            ej.commands = [*ej.commands[-63:], cmd.command_id]
-        await self.io.save(ej)
-        if live:
-            await self.io.delete(ej, n)
-        elif cmd.kind is not CommandKind.STOP:  # nothing running to stop: start the next pod now
-            n.requested_restarts += 1
-            n.generation += 1
-            move(n, NodePhase.PENDING)
-            await self.io.create(ej, n)
+        await self.io.apply(ej, record.node_command(ej, n, cmd, live_pod=live))
         self.counters.inc("commands", kind=cmd.kind.value)
+        detail = "stopping" if cmd.kind is CommandKind.STOP else f"{cmd.kind.value}: {cmd.reason}".strip(": ")
         # A restart is under way when the old pod is still stopping: its successor is the next generation.
         serving = n.generation + 1 if n.intent is NodeIntent.RESTART else n.generation
         return CommandResult(job, n.node, cmd.command_id, True, launch.pod_name(job, n.node, serving), detail)
@@ -1041,11 +991,6 @@ def _stream_seq(m: Msg) -> int | None:
 def _check_job(job: str) -> None:
     """A job id that can name a lease and subjects (raises :class:`ValidationError`)."""
     subjects.executor_rpc(job, ExecutorOp.STATUS)
-
-
-def _live(n: NodeRecord) -> bool:
-    """A node with a pod to keep: neither scaled away nor finished."""
-    return n.state not in (NodePhase.REMOVED, NodePhase.FINISHED)
 
 
 def _same_job(job: str, body_job: str) -> None:

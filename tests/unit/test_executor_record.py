@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import pytest
-from pacer.contracts.executor import ExecutorJob, ExecutorJobState, NodeIntent, NodePhase, NodeRecord
+from pacer.contracts.executor import (
+    CommandKind,
+    ExecutorCommand,
+    ExecutorJob,
+    ExecutorJobState,
+    NodeIntent,
+    NodePhase,
+    NodeRecord,
+)
 from pacer.contracts.jobs import PlanSource, ResourcePlan
 from pacer_services.pod_executor.core import effects as fx
-from pacer_services.pod_executor.core.exits import EXIT_RESTART, SIGKILL, ExitInfo, ExitOutcome, answer_exit
+from pacer_services.pod_executor.core.exits import (
+    EXIT_RESTART,
+    SIGKILL,
+    ExitInfo,
+    ExitOutcome,
+    answer_exit,
+)
 from pacer_services.pod_executor.core.node import IllegalTransition
-from pacer_services.pod_executor.core.record import apply_exit, move, node_view, restart_node
+from pacer_services.pod_executor.core.record import (
+    apply_change,
+    apply_exit,
+    move,
+    node_command,
+    node_view,
+    restart_node,
+)
 
 PLAN = ResourcePlan("j", 2, 1, 1.0, 1024, 1.0, 2048, PlanSource.DEFAULT)
 
@@ -85,3 +106,40 @@ def test_restart_node_takes_a_due_size() -> None:
     n = worker(resize_cpu=2.0, resize_memory_mb=4096, state=NodePhase.RELAUNCHING)
     restart_node(n, restore=True)
     assert (n.cpu, n.memory_mb, n.generation, n.restore, n.state) == (2.0, 4096, 1, True, NodePhase.PENDING)
+
+
+def test_a_plan_change_adds_scales_back_removes_and_queues_resizes() -> None:
+    from pacer_services.pod_executor.core.model import NodeSpec
+    from pacer_services.pod_executor.core.plan import PlanChange
+
+    w0, w1, w2 = worker(0), worker(1), worker(2, state=NodePhase.REMOVED, removed=True, generation=3)
+    ej = job(w0, w1, w2)
+    new = ResourcePlan("j", 2, 1, 2.0, 4096, 1.0, 2048, PlanSource.BRAIN)
+    change = PlanChange(start=(NodeSpec("worker", 2, 2.0, 4096), NodeSpec("ps", 0, 1.0, 2048)), stop=("worker-1",),
+                        resize_batches=((0,),), migrate_ps=False, resize=(NodeSpec("worker", 0, 2.0, 4096),))
+    effects = apply_change(ej, new, change, 50.0, "because")
+    assert effects == (fx.SaveRecord(), fx.CreatePod("ps-0"), fx.CreatePod("worker-2"), fx.DeletePod("worker-1"))
+    assert (ej.plan, ej.plan_at, ej.applied, ej.reason) == (new, 50.0, False, "because")
+    assert (w2.state, w2.generation, w2.cpu, w2.memory_mb) == (NodePhase.PENDING, 4, 2.0, 4096)  # scaled back up
+    assert w1.state is NodePhase.REMOVED and [n.node for n in ej.nodes][-1] == "ps-0"
+    assert (w0.resize_cpu, w0.resize_memory_mb, w1.resize_memory_mb) == (2.0, 4096, 0)
+
+
+@pytest.mark.parametrize(("kind", "live_pod"), [(CommandKind.RESTART, True), (CommandKind.RESTART, False),
+                                                (CommandKind.MIGRATE, True), (CommandKind.STOP, True),
+                                                (CommandKind.STOP, False)])
+def test_a_node_command(kind: CommandKind, live_pod: bool) -> None:
+    n = worker()
+    ej = job(n)
+    cmd = ExecutorCommand("j", "worker-1", kind, "test", cpu=2.0, memory_mb=3000, command_id="c1")
+    effects = node_command(ej, n, cmd, live_pod=live_pod)
+    assert ej.commands == ["c1"] and effects[0] == fx.SaveRecord()
+    if kind is CommandKind.STOP:
+        assert n.state is NodePhase.REMOVED and effects[1:] == ((fx.DeletePod("worker-1"),) if live_pod else ())
+    elif live_pod:  # stopped to start again; its exit will be a requested restart
+        assert n.state is NodePhase.STOPPING and n.intent is NodeIntent.RESTART
+        assert effects[1:] == (fx.DeletePod("worker-1"),) and n.generation == 0
+    else:  # nothing running: its next pod now
+        assert (n.state, n.generation, n.requested_restarts) == (NodePhase.PENDING, 1, 1)
+        assert effects[1:] == (fx.CreatePod("worker-1"),)
+    assert (n.cpu, n.memory_mb) == ((2.0, 3000) if kind is CommandKind.MIGRATE else (1.0, 1024))

@@ -10,7 +10,9 @@ same functions, so a node's bookkeeping after an exit exists once.
 * :func:`move`: the one place a node's state changes (the table of :mod:`.node`);
 * :func:`node_view` / :func:`normalise`: the core's view of a node, and old records brought up to date;
 * :func:`restart_node`: a node's next generation (a restart, a resize, a migration's move);
-* :func:`apply_exit`: the bookkeeping after :func:`.exits.answer_exit` judged a pod's end.
+* :func:`apply_exit`: the bookkeeping after :func:`.exits.answer_exit` judged a pod's end;
+* :func:`apply_change`: a new plan's nodes (:func:`.plan.plan_change`: started, stopped, resizes due);
+* :func:`node_command`: an operator's or controller's STOP / RESTART / MIGRATE of a worker.
 """
 
 from __future__ import annotations
@@ -19,13 +21,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from pacer.contracts.common import Role
-from pacer.contracts.executor import ExecutorJob, NodeIntent, NodePhase, NodeRecord
+from pacer.contracts.executor import (
+    CommandKind,
+    ExecutorCommand,
+    ExecutorJob,
+    ExecutorJobState,
+    NodeIntent,
+    NodePhase,
+    NodeRecord,
+)
+from pacer.contracts.jobs import ResourcePlan
 from pacer.contracts.nodes import NodeEvent
 from pacer.subjects import NodeEventKind
 from pacer_services.pod_executor.core import effects as fx
 from pacer_services.pod_executor.core.exits import ExitAnswer, ExitOutcome
 from pacer_services.pod_executor.core.model import Node, NodeSpec
 from pacer_services.pod_executor.core.node import legacy_state, transition
+from pacer_services.pod_executor.core.plan import PlanChange
 
 
 def move(n: NodeRecord, to: NodePhase, intent: NodeIntent = NodeIntent.NONE) -> None:
@@ -125,3 +137,70 @@ def apply_exit(ej: ExecutorJob, n: NodeRecord, ans: ExitAnswer, *, pod: str = ""
     if ans.outcome is ExitOutcome.FAIL_JOB:
         return died, fx.SaveRecord(), fx.FailJob(ans.detail)
     return died, fx.SaveRecord()
+
+
+def live(n: NodeRecord) -> bool:
+    """A node with a pod to keep: neither scaled away nor finished."""
+    return n.state not in (NodePhase.REMOVED, NodePhase.FINISHED)
+
+
+def queue_resize(ej: ExecutorJob, due: tuple[NodeSpec, ...]) -> None:
+    """Mark every live worker with the size it is due (``PlanChange.resize``); a later plan overrides what an
+    earlier one queued, and a worker scaled away or finished has nothing due."""
+    by_index = {t.index: t for t in due}
+    for n in ej.nodes:
+        t = by_index.get(n.index) if n.role == Role.WORKER and live(n) else None
+        n.resize_cpu, n.resize_memory_mb = (t.cpu, t.memory_mb) if t is not None else (0.0, 0)
+
+
+def apply_change(ej: ExecutorJob, plan: ResourcePlan, change: PlanChange, now: float,
+                 reason: str) -> tuple[fx.Effect, ...]:
+    """The record under ``plan`` as ``change`` moves it there: new nodes (PS first), nodes scaled back up
+    (a fresh pod of their next generation, with the plan's size), nodes scaled away, the resizes due;
+    then save it (the intent first: a crash from there on is healed by reconcile), create the started
+    pods and stop the stopped ones.  A migration or a resize step the change asks for is the caller's."""
+    ej.plan, ej.plan_at, ej.applied, ej.reason = plan, now, False, reason
+    ej.state = ExecutorJobState.STARTING if ej.state is ExecutorJobState.STARTING else ExecutorJobState.RUNNING
+    have = {n.node: n for n in ej.nodes}
+    started = [f"{s.role}-{s.index}" for s in sorted(change.start, key=lambda s: (s.role != Role.PS, s.index))]
+    for s in change.start:
+        n = have.get(f"{s.role}-{s.index}")
+        if n is None:
+            ej.nodes.append(NodeRecord(f"{s.role}-{s.index}", s.role, s.index, s.cpu, s.memory_mb))
+        else:  # scaled back up: a fresh pod, nothing pending on it
+            n.generation += 1
+            n.cpu, n.memory_mb = s.cpu, s.memory_mb
+            move(n, NodePhase.PENDING)
+    for name in change.stop:
+        move(have[name], NodePhase.REMOVED)
+    queue_resize(ej, change.resize)
+    return (fx.SaveRecord(), *(fx.CreatePod(name) for name in started), *(fx.DeletePod(name) for name in change.stop))
+
+
+def node_command(ej: ExecutorJob, n: NodeRecord, cmd: ExecutorCommand, *, live_pod: bool) -> tuple[fx.Effect, ...]:
+    """A STOP (the node is removed), or a RESTART / MIGRATE (with the command's size) of a worker: its live
+    pod is stopped to start again (its exit is then a requested restart), or, with none running, its next
+    pod is made now.  A PS is moved by a migration instead (the caller starts it).  The command's id is
+    remembered (the last 64), so a repeated command is answered as done."""
+    if cmd.kind is CommandKind.STOP:
+        move(n, NodePhase.REMOVED)
+    else:
+        if cmd.kind is CommandKind.MIGRATE:
+            n.cpu = cmd.cpu if cmd.cpu is not None else n.cpu
+            n.memory_mb = cmd.memory_mb if cmd.memory_mb is not None else n.memory_mb
+        if live_pod:
+            move(n, NodePhase.STOPPING, NodeIntent.RESTART)
+    remember_command(ej, cmd)
+    if live_pod:
+        return fx.SaveRecord(), fx.DeletePod(n.node)
+    if cmd.kind is CommandKind.STOP:
+        return (fx.SaveRecord(),)
+    n.requested_restarts += 1  # nothing running to stop: the next pod now
+    n.generation += 1
+    move(n, NodePhase.PENDING)
+    return fx.SaveRecord(), fx.CreatePod(n.node)
+
+
+def remember_command(ej: ExecutorJob, cmd: ExecutorCommand) -> None:
+    if cmd.command_id:
+        ej.commands = [*ej.commands[-63:], cmd.command_id]
