@@ -37,6 +37,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check libs services tests bench
 	$(BIN)/lint-imports
+	$(BIN)/python tests/lint_routing.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy libs/pacer services

@@ -405,7 +405,7 @@ class ApiService:
         """The request's ``SERVER`` span (module docstring), with the HTTP semantic-convention attributes."""
         if request.path == "/healthz" or request.path.startswith("/static/"):
             return await handler(request)  # probes and files: no trace worth keeping
-        route = _route(request)
+        route = _route_label(request)
         attrs: dict[str, Any] = {"http.request.method": request.method, "url.path": request.path,
                                  "url.scheme": request.scheme}
         if route:
@@ -724,7 +724,7 @@ class ApiService:
         return sorted([*timeline, *series])
 
 
-def _route(request: web.Request) -> str:
+def _route_label(request: web.Request) -> str:
     """The matched route's template (``/api/v1/jobs/{job}``), "" when none matched (a 404)."""
     resource = request.match_info.route.resource
     return resource.canonical if resource is not None else ""

@@ -130,8 +130,9 @@ from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.errors import PacerError
 from pacer.lease import Lease, LeaseLost
-from pacer.ownership import DEFAULT_TTL_S, FORWARDED_BY, Ownership
-from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
+from pacer.owned.router import Router
+from pacer.ownership import DEFAULT_TTL_S, Ownership
+from pacer.runtime import RuntimeConfig, guard
 from pacer.subjects import NodeEventKind
 from pacer.telemetry import Counters
 from pacer_services.brain import handlers
@@ -280,6 +281,12 @@ class BrainService:
         self.lock = asyncio.Lock()  # the autoscalers' (module docstring); never held across a network call
         self.round_due = asyncio.Event()
         self.rpc = handlers.rpc(self)
+        # local_ok: with no owner to be found or claimed (the lease bucket unreachable), the first plan is
+        # still answered here (it needs only the config DB); the job is then autoscaled from its record by
+        # whichever instance claims it at its first window.  The cluster's and every job's (_all) requests
+        # are answered by any instance.
+        self.router = Router(bus, self.own, self.counters, self.rpc, local_ok=True,
+                             local_jobs=(subjects.ALL_JOBS, CLUSTER), before=self._claim_first)
         self.consumer = _InstanceConsumer(
             bus, self.name, durable or f"brain-events-{self.own.instance}", EVENT_FILTERS, handlers.events(self),
             self.counters, inactive_s=self.config.inactive_s)
@@ -291,7 +298,7 @@ class BrainService:
         await self.store.open()
         await self.load_history()
         self.running = await self.store.running()
-        await self.own.start(tg, on_forwarded=self._on_forwarded)
+        await self.own.start(tg, on_forwarded=self.router.on_forwarded)
         # The cluster rounds' lease: whoever holds it runs them (and owns the autoscaled jobs while the
         # capacity is known).  Waited for briefly, so that a lone instance holds it before its first window.
         await self.own.claim(CLUSTER, within=2.0)
@@ -306,7 +313,7 @@ class BrainService:
         # Statistics and ClusterStatus without a queue group: every instance hears every job (the owner acts,
         # the others keep their memory watches warm); requests in a queue group, routed to the job's owner.
         self._subs = [
-            await nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name, cb=self._on_rpc),
+            await nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name, cb=self.router.on_rpc),
             await nc.subscribe(subjects.events_of(subjects.MONITOR_SERVICE, kind="statistics"),
                                cb=tracing.traced("consume brain.statistics", on_statistics)),
             await nc.subscribe(subjects.cluster_status(),
@@ -334,33 +341,12 @@ class BrainService:
                 self.counters.inc("bad_records")
                 log.error("unreadable config DB record %s; ignored", key)
 
-    async def _on_rpc(self, msg: Msg) -> None:
-        """A request about one job goes to the job's owner (forwarded there, or claimed); ``_all`` is answered here."""
-        try:
-            job, _ = subjects.parse_rpc(msg.subject)
-        except PacerError:
-            job = subjects.ALL_JOBS
-        if job == subjects.ALL_JOBS or job == CLUSTER:
-            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
-            return
-        # local_ok: with no owner to be found or claimed (the lease bucket unreachable), the first plan is
-        # still answered here (it needs only the config DB); the job is then autoscaled from its record by
-        # whichever instance claims it at its first window.
-        if not self.own.owns(job) and not (msg.headers and msg.headers.get(FORWARDED_BY)):
-            with contextlib.suppress(nats.errors.Error, TimeoutError):
-                if await self.own.owner_of(job) in (None, self.own.instance):
-                    # claimed (or being loaded) here: wait for it rather than answer without owning the job
-                    await self.own.claim(job, within=max(2.0, self.config.lease_ttl_s))
-        how = await self.own.route(msg, job, self._dispatch, local_ok=True)
-        if how != "handled":
-            self.counters.inc(f"requests_{how}")
-
-    async def _on_forwarded(self, msg: Msg) -> None:
-        self.counters.inc("requests_forwarded_in")
-        await self._on_rpc(msg)  # never forwarded again: handled here, as the owner or (local_ok) without one
-
-    async def _dispatch(self, msg: Msg) -> None:
-        await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
+    async def _claim_first(self, job: str) -> None:
+        """A job nobody owns yet (or that is being loaded here) is claimed here first: its request is
+        answered by its owner, not without one."""
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            if await self.own.owner_of(job) in (None, self.own.instance):
+                await self.own.claim(job, within=max(2.0, self.config.lease_ttl_s))
 
     # ---------------------------------------------------------------- ownership (issue 13)
     async def _acquired(self, job: str, lease: Lease) -> None:

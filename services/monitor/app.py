@@ -82,8 +82,9 @@ from pacer.bus import Bus
 from pacer.consumer import dead_letter
 from pacer.errors import PacerError
 from pacer.lease import Lease
+from pacer.owned.router import Router
 from pacer.ownership import DEFAULT_TTL_S, Ownership
-from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
+from pacer.runtime import RuntimeConfig, guard
 from pacer.telemetry import Counters
 from pacer_services.monitor import handlers
 from pacer_services.monitor.core import MonitorConfig, MonitorCore
@@ -146,6 +147,9 @@ class MonitorService:
         self.feed = EventFeed(bus.js, f"{self.cfg.durable}-{self.own.instance}")
         self.events = handlers.build_events(self.core)
         self.rpc = handlers.build_rpc(self)
+        # Any instance may answer (every one folds every event): a request is passed to the owner only so
+        # that the freshest windows answer; a job nobody has data of is not_found, from here.
+        self.router = Router(bus, self.own, self.counters, self.rpc, local_ok=True, unknown=self._unknown)
         self.last_data: dict[str, float] = {}  # job -> monitor time of its newest event
         self.replayed_upto = 0  # stream sequence: durable deliveries up to it were applied by the replay
         self._replay_bad: set[int] = set()  # ... except these, which the durable consumer dead-letters
@@ -157,12 +161,12 @@ class MonitorService:
     # ================================================================ lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
         await self.bus.ensure_streams()
-        await self.own.start(tg, on_forwarded=self._on_forwarded)
+        await self.own.start(tg, on_forwarded=self.router.on_forwarded)
         self._durable = await self._open_durable()  # before the replay: no gap
         if self.cfg.replay:
             await self._replay()
         self._rpc_sub = await self.bus.nc.subscribe(
-            subjects.rpc_wildcard(self.name), queue="monitor", cb=self._on_rpc
+            subjects.rpc_wildcard(self.name), queue="monitor", cb=self.router.on_rpc
         )
         await self.bus.nc.flush()  # ready means answering: the server has our subscription
         tg.create_task(guard("events", self._events_loop), name="pacer:monitor:events")
@@ -319,22 +323,8 @@ class MonitorService:
         self.counters.inc("statistics_published", sent)
         return sent
 
-    async def _on_rpc(self, msg: Msg) -> None:
-        """A request for job J: answered here if we own J, else passed to J's owner (see the module doc)."""
-        try:
-            job, _ = subjects.parse_rpc(msg.subject)
-        except PacerError:
-            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)  # the error reply
-            return
-        if job not in self.core.jobs:  # nobody has data of it: not_found, from here
-            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
-            return
-        how = await self.own.route(msg, job, self._on_forwarded, local_ok=True)
-        if how == "forwarded":
-            self.counters.inc("requests_forwarded")
-
-    async def _on_forwarded(self, msg: Msg) -> None:
-        await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
+    async def _unknown(self, job: str, op: str) -> bool:
+        return job not in self.core.jobs
 
 
 async def create(bus: Bus, cfg: RuntimeConfig) -> MonitorService:

@@ -164,11 +164,12 @@ from pacer.contracts.executor import (
 )
 from pacer.contracts.executor import ExecutorJobState as JS
 from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
-from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, Unavailable, ValidationError
+from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, ValidationError
 from pacer.extras import require
 from pacer.lease import Lease, LeaseLost
-from pacer.ownership import FORWARDED_BY, Ownership
-from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
+from pacer.owned.router import Router, Work
+from pacer.ownership import Ownership
+from pacer.runtime import RuntimeConfig, guard
 from pacer.subjects import ExecutorOp, JobEventKind, NodeEventKind
 from pacer.telemetry import Counters
 from pacer.trainer.cluster import ClusterDesc
@@ -234,6 +235,8 @@ class ExecutorService:
                              ttl_s=self.cfg.lease_ttl_s)
         self.io.may_act = self.own.owns
         self.io.fail_job = self._fail  # a FailJob effect (core.record.apply_exit)
+        self.router = Router(bus, self.own, self.counters, self.rpc, check_job=_check_job, unknown=self._unknown,
+                             run=self._spawn)
         self.queues: JobQueues | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._rpc_sub: Subscription | None = None
@@ -253,7 +256,7 @@ class ExecutorService:
         self.io.jobs_kv = await self.bus.kv(subjects.JOB_BUCKET, "Pacer jobs: one JobRecord per job")
         # The pods' agents elect their primary in this bucket but may not make it (pacer.security).
         await agent_bucket.ensure(self.bus.js, self.bus.replicas)
-        await self.own.start(tg, on_forwarded=self._on_forwarded)
+        await self.own.start(tg, on_forwarded=self.router.on_forwarded)
         for st in await self.backend.list():
             self.pods[st.name] = st
         # Compete for every job of the bucket with work left; the ones we win are loaded by _acquired (a
@@ -262,7 +265,7 @@ class ExecutorService:
         self.io.revisions.clear()  # only an owner's revisions count (read again by _acquired)
         await asyncio.gather(*(self.own.claim(job, within=self.cfg.claim_at_start_s) for job in known))
         self._rpc_sub = await self.bus.nc.subscribe(subjects.rpc_wildcard(self.name), queue=self.name,
-                                                    cb=self._on_rpc)
+                                                    cb=self.router.on_rpc)
         await self.bus.nc.flush()
         tg.create_task(guard("watch", self._watch_loop), name="pacer:executor:watch")
         tg.create_task(guard("jobs", self.consumer.run), name="pacer:executor:jobs")
@@ -844,47 +847,16 @@ class ExecutorService:
             await asyncio.sleep(self.cfg.cluster_every_s)
 
     # ================================================================ rpc
-    async def _on_rpc(self, msg: Msg) -> None:
+    async def _spawn(self, job: str, msg: Msg, work: Work) -> None:
         # nats-py runs one subscription's callbacks one after the other: a request that waits for its
         # job's worker must not hold up the requests of other jobs, so each runs in a task of its own.
         assert self._tg is not None
-        self._tg.create_task(self._route(msg), name="pacer:executor:rpc")
+        self._tg.create_task(work(), name="pacer:executor:rpc")
 
-    async def _on_forwarded(self, msg: Msg) -> None:
-        """The other instance passed us a request of a job it believes we own."""
-        assert self._tg is not None
-        self._tg.create_task(self._route(msg), name="pacer:executor:forwarded")
-
-    async def _dispatch(self, msg: Msg) -> None:
-        await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
-
-    async def _route(self, msg: Msg) -> None:
-        """A request for job J: answered here if we own J, else passed to J's owner
-        (:meth:`Ownership.route`); a job nobody owns and without a record is answered here (not found)
-        without claiming it."""
-        try:
-            try:
-                job, _ = subjects.parse_rpc(msg.subject)
-                _check_job(job)
-            except PacerError:
-                await self._dispatch(msg)  # the error reply, from here
-                return
-            if self.own.owns(job):
-                await self._dispatch(msg)
-                return
-            forwarded = bool(msg.headers and msg.headers.get(FORWARDED_BY))
-            if not forwarded and not self.own.wanted(job) and await self.own.owner_of(job) is None \
-                    and await self.io.reread(job, track=False) is None:
-                await self._dispatch(msg)  # not_found
-                return
-            how = await self.own.route(msg, job, self._dispatch)
-            if how != "handled":
-                self.counters.inc(f"requests_{how}")  # requests_forwarded | requests_unavailable
-        except Exception:  # the loop boundary: the client gets an answer, the service goes on
-            self.counters.inc("internal_errors", op="route")
-            log.exception("request routing failed")
-            with contextlib.suppress(Exception):
-                await self.bus.respond_error(msg, Unavailable(f"executor: owner of {msg.subject!r} unknown; retry"))
+    async def _unknown(self, job: str, op: str) -> bool:
+        """A job nobody owns or wants and without a record is answered here (not found), unclaimed."""
+        return (not self.own.wanted(job) and await self.own.owner_of(job) is None
+                and await self.io.reread(job, track=False) is None)
 
     def _job(self, job: str) -> ExecutorJob:
         ej = self.jobs.get(job)

@@ -31,7 +31,7 @@ Only the job's owner holds its :class:`JobRuntime`: ``on_acquired`` loads it
 from the snapshot and the log exactly as a restart does, ``on_lost`` drops
 it at once (queued requests get a temporary ``unavailable`` error: clients
 retry and reach the new owner).  A request reaching a non-owner is forwarded
-to the owner (reply subject unchanged); node deaths come through one durable
+to the owner (reply subject unchanged; :mod:`pacer.owned.router`); node deaths come through one durable
 consumer shared by the instances, and a non-owner hands the message back
 (nak) for the owner.  Safety does not rest on the lease's timing: appends
 carry the log's expected last sequence, so a stale owner's append is
@@ -71,8 +71,9 @@ from pacer.errors import (
     ValidationError,
 )
 from pacer.lease import Lease
-from pacer.ownership import DEFAULT_TTL_S, FORWARDED_BY, Ownership
-from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
+from pacer.owned.router import Router
+from pacer.ownership import DEFAULT_TTL_S, Ownership
+from pacer.runtime import RuntimeConfig, guard
 from pacer.telemetry import Counters
 from pacer_services.shard_service import handlers
 from pacer_services.shard_service.core import DEFAULT_LIMITS, JobShards, Outcome, ShardLimits
@@ -145,6 +146,10 @@ class ShardService:
         self.follows: dict[tuple[str, str], Follow] = {}  # (job, dataset) -> timings of a followed stream
         self.own = Ownership(bus, self.name, self._acquired, self._lost, instance=self.cfg.instance,
                              ttl_s=self.cfg.lease_ttl_s)
+        # A job's requests run in its inbox (one after the other); routing to the owner too (finding
+        # the owner takes IO: only the job's later requests wait behind it).
+        self.router = Router(bus, self.own, self.counters, self.rpc, check_job=subjects.shard_log,
+                             unknown=self._unknown, after=self._after_route, run=self._enqueue)
 
     # ================================================================ lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
@@ -152,7 +157,7 @@ class ShardService:
         self.inbox = JobInboxes(lambda coro, name: tg.create_task(coro, name=name), self.cfg.max_queued)
         await self.bus.ensure_streams()
         await self.store.open()
-        await self.own.start(tg, on_forwarded=self._on_forwarded)
+        await self.own.start(tg, on_forwarded=self.router.on_forwarded)
         t0 = time.perf_counter()
         # Compete for every job of the log; the ones we win are loaded by _acquired.  A job whose
         # owner was killed is free one TTL later: it is not waited for here.
@@ -166,7 +171,7 @@ class ShardService:
         # deliver policy is "new") and the dead node's shards waited for their lease to run out.
         self._node_sub = await self._node_events_subscribe()
         self._sub = await self.bus.nc.subscribe(
-            subjects.rpc_wildcard(self.name), queue="shard-service", cb=self._on_rpc, pending_msgs_limit=-1,
+            subjects.rpc_wildcard(self.name), queue="shard-service", cb=self.router.on_rpc, pending_msgs_limit=-1,
             pending_bytes_limit=-1,
         )
         tg.create_task(guard("reaper", self._reap_loop), name="pacer:shard:reaper")
@@ -250,17 +255,6 @@ class ShardService:
         return rt
 
     # ================================================================ requests
-    async def _on_rpc(self, msg: Msg) -> None:
-        """A request for job J: into J's inbox, whose worker handles it here if we own J, else routes it
-        (finding the owner takes IO: only J's later requests wait behind it)."""
-        try:
-            job, _ = subjects.parse_rpc(msg.subject)
-            subjects.shard_log(job)  # a valid job id, or nobody can own it
-        except PacerError:
-            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)  # the error reply, from here
-            return
-        await self._enqueue(job, msg, lambda: self._handle(msg, job))
-
     async def _enqueue(self, job: str, msg: Msg, work: Callable[[], Awaitable[None]]) -> None:
         assert self.inbox is not None
         if not self.inbox.put(job, work):
@@ -268,49 +262,18 @@ class ShardService:
             await self.bus.respond_error(msg, Unavailable(
                 f"shard job {job!r} has {self.inbox.max_queued} requests waiting; retry later"))
 
-    async def _handle(self, msg: Msg, job: str) -> None:
-        if self.own.owns(job):
-            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
-        else:
-            await self._route(msg, job)
-
-    async def _route(self, msg: Msg, job: str) -> None:
+    async def _unknown(self, job: str, op: str) -> bool:
+        """A job nobody holds and that has no log is unknown (but a registration creates it)."""
+        if op == subjects.ShardOp.REGISTER or self.own.wanted(job) or job in self.jobs:
+            return False
         try:
-            _, op = subjects.parse_rpc(msg.subject)
-            forwarded = bool(msg.headers and msg.headers.get(FORWARDED_BY))
-            if not forwarded and op != subjects.ShardOp.REGISTER and not self.own.wanted(job) and job not in self.jobs:
-                # A job nobody holds and that has no log is unknown: say so from here, claim nothing.
-                with contextlib.suppress(Exception):
-                    if await self.own.owner_of(job) is None and await self.store.last_seq(job) == 0:
-                        await dispatch_rpc(self.bus, self.counters, self.rpc, msg)  # not_found
-                        return
-            how = await self.own.route(msg, job, self._dispatch)
-            if how != "handled":
-                self.counters.inc(f"requests_{how}")  # requests_forwarded | requests_unavailable
-            if how == "handled" and job not in self.jobs and self.own.owns(job):
-                await self.own.drop(job)  # a refused first registration: hold no lease for a job that is not
-        except Exception:  # the loop boundary: the client gets an answer, the service goes on
-            self.counters.inc("internal_errors", op="route")
-            log.exception("request routing failed")
-            with contextlib.suppress(Exception):
-                await self.bus.respond_error(msg, Unavailable(f"shard job {job!r}: owner unknown; retry"))
+            return await self.own.owner_of(job) is None and await self.store.last_seq(job) == 0
+        except Exception:
+            return False  # cannot tell: route it
 
-    async def _dispatch(self, msg: Msg) -> None:
-        await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
-
-    async def _on_forwarded(self, msg: Msg) -> None:
-        """Another instance passed us a request of a job it believes we own: into the job's inbox too."""
-        try:
-            job, _ = subjects.parse_rpc(msg.subject)
-        except PacerError:
-            await dispatch_rpc(self.bus, self.counters, self.rpc, msg)
-            return
-        self.counters.inc("requests_forwarded_in")
-        # ours: handled; else unavailable (never re-forwarded)
-        await self._enqueue(job, msg, lambda: self._route_forwarded(msg, job))
-
-    async def _route_forwarded(self, msg: Msg, job: str) -> None:
-        await self.own.route(msg, job, self._dispatch)
+    async def _after_route(self, job: str, how: str) -> None:
+        if how == "handled" and job not in self.jobs and self.own.owns(job):
+            await self.own.drop(job)  # a refused first registration: hold no lease for a job that is not
 
     def submit(self, rt: JobRuntime, out: Outcome, done: Done | None) -> None:
         """Queue an outcome's records for the next group commit; ``done`` runs after it."""

@@ -223,7 +223,7 @@ async def ask(bus: Bus, svc: ExecutorService, op: str, body: Any, cls: type[Any]
     sub = await bus.nc.subscribe(inbox)
     await bus.nc.flush()
     try:
-        await svc._on_rpc(Msg(svc.bus.nc, subject=subjects.executor_rpc(JOB, op), reply=inbox, data=encode(body)))
+        await svc.router.on_rpc(Msg(svc.bus.nc, subject=subjects.executor_rpc(JOB, op), reply=inbox, data=encode(body)))
         reply = await sub.next_msg(timeout=30)
     finally:
         await sub.unsubscribe()
