@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lint_routing import offences  # noqa: E402
+from lint_routing import offences
 
 
 def test_no_service_routes_requests_itself() -> None:

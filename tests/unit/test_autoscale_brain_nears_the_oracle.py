@@ -1,4 +1,4 @@
-"""Autoscaling simulator, issue 15: the brain reaches the oracle sooner than before, on seeded jobs.
+"""Autoscaling simulator: the brain reaches the oracle sooner than without its sample and anchoring rules, on seeded jobs.
 
 "Before" is the same brain with this issue's rules switched off (the
 one-worker sample of DLRover 2023, Eq. 10-11's plan always measured before
