@@ -75,8 +75,10 @@ def component_schemas() -> dict[str, Any]:
         "oneOf": [
             {"type": "object", "required": ["spec"], "additionalProperties": False,
              "properties": {"spec": {"type": "string", "minLength": 1}}},
-            {"type": "object", "required": ["name"], "not": {"required": ["spec"]},
-             "description": "a job spec (see docs/jobs.md): name, model, dataset, ..."},
+            {"allOf": [_ref("job.JobSpec")], "not": {"required": ["spec"]},
+             "description": "the job spec as an object, typed here in its full form (job.JobSpec, what a "
+                            "job record holds); the short forms of docs/operations.md (`model: dcn`, a bare "
+                            "dataset path, `export: <path>`) are accepted as well"},
         ],
     }
     out["StopBody"] = {"type": "object", "properties": {"reason": {"type": "string"}}}

@@ -48,7 +48,7 @@ from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.policy import ControllerDecision, PolicyAction, RefusedAction
 from pacer.embedded import EmbeddedNats
 from pacer.errors import Conflict, NotFound, ValidationError
-from pacer.jobs.spec import default_plan, parse_job_spec
+from pacer.jobs.spec import default_plan, parse_job_spec, spec_to_json
 from pacer.runtime import dispatch_rpc
 from pacer.telemetry import Counters
 from pacer_services.api.app import ApiConfig, ApiService
@@ -508,6 +508,14 @@ async def test_openapi_document_validates_and_describes_what_is_served(
         check("job.JobRecord", body)
         with pytest.raises(jsonschema.ValidationError):
             check("job.JobRecord", {**body, "state": "sleeping"})  # the check can fail
+        # The submit body is typed: a spec in its full form (as a record holds it) validates, and the
+        # API takes it; a spec with a wrongly typed field does not validate.
+        full = spec_to_json(parse_job_spec(SPEC_YAML.format(name="doc3")))
+        check("SubmitBody", json.loads(full))
+        status, _ = await http.call("POST", "/api/v1/jobs", json=json.loads(full))
+        assert status == 201
+        with pytest.raises(jsonschema.ValidationError):
+            check("SubmitBody", {**json.loads(full), "epochs": "two"})
 
 
 def api_service_routes(svc: ApiService) -> list[Any]:
