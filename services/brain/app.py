@@ -159,7 +159,14 @@ from pacer_services.brain.core.oom import DEFAULT_OOM, MemoryWatch, OomConfig, p
 from pacer_services.brain.core.placement import after_placement, machines_for, place_plan
 from pacer_services.brain.core.round import ReadyJob, cluster_round
 from pacer_services.brain.effects import BrainStore
-from pacer_services.brain.state import Outgoing, OwnedJob, decode_state, encode_state, seed_of
+from pacer_services.brain.state import (
+    JobInMemory,
+    Outgoing,
+    OwnedJob,
+    decode_state,
+    encode_state,
+    seed_of,
+)
 
 log = logging.getLogger("pacer.brain")
 
@@ -266,14 +273,8 @@ class BrainService:
         self.history: dict[str, JobHistory] = {}  # the config DB (a cache of its KV, read again when used)
         self.running: dict[str, RunningJob] = {}  # what the executor runs, from its events (every job)
         self.memory: dict[str, MemoryWatch] = {}  # OOM prevention of the jobs not autoscaled (every job: standby)
-        # Only for the jobs this instance owns (dropped when it loses one):
-        self.autoscalers: dict[str, JobAutoscaler] = {}  # running zero-config jobs
-        self.not_autoscaled: set[str] = set()  # jobs looked up and found not to be ours to re-plan
-        self.oom_plans: dict[str, ResourcePlan] = {}  # an OOM-prevention plan published, not yet applied
-        self.oom_at: dict[str, float] = {}  # when the job's last OOM-prevention plan went out
-        self.seq: dict[str, int] = {}  # the last event whose effect was applied (the saved state's ``seq``)
-        self.published: dict[str, int] = {}  # plans/decisions published so far (their message ids)
-        self.unsent: dict[str, list[Outgoing]] = {}  # the outbox: saved, not yet acknowledged by the stream
+        # Only for the jobs this instance owns (dropped when it loses one): one object per job.
+        self.jobs: dict[str, JobInMemory] = {}
         self.backlog: dict[str, deque[tuple[int, Effect]]] = {}  # effects of events of jobs owned elsewhere
         self.cluster: ClusterStatus | None = None  # the executor's latest (valid) ClusterStatus
         self.machines: list[MachineInfo] = []  # its machines, minus what plans placed since
@@ -291,6 +292,23 @@ class BrainService:
             bus, self.name, durable or f"brain-events-{self.own.instance}", EVENT_FILTERS, handlers.events(self),
             self.counters, inactive_s=self.config.inactive_s)
         self._subs: list[Subscription] = []
+
+    def _job(self, job: str) -> JobInMemory:
+        """The in-memory state of a job we own (made empty on first use)."""
+        rt = self.jobs.get(job)
+        if rt is None:
+            rt = self.jobs[job] = JobInMemory()
+        return rt
+
+    @property
+    def autoscalers(self) -> dict[str, JobAutoscaler]:
+        """The running zero-config jobs we own and their autoscalers (a view: read only)."""
+        return {job: rt.autoscaler for job, rt in self.jobs.items() if rt.autoscaler is not None}
+
+    @property
+    def oom_plans(self) -> dict[str, ResourcePlan]:
+        """OOM-prevention plans published and not yet applied, per job we own (a view: read only)."""
+        return {job: rt.oom_plan for job, rt in self.jobs.items() if rt.oom_plan is not None}
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
@@ -366,11 +384,8 @@ class BrainService:
             except ValueError:
                 self.counters.inc("bad_state")
                 log.warning("unreadable brain state; the job starts afresh", extra={"fields": {"job": job}})
-        self.seq[job], self.published[job] = st.seq, st.published
-        if st.oom_plan is not None:
-            self.oom_plans[job] = st.oom_plan
-        if st.oom_at is not None:
-            self.oom_at[job] = st.oom_at
+        rt = self._job(job)
+        rt.seq, rt.published, rt.oom_plan, rt.oom_at = st.seq, st.published, st.oom_plan, st.oom_at
         if st.auto is not None:
             seed = st.auto
             auto = self.config.autoscaler(seed.spec, seed.first, warm=seed.warm, prior=seed.prior,
@@ -383,7 +398,7 @@ class BrainService:
                 self.counters.inc("bad_state")
                 log.warning("unreadable autoscaler state; resumed from the record", extra={"fields": {"job": job}})
         if st.outbox:  # the last owner's: published again under the same ids (stored once)
-            self.unsent[job] = list(st.outbox)
+            rt.unsent = list(st.outbox)
             await self.flush(job)
         # Effects of events the last owner may not have applied (we saw them as a standby), until none is
         # left after the save: no await between that check and owns() turning true (module docstring).
@@ -391,8 +406,8 @@ class BrainService:
             backlog = self.backlog.pop(job, deque())
             while backlog:
                 seq, effect = backlog.popleft()
-                if seq > self.seq[job]:
-                    self.seq[job] = seq  # first, as in effect()
+                if seq > rt.seq:
+                    rt.seq = seq  # first, as in effect()
                     await effect()
                 backlog.extend(self.backlog.pop(job, ()))  # arrived meanwhile
             if not await self.save(job):
@@ -405,25 +420,22 @@ class BrainService:
         """Another instance owns ``job`` now (or we stop): its decisions are no longer ours to make."""
         if job == CLUSTER:
             return
-        self._drop_decisions(job)
-        self.seq.pop(job, None)
-        self.published.pop(job, None)
+        self.jobs.pop(job, None)
+        self.latest.pop(job, None)
         self.counters.inc("jobs_lost")
 
     def _drop_decisions(self, job: str) -> None:
         """What only the job's owner holds to decide for it: its autoscaler, OOM plans, unsent plans, last window."""
-        self.autoscalers.pop(job, None)
-        self.not_autoscaled.discard(job)
-        self.oom_plans.pop(job, None)
-        self.oom_at.pop(job, None)
-        self.unsent.pop(job, None)
+        rt = self.jobs.get(job)
+        if rt is not None:
+            rt.drop_decisions()
         self.latest.pop(job, None)
 
     def state_of(self, job: str, outbox: list[Outgoing] | None = None) -> OwnedJob:
-        auto = self.autoscalers.get(job)
-        return OwnedJob(seq=self.seq.get(job, 0), oom_plan=self.oom_plans.get(job), oom_at=self.oom_at.get(job),
-                        published=self.published.get(job, 0), outbox=[*self.unsent.get(job, ()), *(outbox or ())],
-                        auto=seed_of(auto) if auto is not None else None)
+        rt = self.jobs.get(job) or JobInMemory()
+        auto = rt.autoscaler
+        return OwnedJob(seq=rt.seq, oom_plan=rt.oom_plan, oom_at=rt.oom_at, published=rt.published,
+                        outbox=[*rt.unsent, *(outbox or ())], auto=seed_of(auto) if auto is not None else None)
 
     async def save(self, job: str, outbox: list[Outgoing] | None = None) -> bool:
         """Write the job's state through our lease; False (counted) if refused or not stored."""
@@ -444,9 +456,10 @@ class BrainService:
         """Apply the effect of the event at ``seq`` on ``job`` if we own it and no owner applied it yet;
         as a standby, keep it for when we acquire the job."""
         if self.own.owns(job):
-            if seq <= self.seq.get(job, 0):
+            rt = self._job(job)
+            if seq <= rt.seq:
                 return
-            self.seq[job] = seq  # first: an effect cut short is not applied twice (its plan is in the outbox)
+            rt.seq = seq  # first: an effect cut short is not applied twice (its plan is in the outbox)
             await fn()
             await self.save(job)
             return
@@ -483,8 +496,8 @@ class BrainService:
     # ---------------------------------------------------------------- the jobs it follows
     def adopt(self, job: str, auto: JobAutoscaler) -> None:
         """``job`` is re-planned by ``auto`` from now on (its first plan was just given)."""
-        self.autoscalers[job] = auto
-        self.not_autoscaled.discard(job)
+        rt = self._job(job)
+        rt.autoscaler, rt.not_autoscaled = auto, False
 
     def forget(self, job: str) -> None:
         """``job`` ended: nothing of it stays in memory but its config DB record."""
@@ -500,9 +513,10 @@ class BrainService:
 
     async def is_autoscaled(self, job: str) -> tuple[bool, JobRecord | None]:
         """Whether ``job`` runs and is the brain's to re-plan (a zero-config job); and its record."""
-        if job in self.autoscalers:
+        rt = self.jobs.get(job)
+        if rt is not None and rt.autoscaler is not None:
             return True, None
-        if not self.config.autoscale or job in self.not_autoscaled:
+        if not self.config.autoscale or (rt is not None and rt.not_autoscaled):
             return False, None
         rec = await self.store.job(job)
         ours = (rec is not None and rec.state is JobState.RUNNING and rec.spec.resources is None
@@ -512,25 +526,28 @@ class BrainService:
     async def autoscaler_of(self, job: str) -> JobAutoscaler | None:
         """The job's autoscaler (we own the job); without a saved one, rebuilt for a running zero-config
         job from its record and the plan in force, in the adjust stage."""
-        auto = self.autoscalers.get(job)
-        if auto is not None or not self.config.autoscale or job in self.not_autoscaled:
-            return auto
+        rt = self._job(job)
+        if rt.autoscaler is not None or not self.config.autoscale or rt.not_autoscaled:
+            return rt.autoscaler
         ours, rec = await self.is_autoscaled(job)
+        rt = self._job(job)  # (again: dropped and made afresh if the job changed hands meanwhile)
         if not ours:
-            self.not_autoscaled.add(job)
+            rt.not_autoscaled = True
         plan = self.in_force(job)
-        if rec is None or not ours or plan is None or job in self.autoscalers:
-            return self.autoscalers.get(job)
+        if rec is None or not ours or plan is None or rt.autoscaler is not None:
+            return rt.autoscaler
         auto = self.config.autoscaler(rec.spec, plan, warm=True)  # measured afresh, in the adjust stage
         auto.applied(plan, 0.0)
-        self.autoscalers[job] = auto
+        rt.autoscaler = auto
         self.counters.inc("autoscalers_resumed")
         return auto
 
     async def applied(self, job: str, plan: ResourcePlan, ts: float, overhead_s: float) -> None:
         """The executor applied ``plan``: the job's autoscaler learns it and the pause it cost (Eq. 8)."""
-        self.oom_plans.pop(job, None)
-        auto = self.autoscalers.get(job)
+        rt = self.jobs.get(job)
+        if rt is not None:
+            rt.oom_plan = None
+        auto = rt.autoscaler if rt is not None else None
         if auto is None:
             return
         async with self.lock:
@@ -579,21 +596,17 @@ class BrainService:
         """Feed one window; publish (and return) a plan with more memory if an OOM is coming."""
         job = stats.job
         watch = self.memory.setdefault(job, MemoryWatch(self.oom))
-        plan = self.oom_plans.get(job) or self.in_force(job)
-        raised = prevention_plan(watch, stats, plan, last_at=self.oom_at.get(job),
-                                 cooldown_s=self.oom_cooldown_s)
+        rt = self._job(job)
+        plan = rt.oom_plan or self.in_force(job)
+        raised = prevention_plan(watch, stats, plan, last_at=rt.oom_at, cooldown_s=self.oom_cooldown_s)
         if raised is None:
             return None
         new_plan = await self.placed(replace(raised, source=PlanSource.BRAIN))
-        old_plan, old_at = self.oom_plans.get(job), self.oom_at.get(job)
-        self.oom_plans[job], self.oom_at[job] = new_plan, stats.ts
+        rt = self._job(job)
+        old_plan, old_at = rt.oom_plan, rt.oom_at
+        rt.oom_plan, rt.oom_at = new_plan, stats.ts
         if not await self.send(job, plan=new_plan):  # nothing published: as if not decided
-            self.oom_plans.pop(job, None)
-            self.oom_at.pop(job, None)
-            if old_plan is not None:
-                self.oom_plans[job] = old_plan
-            if old_at is not None:
-                self.oom_at[job] = old_at
+            rt.oom_plan, rt.oom_at = old_plan, old_at
             return None
         self.counters.inc("oom_plans")
         log.info("OOM prevention plan", extra={"fields": {"job": job, "reason": new_plan.reason}})
@@ -618,22 +631,24 @@ class BrainService:
     async def send(self, job: str, plan: ResourcePlan, decision: BrainDecision | None = None) -> bool:
         """Save the state with the plan (and decision) as its outbox, fenced; publish them under message ids
         that a later owner would use too; clear the outbox.  False: refused (a stale owner), nothing published."""
-        n = self.published.get(job, 0) + 1
+        n = self._job(job).published + 1
         base = f"brain-{job}-{n}"
         outbox = [Outgoing(f"{base}-plan", plan=plan)]
         if decision is not None:
             outbox.append(Outgoing(f"{base}-decision", decision=decision))
         if not await self.save(job, outbox):
             return False
-        self.published[job] = n
-        self.unsent.setdefault(job, []).extend(outbox)
+        rt = self._job(job)
+        rt.published = n
+        rt.unsent.extend(outbox)
         await self.flush(job)
         return True
 
     async def flush(self, job: str) -> None:
         """Publish what the job's outbox holds (saved, not yet acknowledged by the stream), under its ids; what
         fails stays there for the next try (the next window) or the next owner."""
-        pending = self.unsent.get(job)
+        rt = self.jobs.get(job)
+        pending = rt.unsent if rt is not None else None
         if not pending:
             return
         try:
@@ -648,7 +663,6 @@ class BrainService:
             self.counters.inc("errors", op="publish")
             log.warning("plan not published yet: %s", exc, extra={"fields": {"job": job}})
             return
-        self.unsent.pop(job, None)
         await self.save(job)  # the outbox is empty
 
     # ---------------------------------------------------------------- the cluster: rounds and placement

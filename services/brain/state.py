@@ -77,6 +77,26 @@ class OwnedJob:
     auto: AutoscalerSeed | None = None
 
 
+@dataclass(slots=True)
+class JobInMemory:
+    """What the brain holds of one job it owns, in memory, in one place (dropped when it loses the job):
+    the state it saves (:class:`OwnedJob`, built from this by ``BrainService.state_of``) and the live
+    autoscaler that state seeds."""
+
+    seq: int = 0  # the last event whose effect was applied (the saved state's ``seq``)
+    published: int = 0  # plans/decisions published so far (their message ids)
+    unsent: list[Outgoing] = field(default_factory=list)  # the outbox: saved, not yet acknowledged by the stream
+    oom_plan: ResourcePlan | None = None  # an OOM-prevention plan published, not yet applied
+    oom_at: float | None = None  # when the job's last OOM-prevention plan went out
+    autoscaler: JobAutoscaler | None = None  # a running zero-config job's
+    not_autoscaled: bool = False  # looked up and found not to be the brain's to re-plan
+
+    def drop_decisions(self) -> None:
+        """What only the owner holds to decide for the job; ``seq`` and ``published`` stay (they name
+        what was applied and published)."""
+        self.autoscaler, self.not_autoscaled, self.oom_plan, self.oom_at, self.unsent = None, False, None, None, []
+
+
 def seed_of(auto: JobAutoscaler) -> AutoscalerSeed:
     return AutoscalerSeed(auto.spec, auto.first_plan(), auto.warm, auto.prior, autoscaler_state(auto),
                           auto.prior_calibration)
