@@ -28,12 +28,14 @@ replaces and migrates (:func:`.core.plan_change`), what follows an exit
 x2 memory after an OOM, a relaunch budget per node), the rolling
 replacement's batches (:func:`.core.resize_batch`), the PS migration's
 phases (:func:`.core.migration_step`) and a node's legal state changes
-(:data:`.core.TRANSITIONS`).  :mod:`.effects` applies them (KV record, pods,
-events); this module wires inputs to them; :mod:`.backends` are where pods
-run.
+(:data:`.core.TRANSITIONS`), and every change of a job's record
+(:mod:`.core.record`).  :mod:`.applier` applies them (KV record, pods,
+events); :mod:`.handlers` answers requests, :mod:`.moves` runs rolling
+replacements and PS migrations, :mod:`.reconciling` the reconcile pass;
+this module wires inputs to them; :mod:`.backends` are where pods run.
 
 A plan that changes the PS (count, CPU, memory) moves them by a seamless
-migration (DLRover-RM §5.2, :meth:`ExecutorService.start_migration`).  A
+migration (DLRover-RM §5.2, :func:`.moves.start_migration`).  A
 plan that changes the workers' CPU or memory replaces the running workers
 of another size, a batch at a time: each gets ``intent = resize``, its pod
 stops (its shards go back to TODO through its ``died`` event, reason
@@ -54,71 +56,13 @@ batch ends.  Each request runs in a task of its own, so a slow job never
 delays another job's reply.  What several jobs share (the pod cache, the
 orphan list) is only read or written between two awaits.
 
-Crash safety
-------------
-The executor's record of each job (KV ``pacer-executor``) is written with
-a revision check (compare-and-set: a write that lost is counted as
-``kv_conflicts``, the record is read again and the work decided again from
-it, never a blind put) and *before* the action it describes: a relaunch
-first bumps the node's generation and saves it, then creates the pod; a
-worker replacement first saves the new size it is due and its ``resize``
-intent, then stops the pod.  After a kill -9 the executor reloads the
-records, lists the pods (a local pod is a supervisor process in
-its own session, so it outlived the executor; on Kubernetes the pods simply
-stay), and a reconcile pass every ``reconcile_s`` creates whatever pod a
-record names but the backend does not have, stops again a pod whose
-replacement was decided but whose stop this executor did not send, and
-starts the next batch of a rolling replacement.  Exits are handled once per
-generation (``NodeRecord.handled``), so the backend's replay of every pod at
-watch start, or at a take-over, is harmless.
-
-Two instances (issue 13, :mod:`pacer.ownership`)
------------------------------------------------
-Run two (``PACER_INSTANCE`` names each; lease TTL ``PACER_LEASE_TTL_S``).
-Both watch every pod and keep the pod cache; only the owner of a job (lease
-``executor.<job>`` in ``pacer-leases``) acts for it: applies its plans and
-terminal events, handles its pods' exits, runs its reconcile passes,
-migrations, rolling resizes, teardown and node commands.  An instance
-competes for every job of the bucket that is not torn down (at start), and
-for every job a live pod, an event or a request names, so the other
-instance is a standby that takes a dead owner's jobs over about one TTL
-after its last renewal.
-
-* Taking a job over (``on_acquired``): the record is read and written back
-  unchanged at the revision read (a term marker: the previous owner's next
-  compare-and-set fails), the last applied plan's stream sequence is read
-  from ``state.executor.<job>`` beside the lease, then the job's pods are
-  replayed and a reconcile pass runs: an exit the previous owner did not
-  handle is handled (once: ``NodeRecord.handled``), a pod its record names
-  but the backend lacks is created, a stop it decided is sent again.
-* Losing it (``on_lost``): the job leaves memory at once; work still queued
-  for it, or a write in the middle of it, finds the job not owned and stops
-  (:class:`~.effects.NotOwner`, temporary: a request is answered
-  ``unavailable``, an event naked).  A compare-and-set refused while the
-  lease names another instance drops the job too (a paused owner whose
-  clock did not tell it).
-* Fencing: every pod action follows a save of its intention (compare-and-set)
-  or a check that the record is still at our revision
-  (:meth:`.effects.Effects.check`); the died event of an exit too.  A stale
-  owner's save or check is refused by the new owner's term marker, so it
-  neither creates nor deletes a pod after the take-over.  Pod names are
-  per (node, generation) and a create of an existing pod is no error, so
-  an intent saved by the old owner and finished by the new one makes one pod.
-* Inputs: the job events come through the one durable consumer shared by
-  both; an instance that does not own the event's job claims it if nobody
-  does, else naks the event (``job_event_retry_s``) for the owner.  A plan
-  naked that way may come after the next one: plans older (by stream
-  sequence) than the last applied are skipped.  Requests keep the queue
-  group and are forwarded to the owner (:meth:`Ownership.route`); a job
-  nobody owns and without a record is answered ``not_found`` unclaimed.
-* Orphan pods (no record names them) are reaped only by the owner of their
-  job (claimed when the watch showed the pod), after re-reading the record
-  from KV; a delete is idempotent anyway.
-* Both instances publish the cluster status: each computes it from the same
-  backend (every pod, the capacity), and its readers keep the newest.
-* A job torn down (or without a record) with no live pod and no work for a
-  while is given up; the other instance may take it, finds the same and
-  gives it up too.
+Crash safety and two instances
+------------------------------
+Every record write is a compare-and-set made *before* the action it
+describes, a reconcile pass heals what a kill -9 interrupted, and exits are
+handled once per generation; with two instances only a job's owner acts for
+it, fenced by a term marker on take-over.  How, step by step:
+docs/ha.md, "The pod-executor".
 """
 
 from __future__ import annotations
@@ -144,19 +88,10 @@ from pacer.consumer import DurableConsumer
 from pacer.contracts.common import Role
 from pacer.contracts.executor import (
     ClusterStatus,
-    CommandKind,
-    CommandResult,
-    ExecutorCommand,
     ExecutorEventKind,
     ExecutorJob,
-    ExecutorStatus,
-    JobQuery,
-    LogsQuery,
-    LogsReply,
     MachineInfo,
     MigrationPhase,
-    NodeInfo,
-    NodeIntent,
     NodePhase,
     NodeRecord,
     PodPhase,
@@ -164,20 +99,19 @@ from pacer.contracts.executor import (
 )
 from pacer.contracts.executor import ExecutorJobState as JS
 from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
-from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, ValidationError
+from pacer.errors import NotFound, PacerError, StaleRevision, ValidationError
 from pacer.extras import require
 from pacer.lease import Lease, LeaseLost
 from pacer.owned.router import Router, Work
 from pacer.ownership import Ownership
 from pacer.runtime import RuntimeConfig, guard
-from pacer.subjects import ExecutorOp, JobEventKind, NodeEventKind
+from pacer.subjects import JobEventKind, NodeEventKind
 from pacer.telemetry import Counters
 from pacer.trainer.cluster import ClusterDesc
-from pacer_services.pod_executor import core, launch
+from pacer_services.pod_executor import core, handlers, launch, moves, reconciling
 from pacer_services.pod_executor.applier import Effects, NotOwner, PodBuilder
 from pacer_services.pod_executor.backends import Backend
 from pacer_services.pod_executor.config import ExecutorConfig, bus_url
-from pacer_services.pod_executor.core import effects as fx
 from pacer_services.pod_executor.core import record
 from pacer_services.pod_executor.core.record import move, node_view
 from pacer_services.pod_executor.queueing import JobQueues
@@ -219,12 +153,7 @@ class ExecutorService:
         # pod_builder: what runs in a pod (tests run small stand-in programs)
         self.io = Effects(bus, backend, self.counters, clock, pod_builder, self.launch, self.cfg.delete_grace_s)
         self.pods = self.io.pods  # newest status of every pod we know
-        self.rpc = {
-            ExecutorOp.COMMAND: self._rpc_command,
-            ExecutorOp.STATUS: self._rpc_status,
-            ExecutorOp.LOGS: self._rpc_logs,
-            ExecutorOp.TEARDOWN: self._rpc_teardown,
-        }
+        self.rpc = handlers.build(self)
         self.consumer = DurableConsumer(
             bus, self.name, self.cfg.durable,
             [subjects.events_of("job", kind=k) for k in
@@ -235,7 +164,7 @@ class ExecutorService:
                              ttl_s=self.cfg.lease_ttl_s)
         self.io.may_act = self.own.owns
         self.io.fail_job = self._fail  # a FailJob effect (core.record.apply_exit)
-        self.router = Router(bus, self.own, self.counters, self.rpc, check_job=_check_job, unknown=self._unknown,
+        self.router = Router(bus, self.own, self.counters, self.rpc, check_job=handlers.check_job, unknown=self._unknown,
                              run=self._spawn)
         self.queues: JobQueues | None = None
         self._tg: asyncio.TaskGroup | None = None
@@ -427,7 +356,7 @@ class ExecutorService:
         event back (:class:`NotOwner`: the consumer naks it, ``job_event_retry_s``) for the owner."""
         if self.own.owns(job):
             return
-        _check_job(job)
+        handlers.check_job(job)
         owner = await self.own.owner_of(job)
         if (owner is None or owner == self.own.instance) and await self.own.claim(
                 job, within=max(1.0, self.cfg.lease_ttl_s / 3)):
@@ -479,7 +408,7 @@ class ExecutorService:
         change = core.plan_change(before, after, {n.node: node_view(n) for n in ej.nodes}, self.cfg.policy,
                                   migrating=ej.migration is not MigrationPhase.NONE)
         if change.grow:
-            if await self._grow(ej, change.grow):
+            if await moves.grow(self, ej, change.grow):
                 reasons.append(f"memory raised in place on {len(change.grow)} running node(s)")
             else:  # the backend cannot: the same plan the way that needs no in-place resize
                 change = core.plan_change(before, after, {n.node: node_view(n) for n in ej.nodes},
@@ -494,66 +423,14 @@ class ExecutorService:
         await self.io.apply(ej, record.apply_change(ej, plan, change, now, "; ".join(reasons)))
         started = [f"{s.role}-{s.index}" for s in change.start]
         if change.migrate_ps:
-            await self.start_migration(ej, {i: (plan.ps_cpu, plan.ps_memory_mb) for i in range(plan.ps)},
+            await moves.start_migration(self, ej, {i: (plan.ps_cpu, plan.ps_memory_mb) for i in range(plan.ps)},
                                        f"plan: {plan.ps} PS x {plan.ps_cpu:g} CPU / {plan.ps_memory_mb} MiB")
-        await self._resize_step(ej)
+        await moves.resize_step(self, ej)
         self.counters.inc("plans_applied")
         log.info("plan applied", extra={"fields": {"job": plan.job, "workers": workers, "ps": len(cluster.ps),
                                                     "started": started, "stopped": list(change.stop),
                                                     "resizing": len(change.resize),
                                                     "migrate_ps": change.migrate_ps}})
-
-    async def _grow(self, ej: ExecutorJob, grow: tuple[core.NodeSpec, ...]) -> bool:
-        """Raise running nodes' memory in place (``plan_change``'s ``grow``); False when the backend
-        refuses one (a Kubernetes older than 1.33, a pod that just ended): the caller then applies
-        the plan by a migration or a replacement.  Before the plan's intent is saved: a crash in
-        between leaves bigger pods than the record says, and the plan's redelivery grows them again
-        (a resize to the same size is a no-op)."""
-        nodes = {n.node: n for n in ej.nodes}
-        for spec in grow:
-            n = nodes.get(f"{spec.role}-{spec.index}")
-            if n is None:
-                continue
-            try:
-                await self.io.grow(ej, n, spec.memory_mb)
-            except (Conflict, NotFound) as exc:
-                self.counters.inc("memory_grow_refused")
-                log.warning("in-place memory resize refused; applying the plan without it",
-                            extra={"fields": {"job": ej.job, "node": n.node, "error": exc.message}})
-                return False
-        return True
-
-    # ================================================================ rolling worker replacement
-    def _worker_phase(self, ej: ExecutorJob, n: NodeRecord) -> core.WorkerPhase:
-        st = self.io.current(ej, n)
-        if st is None or st.phase is PodPhase.EXITED:
-            return core.WorkerPhase.GONE
-        if n.intent is not NodeIntent.NONE:
-            return core.WorkerPhase.STOPPING
-        return core.WorkerPhase.RUNNING if n.running_at else core.WorkerPhase.PENDING
-
-    async def _resize_step(self, ej: ExecutorJob) -> None:
-        """Start the next batch of a rolling worker replacement (:func:`.core.resize_batch`), if one is due.
-
-        After a plan and on every reconcile pass.  Not while a PS migration
-        runs: it restarts every worker anyway and gives each the size it is due.
-        """
-        if not ej.state.active or ej.migration is not MigrationPhase.NONE:
-            return
-        live = [n for n in ej.nodes if n.role == Role.WORKER and record.live(n)]
-        if not any(n.resize_memory_mb for n in live):
-            return
-        views = [core.ResizeView(n.index, self._worker_phase(ej, n),
-                                 bool(n.resize_memory_mb) and n.intent is NodeIntent.NONE) for n in live]
-        picked = set(core.resize_batch(views, self.cfg.policy))
-        batch = tuple(n.node for n in live if n.index in picked)
-        if not batch:
-            return
-        # intent first: reconcile stops a pod whose stop a crash swallowed
-        await self.io.apply(ej, (fx.SetIntent(batch, NodeIntent.RESIZE), fx.SaveRecord(),
-                                 *(fx.DeletePod(b) for b in batch)))
-        self.counters.inc("workers_resized", len(batch))
-        log.info("replacing workers with their new size", extra={"fields": {"job": ej.job, "nodes": list(batch)}})
 
     # ================================================================ pods
     async def _watch_loop(self) -> None:
@@ -570,7 +447,7 @@ class ExecutorService:
         if not self.own.owns(st.job):
             if st.phase is not PodPhase.EXITED and not self._draining:
                 with contextlib.suppress(ValidationError):
-                    _check_job(st.job)
+                    handlers.check_job(st.job)
                     self.own.want(st.job)
             return
         await self._decide(st.job, functools.partial(self._act_on_pod, st, prev))
@@ -654,7 +531,7 @@ class ExecutorService:
     async def _reconcile_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.reconcile_s)
-            await self._reap_orphans()
+            await reconciling.reap_orphans(self)
             for job in self.own.owned():
                 ej = self.jobs.get(job)
                 if ej is None or ej.state is JS.TORN_DOWN:
@@ -678,159 +555,7 @@ class ExecutorService:
     async def _reconcile_job(self, job: str) -> None:
         ej = self.jobs.get(job)
         if ej is not None and ej.state is not JS.TORN_DOWN:  # a torn-down job has nothing left to do
-            await self._reconcile(ej)
-
-    async def _reap_orphans(self) -> None:
-        """Delete pods of no known job once they stayed unknown for ``orphan_grace_s``.
-
-        With two instances only the owner of the pod's job reaps it (it claimed the job when the watch
-        showed the pod): the record, read again from KV just before, must still lack the pod's node
-        (a pod is only ever created after the record naming it was saved).  A delete is idempotent anyway.
-        """
-        now = self.clock()
-        for name, since in list(self.orphans.items()):
-            st = self.pods.get(name)
-            known = st is not None and any(n.node == st.node for n in getattr(self.jobs.get(st.job), "nodes", []))
-            if st is None or st.phase is PodPhase.EXITED or known or not self.own.owns(st.job):
-                self.orphans.pop(name, None)
-            elif now - since >= self.cfg.orphan_grace_s:
-                self.orphans.pop(name, None)
-                try:
-                    rec = await self.io.reread(st.job, track=False)
-                    if (rec is not None and any(n.node == st.node for n in rec.nodes)) or not self.own.owns(st.job):
-                        continue
-                    log.warning("deleting pod %s: it belongs to no known job", name)
-                    await self.backend.delete(name, self.cfg.delete_grace_s)
-                except PacerError as exc:  # tried again once the watch reports it again
-                    self.counters.inc("errors", code=exc.code, op="orphan")
-                    log.warning("orphan pod %s not deleted: %s", name, exc.message)
-
-    def _observe(self, ej: ExecutorJob) -> core.JobView:
-        """The first phase of a reconcile pass: the record and the pods as they are now."""
-        nodes = []
-        for n in ej.nodes:
-            st = self.io.current(ej, n)
-            nodes.append(core.NodeView(
-                n.node, n.role, n.state, n.intent, st.phase if st is not None else None,
-                exit_handled=n.handled >= n.generation, resize_due=bool(n.resize_memory_mb),
-                running_at=n.running_at, stop_sent=st is not None and st.name in self.io.stops_sent,
-                stopping=st is not None and st.name in n.deleting))
-        left = any(p.phase is not PodPhase.EXITED for p in self.pods.values() if p.job == ej.job)
-        return core.JobView(ej.state, ej.migration, ej.applied, ej.plan_at, ej.completing_since, tuple(nodes), left)
-
-    async def _reconcile(self, ej: ExecutorJob) -> None:
-        """Observe, let :func:`.core.reconcile_pass` decide, act; what fails is observed again next pass."""
-        p = core.reconcile_pass(self._observe(ej), self.clock(), self.cfg.completion_grace_s)
-        nodes = {n.node: n for n in ej.nodes}
-        started = [n.node for n in ej.nodes if record.live(n)]
-        for name in p.recreate:
-            n = nodes[name]
-            self.counters.inc("pods_recreated")
-            if n.resize_memory_mb:  # a replacement was due: the new pod is it
-                n.cpu, n.memory_mb, n.resize_cpu, n.resize_memory_mb = n.resize_cpu, n.resize_memory_mb, 0.0, 0
-            move(n, NodePhase.PENDING)
-            await self.io.create(ej, n)
-        for name in p.restop:
-            self.counters.inc("stops_resent")
-            await self.io.delete(ej, nodes[name])
-        if p.applied_overhead is not None:
-            ej.applied, ej.state = True, JS.RUNNING
-            await self.io.save(ej)
-            await self.io.executor_event(ej, ExecutorEventKind.APPLIED, ej.reason, p.applied_overhead,
-                                         started=started)
-        if p.migrate:
-            await self._migrate_step(ej)
-        if p.resize:
-            await self._resize_step(ej)
-        if p.teardown:
-            await self._teardown(ej, p.teardown)
-        for name in p.redelete:  # a delete may have been lost in a crash
-            await self.io.delete(ej, nodes[name])
-        if p.torn_down:
-            await self.io.check(ej)
-            try:
-                await self.backend.release(ej.job)
-            except PacerError as exc:  # leftovers cost memory, not correctness: say so, go on
-                self.counters.inc("errors", code=exc.code, op="release")
-                log.warning("resources of %s not released: %s", ej.job, exc.message)
-            ej.state = JS.TORN_DOWN
-            await self.io.save(ej)
-            await self.io.executor_event(ej, ExecutorEventKind.TORN_DOWN, ej.reason)
-            self.records.pop(ej.job, None)
-
-    # ================================================================ PS migration
-    async def start_migration(self, ej: ExecutorJob, ps: dict[int, tuple[float, int]], reason: str,
-                              stop_first: bool = False) -> None:
-        """Move the job's PS to new resources (or a new PS count) without stopping training first.
-
-        DLRover-RM §5.2, seamless migration (:mod:`.core.migration`): the new
-        PS pods (:func:`.core.migration_start`) are created beside the old
-        cluster, which keeps training; the reconcile passes then step the
-        migration through its phases (:func:`.core.migration_step`).
-        ``stop_first``: a stop-and-restart instead (a PS's KILL_RESTART whose
-        policy priced the pause below training on at the slow PS's pace):
-        the same phases, but training stops at once.
-        """
-        if ej.migration is not MigrationPhase.NONE:
-            raise Conflict(f"job {ej.job!r}: a PS migration is already under way ({ej.migration.value})")
-        if not self.cfg.checkpoint_root or not self.cfg.agents:
-            raise Conflict("PS migration needs checkpoints (PACER_CHECKPOINT_ROOT) and agent sidecars")
-        old = ClusterDesc.from_json(ej.cluster)
-        new = self.backend.cluster(ej.job, len(ps), len(old.workers))
-        ej.migration, ej.next_cluster, ej.migration_at, ej.checkpoint = (
-            MigrationPhase.STARTING_PS, new.to_json(), self.clock(), "")
-        ej.migration_stop_first = stop_first
-        ej.reason = f"migrating PS: {reason}"
-        by_index = {n.index: n for n in ej.nodes if n.role == Role.PS}
-        live = {i: p.name for i, n in by_index.items()
-                if (p := self.io.current(ej, n)) is not None and p.phase is not PodPhase.EXITED}
-        plan = core.migration_start([core.PsView(i, n.state is NodePhase.REMOVED, live.get(i, ""))
-                                     for i, n in by_index.items()], ps)
-        for s in plan.start:
-            n = by_index.get(s.index)
-            if n is None:
-                n = NodeRecord(f"ps-{s.index}", Role.PS.value, s.index, s.cpu, s.memory_mb, generation=-1)
-                ej.nodes.append(n)
-            else:
-                n.handled = n.generation  # the old pod's end is the migration's doing
-            n.generation += 1
-            n.cpu, n.memory_mb, n.running_at = s.cpu, s.memory_mb, 0.0
-            move(n, NodePhase.PENDING)
-        ej.retiring.extend(plan.retire)
-        for name in plan.remove:
-            move(next(n for n in ej.nodes if n.node == name), NodePhase.REMOVED)
-        await self.io.save(ej)
-        for n in ej.nodes:
-            if n.role == Role.PS and n.state is not NodePhase.REMOVED:
-                await self.io.create(ej, n)
-        self.counters.inc("migrations")
-        log.info("PS migration started", extra={"fields": {"job": ej.job, "reason": reason}})
-
-    async def _migrate_step(self, ej: ExecutorJob) -> None:
-        ps = [n for n in ej.nodes if n.role == Role.PS and n.state is not NodePhase.REMOVED]
-        workers = [n for n in ej.nodes if n.role == Role.WORKER and record.live(n)]
-        draining = tuple(n.node for n in workers if n.intent is NodeIntent.MIGRATE
-                         and (p := self.io.current(ej, n)) is not None and p.phase is not PodPhase.EXITED)
-        step = core.migration_step(core.MigrationView(
-            ej.migration, all(n.running_at for n in ps), tuple(n.node for n in workers), draining,
-            ej.checkpoint, tuple(ej.retiring), ej.migration_stop_first))
-        if step.stuck:
-            raise Conflict(f"job {ej.job!r}: {step.stuck}")
-        if not step.effects:
-            return
-        try:
-            await self.io.apply(ej, step.effects)
-        except PacerError as exc:
-            if not any(isinstance(e, fx.RequestCheckpoint) for e in step.effects) or ej.migration is not (
-                    MigrationPhase.STARTING_PS):
-                raise
-            self.counters.inc("migration_retries")
-            log.warning("migration of %s waits: the chief's agent did not take the checkpoint command (%s); "
-                        "training goes on", ej.job, exc.message)
-            return
-        if step.phase is MigrationPhase.NONE:
-            log.info("PS migration: workers restarted on the new cluster",
-                     extra={"fields": {"job": ej.job, "checkpoint": ej.checkpoint}})
+            await reconciling.reconcile(self, ej)
 
     # ================================================================ cluster
     def cluster_status(self, machines: Sequence[MachineInfo] = ()) -> ClusterStatus:
@@ -864,93 +589,6 @@ class ExecutorService:
             raise NotFound(f"job {job!r} has no nodes on this executor")
         return ej
 
-    async def _rpc_command(self, job: str, msg: Msg) -> None:
-        cmd = decode(ExecutorCommand, msg.data)
-        _same_job(job, cmd.job)
-        res = await self._in_job(job, lambda: self._command(job, cmd), "command")
-        await self.bus.respond(msg, res)
-
-    async def _command(self, job: str, cmd: ExecutorCommand) -> CommandResult:
-        ej = self._job(job)
-        n = next((x for x in ej.nodes if x.node == cmd.node), None)
-        if n is None:
-            raise NotFound(f"job {job!r} has no node {cmd.node!r}; nodes: {[x.node for x in ej.nodes]}")
-        if cmd.command_id and cmd.command_id in ej.commands:
-            return CommandResult(job, n.node, cmd.command_id, True, launch.pod_name(job, n.node, n.generation),
-                                 "already done")
-        if not ej.state.active:
-            raise Conflict(f"job {job!r} is {ej.state.value}: no node commands")
-        if n.state in (NodePhase.REMOVED, NodePhase.FINISHED):
-            raise Conflict(f"node {n.node} of job {job!r} is {n.state.value}")
-        st = self.io.current(ej, n)
-        live = st is not None and st.phase is not PodPhase.EXITED
-        if n.role == Role.PS and cmd.kind is not CommandKind.STOP:
-            # A PS is never restarted alone (its workers would lose what it holds since the last
-            # checkpoint): MIGRATE moves it seamlessly, RESTART stops training first (core.migration).
-            ps = {x.index: (x.cpu, x.memory_mb) for x in ej.nodes
-                  if x.role == Role.PS and x.state is not NodePhase.REMOVED}
-            ps[n.index] = (cmd.cpu if cmd.cpu is not None else n.cpu,
-                           cmd.memory_mb if cmd.memory_mb is not None else n.memory_mb)
-            stop_first = cmd.kind is CommandKind.RESTART
-            await self.start_migration(ej, ps, f"{n.node} to {ps[n.index][0]:g} CPU / "
-                                               f"{ps[n.index][1]} MiB: {cmd.reason}", stop_first=stop_first)
-            if cmd.command_id:
-                record.remember_command(ej, cmd)
-                await self.io.save(ej)
-            return CommandResult(job, n.node, cmd.command_id, True, launch.pod_name(job, n.node, n.generation),
-                                 "stop-and-restart started" if stop_first else "migration started")
-        await self.io.apply(ej, record.node_command(ej, n, cmd, live_pod=live))
-        self.counters.inc("commands", kind=cmd.kind.value)
-        detail = "stopping" if cmd.kind is CommandKind.STOP else f"{cmd.kind.value}: {cmd.reason}".strip(": ")
-        # A restart is under way when the old pod is still stopping: its successor is the next generation.
-        serving = n.generation + 1 if n.intent is NodeIntent.RESTART else n.generation
-        return CommandResult(job, n.node, cmd.command_id, True, launch.pod_name(job, n.node, serving), detail)
-
-    def _status(self, ej: ExecutorJob) -> ExecutorStatus:
-        nodes = []
-        now = self.clock()
-        for n in sorted(ej.nodes, key=lambda x: (x.role != Role.PS, x.index)):
-            st = self.io.current(ej, n)
-            phase = st.phase if st else PodPhase.EXITED
-            pending = (n.running_at or now) - n.created_at if n.created_at else 0.0
-            nodes.append(NodeInfo(n.node, n.role, launch.pod_name(ej.job, n.node, n.generation), phase, n.cpu,
-                                  n.memory_mb, n.restarts, n.requested_restarts, n.generation,
-                                  max(0.0, pending), n.last_reason))
-        return ExecutorStatus(ej.job, ej.state.value, ej.plan, nodes, self.backend.name, ej.reason)
-
-    async def _rpc_status(self, job: str, msg: Msg) -> None:
-        q = decode(JobQuery, msg.data)
-        _same_job(job, q.job)
-        await self.bus.respond(msg, self._status(self._job(job)))
-
-    async def _rpc_logs(self, job: str, msg: Msg) -> None:
-        q = decode(LogsQuery, msg.data)
-        _same_job(job, q.job)
-        if not 1 <= q.tail <= 5000:
-            raise ValidationError(f"tail: must be 1..5000, got {q.tail}")
-        if q.container not in ("trainer", "agent"):
-            raise ValidationError(f"container: must be trainer or agent, got {q.container!r}")
-        ej = self._job(job)
-        n = next((x for x in ej.nodes if x.node == q.node), None)
-        if n is None:
-            raise NotFound(f"job {job!r} has no node {q.node!r}; nodes: {[x.node for x in ej.nodes]}")
-        pod = launch.pod_name(job, n.node, n.generation)
-        text = await self.backend.logs(pod, q.tail, q.container)
-        await self.bus.respond(msg, LogsReply(job, n.node, pod, text))
-
-    async def _rpc_teardown(self, job: str, msg: Msg) -> None:
-        q = decode(JobQuery, msg.data)
-        _same_job(job, q.job)
-
-        async def teardown() -> ExecutorStatus:
-            ej = self._job(job)
-            if ej.state is not JS.TORN_DOWN:
-                await self._teardown(ej, "teardown requested",
-                                     state=JS.FAILED if ej.state is JS.FAILED else JS.TEARING_DOWN)
-            return self._status(ej)
-
-        await self.bus.respond(msg, await self._in_job(job, teardown, "teardown"))
-
 
 def _stream_seq(m: Msg) -> int | None:
     """The event's sequence in its stream (None when the message carries no JetStream metadata)."""
@@ -958,16 +596,6 @@ def _stream_seq(m: Msg) -> int | None:
         return int(m.metadata.sequence.stream)
     except Exception:
         return None
-
-
-def _check_job(job: str) -> None:
-    """A job id that can name a lease and subjects (raises :class:`ValidationError`)."""
-    subjects.executor_rpc(job, ExecutorOp.STATUS)
-
-
-def _same_job(job: str, body_job: str) -> None:
-    if body_job != job:
-        raise ValidationError(f"job: body names {body_job!r} but the subject is for {job!r}")
 
 
 def _check_plan(plan: ResourcePlan) -> None:

@@ -12,7 +12,8 @@ same functions, so a node's bookkeeping after an exit exists once.
 * :func:`restart_node`: a node's next generation (a restart, a resize, a migration's move);
 * :func:`apply_exit`: the bookkeeping after :func:`.exits.answer_exit` judged a pod's end;
 * :func:`apply_change`: a new plan's nodes (:func:`.plan.plan_change`: started, stopped, resizes due);
-* :func:`node_command`: an operator's or controller's STOP / RESTART / MIGRATE of a worker.
+* :func:`node_command`: an operator's or controller's STOP / RESTART / MIGRATE of a worker;
+* :func:`begin_migration`: a PS migration's start (the new PS beside the old cluster).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pacer.contracts.executor import (
     ExecutorCommand,
     ExecutorJob,
     ExecutorJobState,
+    MigrationPhase,
     NodeIntent,
     NodePhase,
     NodeRecord,
@@ -35,6 +37,7 @@ from pacer.contracts.nodes import NodeEvent
 from pacer.subjects import NodeEventKind
 from pacer_services.pod_executor.core import effects as fx
 from pacer_services.pod_executor.core.exits import ExitAnswer, ExitOutcome
+from pacer_services.pod_executor.core.migration import MigrationStart
 from pacer_services.pod_executor.core.model import Node, NodeSpec
 from pacer_services.pod_executor.core.node import legacy_state, transition
 from pacer_services.pod_executor.core.plan import PlanChange
@@ -204,3 +207,30 @@ def node_command(ej: ExecutorJob, n: NodeRecord, cmd: ExecutorCommand, *, live_p
 def remember_command(ej: ExecutorJob, cmd: ExecutorCommand) -> None:
     if cmd.command_id:
         ej.commands = [*ej.commands[-63:], cmd.command_id]
+
+
+def begin_migration(ej: ExecutorJob, start: MigrationStart, next_cluster: str, now: float, reason: str,
+                    stop_first: bool) -> tuple[fx.Effect, ...]:
+    """The record as a PS migration starts (:func:`.migration.migration_start`'s ``start``): the next
+    cluster, each new PS its next generation with its new size (the old pod's end is the migration's
+    doing), the old PS pods to retire, the PS slots removed; then save it and create every PS pod."""
+    ej.migration, ej.next_cluster, ej.migration_at, ej.checkpoint = (
+        MigrationPhase.STARTING_PS, next_cluster, now, "")
+    ej.migration_stop_first = stop_first
+    ej.reason = f"migrating PS: {reason}"
+    by_index = {n.index: n for n in ej.nodes if n.role == Role.PS}
+    for s in start.start:
+        n = by_index.get(s.index)
+        if n is None:
+            n = NodeRecord(f"ps-{s.index}", Role.PS.value, s.index, s.cpu, s.memory_mb, generation=-1)
+            ej.nodes.append(n)
+        else:
+            n.handled = n.generation  # the old pod's end is the migration's doing
+        n.generation += 1
+        n.cpu, n.memory_mb, n.running_at = s.cpu, s.memory_mb, 0.0
+        move(n, NodePhase.PENDING)
+    ej.retiring.extend(start.retire)
+    for name in start.remove:
+        move(next(n for n in ej.nodes if n.node == name), NodePhase.REMOVED)
+    return (fx.SaveRecord(), *(fx.CreatePod(n.node) for n in ej.nodes
+                               if n.role == Role.PS and n.state is not NodePhase.REMOVED))
