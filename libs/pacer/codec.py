@@ -236,6 +236,8 @@ def decode(cls: type[T], data: bytes) -> T:
         raise DecodeError(_message_of(cls, exc, raw)) from None
     except msgspec.DecodeError as exc:  # not msgpack at all, or truncated
         raise DecodeError(f"{cls.__name__}: not valid msgpack ({exc})") from None
+    except UnicodeDecodeError:  # a string that is not UTF-8 (msgspec raises this one as it is)
+        raise DecodeError(f"{cls.__name__}: not valid msgpack (a string is not UTF-8)") from None
 
 
 # ---------------------------------------------------------------- JSON Schema

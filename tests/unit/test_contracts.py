@@ -254,6 +254,16 @@ def test_garbage_bytes(key: str, cls: type[Any], data: bytes) -> None:
         decode(cls, data)
 
 
+def test_a_string_that_is_not_utf8_is_a_decode_error() -> None:
+    """msgspec raises UnicodeDecodeError itself for such a string (found by the shard service's hostile
+    test): it must still be a DecodeError, which the services answer as a clear error."""
+    good = msgpack.packb({"job": "hostile", "dataset": "train", "node": "mallory"})
+    assert decode(LeaseRequest, good).job == "hostile"
+    for bad in (good.replace(b"hostile", b"\xe8ostile"), good.replace(b"\xa7dataset", b"\xa7d\xe8taset")):
+        with pytest.raises(errors.DecodeError, match="not UTF-8|missing required field"):
+            decode(LeaseRequest, bad)
+
+
 @pytest.mark.parametrize("top", [None, 1, "x", b"x", [1, 2], 1.5, True])
 def test_top_level_not_a_map(top: Any) -> None:
     with pytest.raises(errors.DecodeError, match="expected a map"):
