@@ -260,7 +260,7 @@ def test_a_string_that_is_not_utf8_is_a_decode_error() -> None:
     good = msgpack.packb({"job": "hostile", "dataset": "train", "node": "mallory"})
     assert decode(LeaseRequest, good).job == "hostile"
     for bad in (good.replace(b"hostile", b"\xe8ostile"), good.replace(b"\xa7dataset", b"\xa7d\xe8taset")):
-        with pytest.raises(errors.DecodeError, match="not UTF-8|missing required field"):
+        with pytest.raises(errors.DecodeError, match=r"not UTF-8|missing required field"):
             decode(LeaseRequest, bad)
 
 
