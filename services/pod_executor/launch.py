@@ -39,13 +39,14 @@ token, not another service's setting.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import unquote, urlsplit
 
 from pacer import authjwt, security
 from pacer.contracts.executor import PodSpec
 from pacer.contracts.jobs import JobRecord, ResourcePlan
 from pacer.data.feed import DataRef, seed_of
+from pacer.data.stream import parse_stream_uri
 from pacer.trainer.cluster import ClusterDesc
 from pacer.trainer.sdk import TrainerEnv
 from pacer.trainer.straggler import StragglerSpec
@@ -130,16 +131,14 @@ def worker_config(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, inde
 def data_ref(rec: JobRecord) -> DataRef:
     """The job's dataset as its workers open it, in place (the job service checked it at submit)."""
     d = rec.spec.dataset
-    streaming = d.format.value == "stream"
-    return DataRef(uri=rec.data_path, format=d.format.value, options=dict(d.options), index_dir=rec.index_dir,
-                   schema=dict(d.schema), seed=seed_of(rec.job), columns=dict(rec.columns) if streaming else {})
+    ref = DataRef(uri=rec.data_path, format=d.format.value, options=dict(d.options), index_dir=rec.index_dir,
+                  schema=dict(d.schema), seed=seed_of(rec.job))
+    return replace(ref, columns=dict(rec.columns)) if ref.streaming else ref
 
 
 def stream_of(rec: JobRecord) -> str:
     """The JetStream stream a job trains on ("" for a file dataset): its pods may read it."""
-    if rec.spec.dataset.format.value != "stream" or not rec.data_path.startswith("jetstream://"):
-        return ""
-    return rec.data_path[len("jetstream://"):]
+    return parse_stream_uri(rec.data_path) if data_ref(rec).streaming else ""
 
 
 def trainer_env(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str, index: int,

@@ -1,4 +1,10 @@
-"""What the shard-core tests share: specs, a request builder, the invariants recomputed from the shards, a client."""
+"""What the shard-core tests share: specs, a request builder, the invariants recomputed from the shards, a client.
+
+The core is a fold of log records; the tests drive it only through its
+decision methods (and ``apply`` for replay), then check what it *computed*:
+record coverage per epoch, state invariants recomputed from the shards
+themselves, replay equality, at-least-once delivery under failures.
+"""
 
 from __future__ import annotations
 

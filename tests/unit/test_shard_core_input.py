@@ -1,8 +1,4 @@
-"""Streaming datasets, checkpoints and restores, bad input, and discarded gradients in the shard core.
-
-The core is a fold of log records; these tests drive it only through its
-decision methods (and ``apply`` for replay), then check what it *computed*.
-"""
+"""Streaming datasets, checkpoints and restores, bad input, and discarded gradients in the shard core.  (How these tests drive the core: shard_core_support.)"""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The shard core's states and their transitions, a dataset consumed in full, and the fold of its log (replay, snapshots).
-
-The core is a fold of log records; these tests drive it only through its
-decision methods (and ``apply`` for replay), then check what it *computed*.
-"""
+"""The shard core's states and their transitions, a dataset consumed in full, and the fold of its log (replay, snapshots).  (How these tests drive the core: shard_core_support.)"""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The end of an epoch: shards split between workers, by rate (weighted factoring) and by stealing.
-
-The core is a fold of log records; these tests drive it only through its
-decision methods (and ``apply`` for replay), then check what it *computed*.
-"""
+"""The end of an epoch: shards split between workers, by rate (weighted factoring) and by stealing.  (How these tests drive the core: shard_core_support.)"""
 
 from __future__ import annotations
 
