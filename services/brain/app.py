@@ -90,12 +90,15 @@ Concurrency contract
   each; the durable consumer handles its events one at a time in stream
   order, so a job's ``applied``, node and end events are folded in the
   order the executor and the job service published them.
-* ``lock`` guards the autoscalers, which are stepped in a worker thread
-  (NSGA-II takes a while) by the per-job path, the cluster round and the
-  ``applied`` / sample-OOM handlers.  It is held only around that CPU work
-  and in-memory updates, never across a network call: KV reads and writes,
-  publishes and placement happen before or after it, so a slow server
-  never stalls every job's decisions.
+* ``locks`` (:class:`pacer.owned.queues.JobLocks`) guards each job's
+  autoscaler, which is stepped in a worker thread (NSGA-II takes a while)
+  by the per-job path, the cluster round and the ``applied`` / sample-OOM
+  handlers.  A job's lock is held only around that CPU work and in-memory
+  updates, never across a network call: KV reads and writes, publishes and
+  placement happen before or after it, so a slow server never stalls a
+  job's decisions.  No lock is shared by every job: one job's NSGA-II step
+  delays only that job's saves; a cluster round holds the locks of the jobs
+  it steps (taken in sorted order).
 * Everything else (``running``, ``history``, ``latest``, ``machines``, the
   per-job owner state) is touched only on the event loop, between awaits;
   ``on_acquired`` applies a job's backlog until it is empty with no await
@@ -130,6 +133,7 @@ from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.errors import PacerError
 from pacer.lease import Lease, LeaseLost
+from pacer.owned.queues import JobLocks
 from pacer.owned.router import Router
 from pacer.ownership import DEFAULT_TTL_S, Ownership
 from pacer.runtime import RuntimeConfig, guard
@@ -279,7 +283,7 @@ class BrainService:
         self.cluster: ClusterStatus | None = None  # the executor's latest (valid) ClusterStatus
         self.machines: list[MachineInfo] = []  # its machines, minus what plans placed since
         self.latest: dict[str, JobStatistics] = {}  # cluster mode: each job's newest window not yet fed
-        self.lock = asyncio.Lock()  # the autoscalers' (module docstring); never held across a network call
+        self.locks = JobLocks()  # each job's autoscaler's (module docstring); never held across a network call
         self.round_due = asyncio.Event()
         self.rpc = handlers.rpc(self)
         # local_ok: with no owner to be found or claimed (the lease bucket unreachable), the first plan is
@@ -439,7 +443,7 @@ class BrainService:
 
     async def save(self, job: str, outbox: list[Outgoing] | None = None) -> bool:
         """Write the job's state through our lease; False (counted) if refused or not stored."""
-        async with self.lock:  # the autoscaler may be stepping in a worker thread: read it between steps
+        async with self.locks.hold(job):  # the autoscaler may be stepping in a worker thread: read it between steps
             data = encode_state(self.state_of(job, outbox))
         try:
             await self.own.put_state(job, data)
@@ -550,7 +554,7 @@ class BrainService:
         auto = rt.autoscaler if rt is not None else None
         if auto is None:
             return
-        async with self.lock:
+        async with self.locks.hold(job):
             kind = ScalingKind.between(auto.plan, plan)
             if auto.plan is not None and kind is not ScalingKind.NONE:
                 auto.paused(ScalingRecord(kind, max(0.0, overhead_s)))  # DLRover-RM Eq. 8: from history
@@ -559,7 +563,7 @@ class BrainService:
     # ---------------------------------------------------------------- decisions
     async def autoscale(self, auto: JobAutoscaler, stats: JobStatistics) -> Decision | None:
         """Feed one window to a job's autoscaler, within its own quota; publish its re-plan, if any."""
-        async with self.lock:
+        async with self.locks.hold(stats.job):
             before = auto.plan
             d = await asyncio.to_thread(auto.step, stats.ts, stats)  # NSGA-II: not on the event loop
         if d is None or before is None or same_resources(d.plan, before):
@@ -581,7 +585,7 @@ class BrainService:
         auto = self.autoscalers.get(ev.job)
         if auto is None or auto.stage is not Stage.SAMPLE or auto.plan is None:
             return
-        async with self.lock:
+        async with self.locks.hold(ev.job):
             before = auto.plan
             plan = auto.on_oom(ev.role or ev.node.rsplit("-", 1)[0])
             d = auto.decisions[-1] if plan is not None and auto.decisions else None
@@ -621,7 +625,7 @@ class BrainService:
         decision = BrainDecision(job, ts, d.stage, d.rule, plan, before,
                                  measured.throughput if measured is not None else 0.0, d.predicted_throughput)
         if not await self.send(job, plan=plan, decision=decision):
-            async with self.lock:
+            async with self.locks.hold(job):
                 auto.withdraw(d)  # not carried out: decided again later (or by the job's new owner)
             return None
         self.counters.inc("replans", rule=d.rule.value)
@@ -727,7 +731,7 @@ class BrainService:
             return {}
         cfg = self.config.autoscale_config
         now = max(stats.ts for _, stats in ready.values())  # one burst: its windows are a moment apart
-        async with self.lock:
+        async with self.locks.hold(*ready):
             before = {job: auto.plan for job, (auto, _) in ready.items() if auto.plan is not None}
             outcome = await asyncio.to_thread(
                 cluster_round, [ReadyJob(auto, stats) for auto, stats in ready.values()],

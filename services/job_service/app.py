@@ -64,7 +64,7 @@ transition table judge the record as it is now.  After ``CAS_ATTEMPTS`` lost
 writes it gives up with a temporary, counted error (``cas_gave_up``): the
 event is redelivered, the request retried.
 
-Concurrency: each job's ``asyncio.Lock`` (:meth:`JobService._lock`)
+Concurrency: each job's lock (:class:`pacer.owned.queues.JobLocks`)
 serialises every change of its record (requests and events), so a job's
 messages are applied in order and its in-memory record, revision and
 lifecycle change together; no lock is shared between jobs, so one job's
@@ -147,6 +147,7 @@ from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, Unavaila
 from pacer.jobs.lifecycle import JobLifecycle, JobTrigger
 from pacer.jobs.spec import MAX_SPEC_BYTES, default_plan, parse_job_spec
 from pacer.lease import Lease
+from pacer.owned.queues import JobLocks
 from pacer.ownership import DEFAULT_TTL_S, Ownership
 from pacer.runtime import RuntimeConfig, dispatch_rpc, guard
 from pacer.shards.client import ShardAdmin
@@ -202,7 +203,7 @@ class JobService:
         self.revisions: dict[str, int] = {}  # job -> KV revision of self.records[job]
         self._submitting: set[str] = set()  # names whose submission is being prepared
         self.lifecycles: dict[str, JobLifecycle] = {}
-        self._locks: dict[str, asyncio.Lock] = {}  # job -> the lock serialising its changes (_lock)
+        self.locks = JobLocks()  # each job's: its requests and events change its record one at a time
         # Submissions claim their job's name here (see the module docstring); nothing else is owned.
         self.names = Ownership(bus, self.name, self._name_claimed, self._name_lost, instance=self.cfg.instance,
                                ttl_s=self.cfg.name_lease_ttl_s, balance_every_s=0)  # held briefly: no balance
@@ -237,18 +238,8 @@ class JobService:
             with contextlib.suppress(nats.errors.Error):
                 await self._rpc_sub.unsubscribe()
         await self.consumer.stop()
-        for lock in list(self._locks.values()):  # every change in flight ends first
-            async with lock:
-                pass
+        await self.locks.idle()  # every change in flight ends first
         await self.names.close()
-
-    def _lock(self, job: str) -> asyncio.Lock:
-        """The job's own lock: its requests and events change its record one at a time, in arrival
-        order, while other jobs' go on (no lock is shared between jobs)."""
-        lock = self._locks.get(job)
-        if lock is None:
-            lock = self._locks[job] = asyncio.Lock()
-        return lock
 
     async def _name_claimed(self, job: str, lease: Lease) -> None:
         self.counters.inc("names_claimed")
@@ -423,7 +414,7 @@ class JobService:
                 continue
             found += 1
             self.counters.inc("outbox_swept")
-            async with self._lock(key):
+            async with self.locks.hold(key):
                 with contextlib.suppress(NotFound):
                     await self._reread(key)
                     if self.records[key].outbox:
@@ -483,7 +474,7 @@ class JobService:
                                   max_wait_s=float(opts.get("max_wait_s", 5.0)),
                                   idle_close_s=float(opts.get("idle_close_s", 0.0)))
             await self.admin.register(dataset)
-            async with self._lock(job):
+            async with self.locks.hold(job):
                 if not self.names.owns(job):
                     self.counters.inc("name_lease_lost")
                     raise Unavailable(f"name: the claim on {job!r} lapsed while the job was prepared; retry")
@@ -519,7 +510,7 @@ class JobService:
                 self.counters.inc("name_held_elsewhere")
                 raise Conflict(f"name: a job named {job!r} is being submitted; choose another name")
             raise Unavailable(f"name: {job!r} cannot be reserved now; retry")
-        async with self._lock(job):
+        async with self.locks.hold(job):
             try:
                 rec = await self._reread(job)
             except NotFound:  # free: forget what this instance may remember of a deleted record
@@ -728,7 +719,7 @@ class JobService:
         req = decode(StopRequest, msg.data)
         if req.job != job:
             raise ValidationError(f"job: body names {req.job!r} but the subject is for {job!r}")
-        async with self._lock(job):
+        async with self.locks.hold(job):
             if not await self._known(job):
                 raise NotFound(f"no job named {job!r}")
             rec = await self._commit(job, core.transition(JobTrigger.STOP, self.clock(),
@@ -741,7 +732,7 @@ class JobService:
         if len(parts) != 5:
             raise ValidationError(f"not an event subject: {m.subject!r}")
         domain, job, kind = parts[2], parts[3], parts[4]
-        async with self._lock(job):
+        async with self.locks.hold(job):
             if not await self._known(job):
                 self.counters.inc("events_unknown_job")
                 return  # a job this service does not run (e.g. `pacer train local`)

@@ -44,7 +44,7 @@ starts once the replacements run.  ``applied`` comes when the last one runs.
 
 Concurrency
 -----------
-One worker task per job (:mod:`.queueing`): a job's plans, lifecycle
+One worker task per job (:class:`pacer.owned.queues.JobQueues`): a job's plans, lifecycle
 events, node commands, pod status changes and reconcile passes run one at a
 time in arrival order; different jobs run in parallel.  No lock is shared
 across jobs, so a backend call or bus request that waits (5-10 s timeouts)
@@ -102,6 +102,7 @@ from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
 from pacer.errors import NotFound, PacerError, StaleRevision, ValidationError
 from pacer.extras import require
 from pacer.lease import Lease, LeaseLost
+from pacer.owned.queues import JobQueues
 from pacer.owned.router import Router, Work
 from pacer.ownership import Ownership
 from pacer.runtime import RuntimeConfig, guard
@@ -114,7 +115,6 @@ from pacer_services.pod_executor.backends import Backend
 from pacer_services.pod_executor.config import ExecutorConfig, bus_url
 from pacer_services.pod_executor.core import record
 from pacer_services.pod_executor.core.record import move, node_view
-from pacer_services.pod_executor.queueing import JobQueues
 
 log = logging.getLogger("pacer.executor")
 T = TypeVar("T")
@@ -179,7 +179,7 @@ class ExecutorService:
     # ================================================================ lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
         self._tg = tg
-        self.queues = JobQueues(lambda coro, name: tg.create_task(coro, name=name), self.counters)
+        self.queues = JobQueues(lambda coro, name: tg.create_task(coro, name=name), self.counters, name="executor")
         await self.bus.ensure_streams()
         self.io.kv = await self.bus.kv(subjects.EXECUTOR_BUCKET, "Pacer pod-executor: its record of each job")
         self.io.jobs_kv = await self.bus.kv(subjects.JOB_BUCKET, "Pacer jobs: one JobRecord per job")

@@ -12,7 +12,7 @@ The record's changes themselves are the core's (:mod:`.core.record`: a
 node's state changes only through its ``move``, which checks the transition
 table); this module only applies what they ask for.
 
-Called only from the job's own worker (:mod:`.queueing`): nothing here is
+Called only from the job's own worker (:class:`pacer.owned.queues.JobQueues`): nothing here is
 shared between jobs except the pod cache, which is keyed by pod name.
 
 Two instances (:mod:`pacer.ownership`): every write and every pod action

@@ -2,7 +2,7 @@
 
 ``command`` (a node's STOP / RESTART / MIGRATE; a PS moves by migration),
 ``status``, ``logs`` and ``teardown``.  A command and a teardown run in the
-job's own worker (:mod:`.queueing`), like every change of its record; the
+job's own worker (:class:`pacer.owned.queues.JobQueues`), like every change of its record; the
 record's changes are the core's (:func:`.core.record.node_command`).  Which
 instance answers is the router's (:mod:`pacer.owned.router`): these run at
 the job's owner.

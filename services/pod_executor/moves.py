@@ -8,7 +8,7 @@
   and :func:`.core.record.begin_migration` start the new PS beside the old
   cluster, and each reconcile pass steps it on (:func:`.core.migration_step`).
 
-Each runs in the job's own worker (:mod:`.queueing`), like every change of
+Each runs in the job's own worker (:class:`pacer.owned.queues.JobQueues`), like every change of
 its record.
 """
 

@@ -4,7 +4,7 @@ Concurrency contract
 --------------------
 * All requests arrive on one subscription (``pacer.rpc.shard.*.*``) whose
   callback only puts each request into its job's inbox
-  (:mod:`.queueing`): one worker per job handles them in arrival order,
+  (:class:`pacer.owned.queues.JobQueues`): one worker per job handles them in arrival order,
   different jobs in parallel, so a request that waits (routing to the
   owner, reading a checkpoint) delays its own job only.  Handling decodes,
   runs the job's core synchronously and hands the resulting log records and
@@ -71,6 +71,7 @@ from pacer.errors import (
     ValidationError,
 )
 from pacer.lease import Lease
+from pacer.owned.queues import JobQueues
 from pacer.owned.router import Router
 from pacer.ownership import DEFAULT_TTL_S, Ownership
 from pacer.runtime import RuntimeConfig, guard
@@ -79,7 +80,6 @@ from pacer_services.shard_service import handlers
 from pacer_services.shard_service.core import DEFAULT_LIMITS, JobShards, Outcome, ShardLimits
 from pacer_services.shard_service.effects import Fenced, ShardLogStore, retry_forever
 from pacer_services.shard_service.follow import Follow, decide
-from pacer_services.shard_service.queueing import JobInboxes
 
 log = logging.getLogger("pacer.shard")
 
@@ -137,7 +137,7 @@ class ShardService:
         self.wall = wall
         self.counters = Counters(self.name)
         self.jobs: dict[str, JobRuntime] = {}
-        self.inbox: JobInboxes | None = None
+        self.inbox: JobQueues | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._sub: Subscription | None = None
         self._node_sub: Any = None  # the node-death consumer made at start, taken over by its loop
@@ -154,7 +154,8 @@ class ShardService:
     # ================================================================ lifecycle
     async def start(self, tg: asyncio.TaskGroup) -> None:
         self._tg = tg
-        self.inbox = JobInboxes(lambda coro, name: tg.create_task(coro, name=name), self.cfg.max_queued)
+        self.inbox = JobQueues(lambda coro, name: tg.create_task(coro, name=name), self.counters, name="shard",
+                               idle_s=0, max_queued=self.cfg.max_queued)
         await self.bus.ensure_streams()
         await self.store.open()
         await self.own.start(tg, on_forwarded=self.router.on_forwarded)
@@ -257,7 +258,7 @@ class ShardService:
     # ================================================================ requests
     async def _enqueue(self, job: str, msg: Msg, work: Callable[[], Awaitable[None]]) -> None:
         assert self.inbox is not None
-        if not self.inbox.put(job, work):
+        if not self.inbox.post(job, work, "request"):
             self.counters.inc("errors", code="unavailable", op="queue_full")
             await self.bus.respond_error(msg, Unavailable(
                 f"shard job {job!r} has {self.inbox.max_queued} requests waiting; retry later"))
