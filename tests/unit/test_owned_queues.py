@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 from pacer.errors import NotFound
-from pacer.telemetry import Counters
 from pacer.owned.queues import JobLocks, JobQueues, QueueFull
+from pacer.telemetry import Counters
 
 pytestmark = pytest.mark.timeout(20)
 
