@@ -1,4 +1,5 @@
-"""The lint contract of ``make lint``: no service defines its own request routing (tests/lint_routing.py)."""
+"""The lint contract of ``make lint``: no service defines its own request routing
+nor a lock shared by every job (tests/lint_routing.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ def test_the_contract_catches_a_copy(tmp_path: Path) -> None:
         "from pacer.ownership import FORWARDED_BY\n"
         "class S:\n"
         "    async def _on_forwarded(self, msg):\n"
-        "        await self.own.route(msg, 'j', self.handle)\n")
+        "        await self.own.route(msg, 'j', self.handle)\n"
+        "    def __init__(self):\n"
+        "        self.lock = asyncio.Lock()\n")
     import lint_routing
 
     old = lint_routing.ROOT
@@ -30,4 +33,5 @@ def test_the_contract_catches_a_copy(tmp_path: Path) -> None:
         found = offences(svc)
     finally:
         lint_routing.ROOT = old
-    assert len(found) == 3, found
+    assert len(found) == 4, found
+    assert any("lock of its own" in f for f in found), found
