@@ -182,7 +182,7 @@ class BrainConfig:
     """What the brain re-plans running jobs with (env: ``PACER_BRAIN_*``)."""
 
     autoscale: bool = True  # re-plan zero-config jobs while they run
-    cpu_quota: float = 64.0  # C_total of a job without limits.max_cpu (DLRover 2023 §4.2)
+    cpu_quota: float = 64.0  # C_total of a job; limits.max_cpu, when smaller, wins (DLRover 2023 §4.2)
     node_cpu: float = 16.0  # C_max: CPUs of one node
     adjust_interval_s: float = 180.0  # DLRover-RM §6: every 3 min
     settle_s: float = 30.0  # a plan counts as measured after its nodes ran this long

@@ -14,8 +14,9 @@
   message id the job's next owner would use for the same decision
   (:mod:`.state`), so a decision is stored once across a hand-over.
 
-No method holds a lock of the service: the service calls them outside its
-autoscaler lock, so a slow server never stalls every job's decisions.
+No method holds a lock: the service calls them outside the job's autoscaler
+lock (:class:`pacer.owned.queues.JobLocks`), so a slow server never stalls a
+job's decisions.
 """
 
 from __future__ import annotations

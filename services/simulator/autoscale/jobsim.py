@@ -30,7 +30,8 @@ is for one size).
 An OOM (a node over its memory) kills the job's training: it restarts from
 the last periodic checkpoint (the progress since is lost) once the executor
 relaunches the node.  The relaunch is the executor core's answer
-(:func:`pacer_services.pod_executor.core.on_exit`: the memory times the
+(:func:`pacer_services.pod_executor.core.answer_exit`, booked by
+:func:`pacer_services.pod_executor.core.record.apply_exit`: the memory times the
 policy's factor, capped, within the node's relaunch budget; past the cap or
 the budget the job fails), given to the whole role's plan.
 

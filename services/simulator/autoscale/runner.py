@@ -137,7 +137,7 @@ def run_cluster(spec: SharedCluster, scaler: ClusterScaler, seed: int = 0, confi
     ``decide_all`` runs every adjust interval and whenever a job arrives or
     finishes; returned plans are applied in order, each only if the cluster
     total stays within the capacity (else it is rejected and counted).  An
-    OOM is answered by the executor core's relaunch (:func:`~pacer_services.pod_executor.core.on_exit`),
+    OOM is answered by the executor core's relaunch (:func:`~pacer_services.pod_executor.core.answer_exit`),
     even if the cluster is then over its memory capacity for a while.
     """
     cfg = config or SimConfig()

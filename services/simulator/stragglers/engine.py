@@ -7,7 +7,7 @@ lease, progress report, DONE and node death goes through it, so
 :class:`MonitorCore` (fed :class:`AgentMetrics`, heartbeats, node events,
 cluster and shard information; it computes the BPT windows and straggler
 kinds), the pod-executor core (``reconcile`` makes the initial nodes,
-``on_exit`` answers each KILL_RESTART), the controller's
+``answer_exit`` answers each KILL_RESTART and ``record.apply_exit`` books it), the controller's
 :class:`ControllerCore` (the same round as the live controller: request,
 review with its cool-downs and fallback, the batch-size re-send after a
 relaunch, what was applied), the straggler policy (any
@@ -73,8 +73,8 @@ The model (all times are simulated seconds from 0; no wall clock anywhere):
   from the next step): ADJUST_BS sets B_i (and C_i), BACKUP_WORKERS sets b,
   ADJUST_LR only counts, KILL_RESTART stops the node now.  An ADJUST_BS costs
   nothing unless ``cluster.adjust_bs_s`` says so (BSP: every worker waits that long).
-* KILL_RESTART of a worker: the executor core's ``on_exit`` with exit code 75
-  decides the relaunch; the shard core's ``node_died`` requeues its DOING
+* KILL_RESTART of a worker: the executor core's ``answer_exit`` with exit code 75
+  decides the relaunch and ``record.apply_exit`` books it; the shard core's ``node_died`` requeues its DOING
   shard; the monitor sees ``died`` and ``created``; the pod runs after
   ``pending_s`` (``running``; its agent heartbeats from then on, as live), the
   trainer is back after another ``init_s`` and asks for a shard (the monitor

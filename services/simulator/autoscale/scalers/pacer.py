@@ -12,7 +12,7 @@ interval.  The stages' C_total is the job's CPU quota and C_max the largest
 pod (the simulator's ``quota_cpu`` and ``max_pod_cpu``).
 
 An OOM the core does not answer (after the sample stage) is relaunched as
-the executor core says (:func:`pacer_services.pod_executor.core.on_exit`:
+the executor core says (:func:`pacer_services.pod_executor.core.answer_exit`:
 the failed role's memory times the policy's factor, capped); the adapter
 returns that plan itself so that the core knows the plan in force.
 """
