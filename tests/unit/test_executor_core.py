@@ -73,6 +73,7 @@ W0 = Node(NodeSpec("worker", 0, cpu=1.0, memory_mb=1024), state="running")
         (ExitInfo(None, signal=9, oom=True), ExitReason.OOM),
         (ExitInfo(None, k8s_reason="Evicted"), ExitReason.EVICTED),
         (ExitInfo(1, network_error=True), ExitReason.NETWORK),
+        (ExitInfo(2, network_error=True), ExitReason.CONFIG_ERROR),  # a usage error mentioning a connection
         (ExitInfo(2), ExitReason.CONFIG_ERROR),
         (ExitInfo(None, k8s_reason="ImagePullBackOff"), ExitReason.CONFIG_ERROR),
         (ExitInfo(1), ExitReason.USER_ERROR),

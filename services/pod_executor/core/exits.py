@@ -96,10 +96,10 @@ def classify(info: ExitInfo) -> ExitReason:
         return ExitReason.RESTART_REQUESTED
     if info.signal in (SIGKILL, SIGTERM) or info.code in (128 + SIGKILL, 128 + SIGTERM, -SIGKILL, -SIGTERM):
         return ExitReason.KILLED
+    if info.code == EXIT_USAGE:  # the trainer said its configuration is wrong: words in its log do not retry it
+        return ExitReason.CONFIG_ERROR
     if info.network_error:
         return ExitReason.NETWORK
-    if info.code == EXIT_USAGE:
-        return ExitReason.CONFIG_ERROR
     return ExitReason.USER_ERROR
 
 
