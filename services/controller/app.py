@@ -81,7 +81,13 @@ from pacer.lease import Lease, LeaseLost
 from pacer.ownership import DEFAULT_TTL_S, Ownership
 from pacer.runtime import RuntimeConfig
 from pacer.telemetry import Counters
-from pacer_services.controller.core import ControllerConfig, ControllerCore, JobSetup, round_due
+from pacer_services.controller.core import (
+    DEFAULT_MIGRATION,
+    ControllerConfig,
+    ControllerCore,
+    JobSetup,
+    round_due,
+)
 from pacer_services.controller.state import decode_state, encode_state, restore, snapshot
 
 log = logging.getLogger("pacer.controller")
@@ -315,7 +321,7 @@ class ControllerService:
                 role = next((n.role for n in stats.nodes if n.node == action.node), "")
                 # A PS: the policy's choice (AntDT §V-E2 time cost vs gain) of a stop-and-restart
                 # (RESTART) or a seamless migration (MIGRATE; also when the policy does not say).
-                how = action.payload.get("migration", "seamless")
+                how = action.payload.get("migration", DEFAULT_MIGRATION)
                 kind = CommandKind.MIGRATE if role == Role.PS and how == "seamless" else CommandKind.RESTART
                 cmd = ExecutorCommand(job, action.node, kind, action.reason or "KILL_RESTART",
                                       command_id=self._command_id(job))

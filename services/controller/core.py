@@ -112,6 +112,9 @@ class ControllerConfig:
 
 
 GUARDED = (ActionKind.ADJUST_BS, ActionKind.BACKUP_WORKERS)  # the actions the never-worse guard can undo
+# How a PS is relaunched when the policy does not say (payload "migration"): priced here as the
+# controller carries it out (app: MIGRATE for "seamless", RESTART for "restart").
+DEFAULT_MIGRATION = "seamless"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +169,7 @@ def _bpt(n: NodeStats) -> float:
 
 
 def restart_price(stats: JobStatistics, node: str, mode: str, cfg: ControllerConfig,
-                  migration: str = "restart") -> RestartPrice:
+                  migration: str = DEFAULT_MIGRATION) -> RestartPrice:
     """Gain and cost of relaunching ``node`` onto a healthy machine (AntDT §V-E2's time-cost of actions).
 
     Time left: the records left over the job's throughput (0, unknown, without
@@ -609,7 +612,7 @@ class ControllerCore:
                     refuse(a, f"KILL_RESTART of {a.node}: node is {node.state.value}, not running")
                 elif a.node in restarting:
                     refuse(a, f"KILL_RESTART of {a.node}: already restarting in this round")
-                elif a.payload.get("migration", "restart") not in ("restart", "seamless"):
+                elif a.payload.get("migration", DEFAULT_MIGRATION) not in ("restart", "seamless"):
                     refuse(a, f"KILL_RESTART of {a.node}: migration {a.payload.get('migration')!r} is not restart or seamless")
                 elif self.cfg.refuse_restart_when_busy and stats.cluster_busy:
                     refuse(a, f"KILL_RESTART of {a.node}: the cluster is busy, a relaunch could pend for long (AntDT §V-E2)")
@@ -619,7 +622,7 @@ class ControllerCore:
                 elif budget <= 0:
                     refuse(a, f"KILL_RESTART of {a.node}: at most {self.cfg.max_restarts_per_window} restart(s) per {self.cfg.cooldown_s:g}s")
                 elif self.cfg.guard and not (price := restart_price(stats, a.node, req.mode, self.cfg,
-                                                 str(a.payload.get("migration", "restart")))).pays:
+                                                 str(a.payload.get("migration", DEFAULT_MIGRATION)))).pays:
                     refuse(a, price.why(a.node))
                 else:
                     execute.append(a)

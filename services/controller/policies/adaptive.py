@@ -72,7 +72,7 @@ actions (AntDT Table II) and changes when and how they are taken:
      ``x x H > p + init`` with the gain horizon H = max(L_per,
      ``params.restart_horizon_s``, default 600 s): a straggler slow over the
      whole long window is expected to stay slow at least that long again;
-     H is capped by the time left R and by the job's age.  The slowest goes first (the
+     H is capped by the time left R.  The slowest goes first (the
      controller allows one restart per cool-down window).
 
    * end game (BSP, no shard left to hand out): a worker whose delay alone
