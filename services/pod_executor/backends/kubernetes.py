@@ -675,7 +675,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> KubernetesBackend:
     else:
         owner_pod = env["PACER_EXECUTOR_POD"]
     return KubernetesBackend(
-        api, namespace, env.get("PACER_TRAINER_IMAGE", "pacer:0.1.0"), owner=owner, owner_pod=owner_pod,
+        api, namespace, env.get("PACER_TRAINER_IMAGE", "pacer-tf:0.1.0"), owner=owner, owner_pod=owner_pod,
         service_account=env.get("PACER_TRAINER_SERVICE_ACCOUNT", ""), template=templates,
     )
 
