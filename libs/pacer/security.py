@@ -421,8 +421,7 @@ def connect_options(url: str, environ: Mapping[str, str]) -> dict[str, object]:
     a cluster): ``servers`` lists them without credentials and the
     credentials found go to every one of them.  First match wins:
 
-    1. credentials in a URL (``nats://user:pass@host:port``: how the executor
-       hands pods their credentials);
+    1. credentials in a URL (``nats://user:pass@host:port``);
     2. ``PACER_NATS_USER`` / ``PACER_NATS_PASSWORD``, or ``PACER_NATS_CREDS``
        (a NATS ``.creds`` file: JWT and nkey seed);
     3. the context file of ``pacer up`` (``$PACER_CONTEXT``, else

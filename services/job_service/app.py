@@ -173,7 +173,7 @@ class JobServiceConfig:
     max_spec_bytes: int = MAX_SPEC_BYTES
     brain_timeout_s: float = 5.0
     ack_wait_s: float = 30.0  # an event a dead instance fetched but did not ack goes to the other after this
-    instance: str | None = None  # None: PACER_INSTANCE, else job-service-<random>
+    instance: str | None = None  # None: PACER_INSTANCE, else jobs-<random>
     name_lease_ttl_s: float = DEFAULT_TTL_S  # a submitting instance that died holds its name this long
     outbox_sweep_s: float = 15.0  # how often the bucket is searched for events a dead writer left unpublished
 

@@ -27,7 +27,7 @@ class NodeEvent:
 
     job: str
     node: str
-    kind: str = field(metadata=doc("started | running | died | ..."))
+    kind: str = field(metadata=doc("created | running | died | finished (subjects.NodeEventKind)"))
     ts: float = field(metadata=doc("unix time (s) when the executor observed it"))
     reason: str = field(default="", metadata=doc("classified exit reason, e.g. killed, oom, evicted"))
     role: str = field(default="", metadata=doc("worker | ps | chief"))

@@ -10,7 +10,7 @@ it) is:
   service's ``unknown`` hook: no owner, no log, no record), so a request for
   a job that does not exist gets ``not_found`` rather than a lease;
 * otherwise passed to :meth:`Ownership.route`: claimed here when nobody owns
-  J, forwarded to the owner (``pacer.ownership.forward.<service>.<instance>``,
+  J, forwarded to the owner (``pacer.svc.<service>.<instance>.forward``,
   with ``Pacer-Forwarded-By``: a forwarded request is never forwarded
   again), answered here anyway when the service may (``local_ok``), or told
   ``unavailable`` (retry: J is changing owner).
