@@ -1,7 +1,7 @@
 """Which files a job may name, and what an error may say of them (issue 21, finding 2).
 
 The job service opens a spec's dataset files on its own host, so
-:func:`pacer_services.job_service.app.dataset_file` lets a path name only a
+:func:`pacer_services.job_service.datasets.dataset_file` lets a path name only a
 regular file under a data root, resolved first (``..`` and symlinks), with
 one error for missing and forbidden alike; the readers of
 :mod:`pacer.data.criteo` say what is wrong with a file without quoting it.
@@ -19,6 +19,7 @@ from pacer.data import criteo
 from pacer.data.criteo import BadRecordFile, MalformedLine, RecordFile
 from pacer.errors import ValidationError
 from pacer_services.job_service import app as jobs_app
+from pacer_services.job_service import datasets
 
 SECRET = "TOPSECRET-0123456789"
 
@@ -40,13 +41,13 @@ def tree(tmp_path: Path) -> dict[str, Path]:
 
 def refusal(path: str, roots: list[Path]) -> str:
     with pytest.raises(ValidationError) as err:
-        jobs_app.dataset_file(path, roots, "dataset.path")
+        datasets.dataset_file(path, roots, "dataset.path")
     return err.value.message.replace(repr(path), "<path>")
 
 
 def test_only_regular_files_under_a_root_are_named(tree: dict[str, Path]) -> None:
     root = tree["root"]
-    name = jobs_app.dataset_file
+    name = datasets.dataset_file
     assert name(str(root / "sub" / "good.rec"), [root], "dataset.path") == root / "sub" / "good.rec"
     # A link inside the root to a file inside it is that file.
     assert name(str(root / "inside.rec"), [root], "dataset.path") == root / "sub" / "good.rec"
@@ -76,7 +77,7 @@ def test_relative_paths_are_taken_from_the_working_directory(tree: dict[str, Pat
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     root = tree["root"]
     monkeypatch.chdir(root)
-    assert jobs_app.dataset_file("sub/good.rec", [root], "dataset.path") == root / "sub" / "good.rec"
+    assert datasets.dataset_file("sub/good.rec", [root], "dataset.path") == root / "sub" / "good.rec"
     refusal("../outside/secret.rec", [root])
     monkeypatch.chdir(tree["outside"])
     refusal("secret.rec", [root])
