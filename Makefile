@@ -28,8 +28,12 @@ $(CHROMIUM):
 
 install: $(STAMP) $(CHROMIUM)
 
+# Two workers by default, each taking whole test files (module fixtures stay shared); the files with
+# long end-to-end tests are handed out first (tests/conftest.py).  TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

@@ -34,6 +34,17 @@ S = TypeVar("S")
 T = TypeVar("T")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files with a ``slow`` test first (a stable sort: each file's tests stay together and in order).
+
+    ``make test`` runs two workers that take whole files (``--dist loadfile``) in this order: the long
+    end-to-end files start first and the many short ones fill in behind them, instead of one long
+    file starting last and running alone.  Every worker sorts the same way, as xdist requires.
+    """
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
     srv = EmbeddedNats(store_dir=tmp_path / "nats").start()

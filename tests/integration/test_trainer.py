@@ -26,7 +26,7 @@ from pacer.trainer.cluster import ClusterDesc
 from pacer.trainer.local import LocalJob, LocalJobSpec
 from pacer_services.cli.stack import Stack
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]  # real TF clusters: 10-60 s a test
 
 ROWS = 200_000
 
