@@ -28,12 +28,13 @@ $(CHROMIUM):
 
 install: $(STAMP) $(CHROMIUM)
 
-# Two workers by default, each taking whole test files (module fixtures stay shared); the files with
-# long end-to-end tests are handed out first (tests/conftest.py).  TEST_WORKERS=0 runs in one process.
+# Two workers by default, each taking whole test files (module fixtures stay shared), in the order of
+# tests/conftest.py: the files with long end-to-end tests first, the longest first (xdist's own
+# reordering, by test count, would hand them out last).  TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

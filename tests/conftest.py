@@ -35,14 +35,22 @@ T = TypeVar("T")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files with a ``slow`` test first (a stable sort: each file's tests stay together and in order).
+    """Files with a ``slow`` test first, the longest first (a stable sort: each file's tests stay together
+    and in order).
 
-    ``make test`` runs two workers that take whole files (``--dist loadfile``) in this order: the long
-    end-to-end files start first and the many short ones fill in behind them, instead of one long
-    file starting last and running alone.  Every worker sorts the same way, as xdist requires.
+    ``make test`` runs two workers that take whole files (``--dist loadfile --no-loadscope-reorder``) in
+    this order: the long end-to-end files start first and the many short ones fill in behind them,
+    instead of one long file starting last and running alone.  A file's length is guessed from its
+    tests' timeouts (``pytest.mark.timeout``, else the configured one), which say how long each may
+    take.  Every worker sorts the same way, as xdist requires.
     """
+    default = float(config.getini("timeout") or 0) or 180.0
+    weight: dict[Any, float] = {}
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        weight[item.path] = weight.get(item.path, 0.0) + (float(mark.args[0]) if mark and mark.args else default)
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow)
+    items.sort(key=lambda item: -weight[item.path] if item.path in slow else 0.0)
 
 
 @pytest.fixture
