@@ -132,17 +132,22 @@ def estimate_iteration(reported: int, age_s: float, bpt_s: float) -> int:
 
 
 def pick_target(
-    estimates: Mapping[str, int], bpts: Iterable[float], lead_s: float, attempt: int, floor: int = -1, min_margin: int = 3
+    estimates: Mapping[str, int], bpts: Iterable[float], lead_s: float, attempt: int, floor: int = -1, min_margin: int = 3,
+    committed: int = -1,
 ) -> int:
     """Target iteration T of a two-phase attempt (1-based); doubles the margin on each retry.
 
-    T = max(estimated iterations, ``floor``) + margin * 2**(attempt-1), where
-    ``floor`` is the highest iteration seen in the previous attempt's votes.
+    T = max(max(estimated iterations, ``floor``) + margin * 2**(attempt-1), ``committed``), where
+    ``floor`` is the highest iteration seen in the previous attempt's votes and ``committed`` the
+    highest T the primary committed before.  The estimates are extrapolated (a fresh heartbeat can
+    lower them) and the margin shrinks as steps slow down, so without ``committed`` a later action
+    could land before an earlier one; the trainers apply by (T, arrival), so an older ADJUST_BS
+    would then undo a newer one.
     """
     known = [b for b in bpts if b > 0]
     margin = margin_iterations(min(known) if known else 0.0, lead_s, min_margin)
     base = max([*estimates.values(), floor, 0])
-    return base + (margin << (attempt - 1))
+    return max(base + (margin << (attempt - 1)), committed)
 
 
 @dataclass
@@ -319,6 +324,7 @@ class AgentService:
         self._subs: list[Subscription] = []
         self._ga_sub: Subscription | None = None
         self._ga_lock = asyncio.Lock()
+        self._committed_target = -1  # the highest T this primary committed (pick_target: actions stay in order)
         self._kv: KeyValue | None = None
         self._rev = 0
         self._local: OrderedDict[str, _Local] = OrderedDict()
@@ -781,7 +787,8 @@ class AgentService:
                 return result(False, detail="no live worker agents", attempts=attempt - 1)
             ms = [self.members[n] for n in nodes]
             est = {m.node: estimate_iteration(m.iteration, now - m.at, m.bpt_s) for m in ms}
-            target = pick_target(est, [m.bpt_s for m in ms], self.cfg.prepare_lead_s, attempt, floor, self.cfg.min_margin)
+            target = pick_target(est, [m.bpt_s for m in ms], self.cfg.prepare_lead_s, attempt, floor, self.cfg.min_margin,
+                                 self._committed_target)
             prep = Prepare(self.cfg.job, action_id, target, ga.kind, nodes, self.cfg.instance, attempt)
             votes = await self._gather(subjects.AgentPhase.PREPARE, prep, set(nodes), Vote, self.cfg.vote_timeout_s)
             if len(votes) == len(nodes) and all(v.yes for v in votes.values()):
@@ -789,6 +796,7 @@ class AgentService:
                     Commit(self.cfg.job, action_id, target, ga.kind, ga.payload, nodes), set(nodes)
                 )
                 self.counters.inc("agent_commits")
+                self._committed_target = max(self._committed_target, target)
                 err = f"no commit ack from {sorted(missing)}" if missing else ""
                 log.info(
                     "global action committed",
