@@ -30,6 +30,7 @@ from pacer import subjects
 from pacer.codec import decode
 from pacer.contracts.agent import ActionKind
 from pacer.contracts.jobs import JobRecord, JobState
+from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.policy import ControllerDecision
 from pacer.data.criteo import generate
 from pacer.jobs.client import JobClient
@@ -66,9 +67,9 @@ async def client(stack: Stack) -> AsyncIterator[JobClient]:
         yield c
 
 
-def spec(name: str, data: Path, policy: str) -> str:
-    return (f"name: {name}\nmodel: wide_deep\ndataset: {{path: {data}}}\nbatch_size: 512\nmode: bsp\n"
-            f"policies: {{straggler: {policy}}}\n")
+def spec(name: str, data: Path, policy: str, epochs: int = 1) -> str:
+    return (f"name: {name}\nmodel: wide_deep\ndataset: {{path: {data}}}\nepochs: {epochs}\nbatch_size: 512\n"
+            f"mode: bsp\npolicies: {{straggler: {policy}}}\n")
 
 
 async def run_to_end(client: JobClient, job: str, timeout: float = 300.0) -> JobRecord:
@@ -122,11 +123,20 @@ def custom_policy(stack: Stack) -> Iterator[subprocess.Popen[str]]:
 
 async def test_a_custom_policy_service_gets_the_job_and_its_action_runs(
         stack: Stack, client: JobClient, data: Path, custom_policy: subprocess.Popen[str]) -> None:
-    await client.submit("strag-custom", spec("strag-custom", data, "restart-slowest"))
-    deadline = time.monotonic() + 180
+    # Worker-0 trains alone (two pushes a BSP step) until worker-1's TensorFlow is up, which on a
+    # loaded machine took 36 s: with one epoch the job was nearly done by then and the controller
+    # rightly refused a restart that could not pay off.  Six epochs leave most of the job to the
+    # straggler's pace however late it starts.
+    await client.submit("strag-custom", spec("strag-custom", data, "restart-slowest", epochs=6))
+    deadline = time.monotonic() + 240
     mine: list[ControllerDecision] = []
     while not any(d.executed for d in mine):
-        assert time.monotonic() < deadline, f"no action from the custom policy: {mine}"
+        if time.monotonic() >= deadline:
+            windows = [decode(JobStatistics, m.data)
+                       for m in await client.bus.replay(subjects.monitor_statistics("strag-custom"))]
+            seen = [(round(w.ts, 1), [(n.node, n.samples_total, round(n.slowdown_short, 2)) for n in w.nodes
+                                      if n.role != "ps"]) for w in windows]
+            raise AssertionError(f"no action from the custom policy: {mine}\nworker windows: {seen}")
         await asyncio.sleep(2.0)
         mine = await decisions(client, "strag-custom")
     done = next(d for d in mine if d.executed)
