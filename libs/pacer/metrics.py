@@ -18,20 +18,37 @@ Metrics (every one labelled ``service`` where a process could be any):
   handles (:func:`pacer.runtime.dispatch_rpc`), ``outcome`` ``ok`` or the error code;
 * ``pacer_service_events_total{service,name}``: the service's
   :class:`~pacer.telemetry.Counters` (submitted, relaunches, bad_events...);
-* from the monitor's per-job statistics (:class:`JobGauges`):
+* from the monitor's per-job statistics (:class:`JobGauges`), always:
   ``pacer_job_throughput_samples_per_second{job}``,
-  ``pacer_node_batch_processing_time_seconds{job,node,role,window}``,
-  ``pacer_node_speed_samples_per_second{job,node}``,
-  ``pacer_node_restarts{job,node}``, ``pacer_job_stragglers{job,kind}``,
+  ``pacer_job_node_bpt_seconds{job,role,quantile}`` (the median, 99th
+  percentile and maximum, ``quantile`` ``0.5``, ``0.99`` and ``1``, of the
+  short-window BPT of the job's running nodes with data, per role; linear
+  interpolation between the closest ranks), ``pacer_job_stragglers{job,kind}``,
   ``pacer_job_shards{job,state}`` (todo/doing/done/failed, as the shard
-  service reported them) and ``pacer_job_records_done{job}``.
+  service reported them), ``pacer_job_records_done{job}`` and
+  ``pacer_node_series_suppressed`` (1 while the per-node series below are
+  not exported, else 0);
+* per node, only when :class:`NodeSeries` allows it:
+  ``pacer_node_batch_processing_time_seconds{job,node,role,window}``,
+  ``pacer_node_speed_samples_per_second{job,node}`` and
+  ``pacer_node_restarts{job,node}``.
+
+The per-node series grow with the nodes (four series per node), so
+``PACER_METRICS_NODE_SERIES`` bounds them: ``auto`` (the default) exports
+them only while the nodes of all the jobs the monitor holds number at most
+``PACER_METRICS_NODE_SERIES_MAX`` (default 1000; a job counts until the
+monitor forgets it) and drops all of them above that, ``on`` always exports
+them, ``off`` never.  Both are read when the endpoint starts
+(:func:`serve`); a bad value stops the process with a ``ValueError`` naming
+the variable.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -39,6 +56,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
+
+from pacer.contracts.monitor import Liveness
 
 if TYPE_CHECKING:
     from pacer.contracts.monitor import JobStatistics
@@ -74,11 +93,57 @@ class CountersCollector(Collector):
         yield fam
 
 
+NODE_SERIES_MODES = ("auto", "on", "off")
+BPT_QUANTILES = (0.5, 0.99, 1.0)  # of pacer_job_node_bpt_seconds; 1 is the maximum
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSeries:
+    """When the per-node series are exported (module docstring); from ``PACER_METRICS_NODE_SERIES*``."""
+
+    mode: str = "auto"  # PACER_METRICS_NODE_SERIES: auto | on | off
+    max_nodes: int = 1000  # PACER_METRICS_NODE_SERIES_MAX: the most nodes ``auto`` exports series for
+
+    def __post_init__(self) -> None:
+        if self.mode not in NODE_SERIES_MODES:
+            raise ValueError(f"PACER_METRICS_NODE_SERIES: expected one of {', '.join(NODE_SERIES_MODES)}, "
+                             f"got {self.mode!r}")
+        if self.max_nodes < 0:
+            raise ValueError(f"PACER_METRICS_NODE_SERIES_MAX: must be >= 0, got {self.max_nodes}")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NodeSeries:
+        """The setting in ``env`` (default ``os.environ``); empty counts as unset."""
+        env = os.environ if env is None else env
+        d = cls()
+        mode = env.get("PACER_METRICS_NODE_SERIES", "").strip().lower() or d.mode
+        raw = env.get("PACER_METRICS_NODE_SERIES_MAX", "").strip()
+        try:
+            max_nodes = int(raw) if raw else d.max_nodes
+        except ValueError:
+            raise ValueError(f"PACER_METRICS_NODE_SERIES_MAX: expected an integer, got {raw!r}") from None
+        return cls(mode, max_nodes)
+
+    def exported(self, nodes: int) -> bool:
+        """Whether the per-node series of ``nodes`` nodes in all are exported."""
+        return self.mode == "on" or (self.mode == "auto" and nodes <= self.max_nodes)
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """The ``q``-quantile of non-empty ``sorted_values``, interpolating linearly between the closest ranks."""
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    if lo + 1 >= len(sorted_values):
+        return sorted_values[-1]
+    return sorted_values[lo] + (sorted_values[lo + 1] - sorted_values[lo]) * (pos - lo)
+
+
 class JobGauges(Collector):
     """The newest :class:`JobStatistics` of every job the monitor follows, as gauges."""
 
-    def __init__(self) -> None:
+    def __init__(self, node_series: NodeSeries | None = None) -> None:
         self.latest: dict[str, JobStatistics] = {}
+        self.node_series = node_series or NodeSeries()
 
     def set(self, stats: JobStatistics) -> None:
         self.latest[stats.job] = stats
@@ -87,8 +152,13 @@ class JobGauges(Collector):
         self.latest.pop(job, None)
 
     def collect(self) -> Iterator[Metric]:
+        per_node = self.node_series.exported(sum(len(s.nodes) for s in self.latest.values()))
         tput = GaugeMetricFamily("pacer_job_throughput_samples_per_second",
                                  "Samples per second of the job's live workers (short window)", labels=["job"])
+        job_bpt = GaugeMetricFamily("pacer_job_node_bpt_seconds",
+                                    "Median, 99th percentile and maximum (quantile 1) of the short-window batch "
+                                    "processing time of the job's running nodes, by role",
+                                    labels=["job", "role", "quantile"])
         bpt = GaugeMetricFamily("pacer_node_batch_processing_time_seconds",
                                 "Mean batch processing time of a node over the short or long window",
                                 labels=["job", "node", "role", "window"])
@@ -96,6 +166,9 @@ class JobGauges(Collector):
                                   labels=["job", "node"])
         restarts = GaugeMetricFamily("pacer_node_restarts", "Times the node came back after it died",
                                      labels=["job", "node"])
+        suppressed = GaugeMetricFamily("pacer_node_series_suppressed",
+                                       "1 while the per-node series are not exported (PACER_METRICS_NODE_SERIES)",
+                                       value=0 if per_node else 1)
         stragglers = GaugeMetricFamily("pacer_job_stragglers", "Nodes of the job flagged as stragglers, by kind",
                                        labels=["job", "kind"])
         shards = GaugeMetricFamily("pacer_job_shards", "Shards of the job by state", labels=["job", "state"])
@@ -103,20 +176,30 @@ class JobGauges(Collector):
         for job, s in sorted(self.latest.items()):
             tput.add_metric([job], s.throughput_samples_per_s)
             kinds = {"transient": 0, "persistent": 0}
+            by_role: dict[str, list[float]] = {}
             for n in s.nodes:
-                bpt.add_metric([job, n.node, n.role, "short"], n.bpt_short_s)
-                bpt.add_metric([job, n.node, n.role, "long"], n.bpt_long_s)
-                speed.add_metric([job, n.node], n.speed_samples_per_s)
-                restarts.add_metric([job, n.node], n.restarts)
+                if per_node:
+                    bpt.add_metric([job, n.node, n.role, "short"], n.bpt_short_s)
+                    bpt.add_metric([job, n.node, n.role, "long"], n.bpt_long_s)
+                    speed.add_metric([job, n.node], n.speed_samples_per_s)
+                    restarts.add_metric([job, n.node], n.restarts)
+                if n.state is Liveness.RUNNING and n.bpt_short_s > 0:
+                    by_role.setdefault(n.role, []).append(n.bpt_short_s)
                 if n.straggler.value in kinds:
                     kinds[n.straggler.value] += 1
+            for role, values in sorted(by_role.items()):
+                values.sort()
+                for q in BPT_QUANTILES:
+                    job_bpt.add_metric([job, role, f"{q:g}"], quantile(values, q))
             for kind, count in kinds.items():
                 stragglers.add_metric([job, kind], count)
             if s.shards is not None:
                 for state in ("todo", "doing", "done", "failed"):
                     shards.add_metric([job, state], getattr(s.shards, state))
                 records.add_metric([job], s.shards.records_done)
-        yield from (tput, bpt, speed, restarts, stragglers, shards, records)
+        yield from (tput, job_bpt, stragglers, shards, records, suppressed)
+        if per_node:
+            yield from (bpt, speed, restarts)
 
 
 JOBS = JobGauges()
@@ -130,7 +213,11 @@ def port_for(service: str) -> int:
 
 
 async def serve(counters: Counters, port: int, host: str = "0.0.0.0") -> web.AppRunner:
-    """Serve ``/metrics`` on ``port``; the caller cleans the returned runner up."""
+    """Serve ``/metrics`` on ``port``; the caller cleans the returned runner up.
+
+    Reads :class:`NodeSeries` from the environment first: a bad value raises before anything is served.
+    """
+    JOBS.node_series = NodeSeries.from_env()
     REGISTRY.register(CountersCollector(counters))
 
     async def handler(_: web.Request) -> web.Response:
