@@ -95,6 +95,9 @@ class Stack:
     # unless PACER_NATS_TLS=0.
     tls: bool = field(default_factory=lambda: os.environ.get("PACER_NATS_TLS", "1") != "0")
     ca_file: Path | None = None
+    # The nats-server's HTTP monitoring port (/varz, /jsz) even when secure: benchmarks read message
+    # and storage counters from it.  It is unauthenticated (pacer.embedded), so never in a deployment.
+    nats_monitoring: bool = False
     _saved_ca: str | None = field(default=None, repr=False)
     # Per-job agents: the auth callout's issuer account seed and the secret of the agents' tokens
     # (made per start when the ``auth`` service is in the stack; given to it and to the executor only).
@@ -178,11 +181,11 @@ class Stack:
             self.env.setdefault("PACER_REPLICAS", str(min(self.cluster, 3)))
             self.nats = EmbeddedCluster(
                 store_dir=self.data_dir / "nats", size=self.cluster, authorization=authorization, tls=tls,
-                monitoring=not self.secure, probe_user=user, probe_password=password, probe_ca=ca).start()
+                monitoring=not self.secure or self.nats_monitoring, probe_user=user, probe_password=password, probe_ca=ca).start()
         else:
             self.nats = EmbeddedNats(
                 store_dir=self.data_dir / "nats", port=self.port, authorization=authorization, tls=tls,
-                monitoring=not self.secure, probe_user=user, probe_password=password, probe_ca=ca).start()
+                monitoring=not self.secure or self.nats_monitoring, probe_user=user, probe_password=password, probe_ca=ca).start()
         if self.ca_file is not None:  # this process's clients of this server: its CA, whatever the env says
             security.trust(self.bare_url, str(self.ca_file))
         security.write_context(self.context_file, security.Context(
