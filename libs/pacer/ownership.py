@@ -231,6 +231,7 @@ class Ownership:
         self.kv: KeyValue | None = None
         self.jobs: dict[str, _Job] = {}
         self.forwarded = 0  # requests passed to their owner
+        self.owner_gone = 0  # requests whose job's lease named an instance no longer present
         self.given_up = 0  # jobs handed over by the balance rule
         self.taken_back = 0  # of those, taken back because nobody took them
         self._given: dict[str, float] = {}  # job -> when we handed it over (balance)
@@ -347,6 +348,18 @@ class Ownership:
                 await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
         return True
 
+    async def present(self, instance: str) -> bool:
+        """Whether ``instance`` has a presence key (it announces itself while it runs; a closing instance
+        purges its key first).  A failed read says yes: forwarding is what happened before the check."""
+        assert self.kv is not None
+        try:
+            await self.kv.get(presence_key(self.service, instance))
+        except nats.js.errors.KeyNotFoundError:
+            return False
+        except (nats.errors.Error, TimeoutError):
+            return True
+        return True
+
     async def owner_of(self, job: str) -> str | None:
         """The instance the lease of ``job`` names now (None: nobody holds it)."""
         assert self.kv is not None
@@ -399,6 +412,13 @@ class Ownership:
                     owner = await self.owner_of(job)
             except (nats.errors.Error, TimeoutError) as exc:
                 log.warning("owner of %s unknown: %s", job, exc)
+        if (owner and owner != self.instance and not forwarded and self.balance_every_s > 0
+                and not await self.present(owner)):
+            # Its lease outlived it (a release that lost a race with a renewal stays until the TTL): a
+            # request passed on to it would come back as "no responders".  Nobody to pass it to.  (Only
+            # instances that balance announce themselves; a service's instances share that setting.)
+            self.owner_gone += 1
+            owner = None
         if owner and owner != self.instance and not forwarded:
             headers = {**(msg.headers or {}), FORWARDED_BY: self.instance, ORIGINAL_SUBJECT: msg.subject}
             await self.bus.nc.publish(forward_subject(self.service, _token(owner)), msg.data,

@@ -19,10 +19,10 @@ from nats.aio.msg import Msg
 from pacer import subjects
 from pacer.bus import Bus
 from pacer.embedded import EmbeddedNats
-from pacer.errors import NotFound, remote_error
+from pacer.errors import NotFound, Unavailable, remote_error
 from pacer.lease import Lease
 from pacer.owned.router import Router
-from pacer.ownership import Ownership
+from pacer.ownership import LEASE_BUCKET, Ownership, lease_key
 from pacer.telemetry import Counters
 
 SERVICE = "toy"
@@ -32,11 +32,12 @@ pytestmark = pytest.mark.timeout(60)
 class Toy:
     """An instance: answers ``pacer.rpc.toy.<job>.who`` with its name, owning the jobs it is asked about."""
 
-    def __init__(self, bus: Bus, name: str, known: set[str]) -> None:
+    def __init__(self, bus: Bus, name: str, known: set[str], balance_every_s: float = 0) -> None:
         self.bus, self.name, self.known = bus, name, known
         self.counters = Counters(f"{SERVICE}-{name}")
         self.acquired: list[str] = []
-        self.own = Ownership(bus, SERVICE, self._acquired, self._lost, instance=name, ttl_s=1.5, balance_every_s=0)
+        self.own = Ownership(bus, SERVICE, self._acquired, self._lost, instance=name, ttl_s=1.5,
+                             balance_every_s=balance_every_s)
         self.router = Router(bus, self.own, self.counters, {"who": self.who}, local_jobs=(subjects.ALL_JOBS,),
                              unknown=self._unknown)
 
@@ -114,3 +115,25 @@ async def test_requests_reach_the_owner_and_follow_a_handover(bus: Bus, toys: tu
         await asyncio.sleep(0.05)
     assert b.own.owns("j1") and "j1" in b.acquired
     assert await ask(bus, "b", "j1") == {"job": "j1", "by": "b", "owner": True}
+
+
+async def test_a_lease_that_outlived_its_instance_is_not_forwarded_to(bus: Bus, nats_server: EmbeddedNats) -> None:
+    """A lease naming an instance with no presence (gone, its release lost): no forward into silence."""
+    ghost = await Lease.open(bus, LEASE_BUCKET, lease_key(SERVICE, "j2"), "gone", ttl_s=30.0)
+    assert await ghost.acquire()
+    c_bus = await Bus.connect(nats_server.url, name="toy-c")
+    c = Toy(c_bus, "c", {"j2"}, balance_every_s=5.0)  # instances that balance announce their presence
+    try:
+        async with asyncio.TaskGroup() as tg:
+            await c.start(tg)
+            await c_bus.nc.flush()
+            assert await c.own.owner_of("j2") == "gone" and await c.own.present("c")
+            # Forwarded, the request would come back as "no responders"; the router says "retry" itself.
+            with pytest.raises(Unavailable, match="changing owner"):
+                await ask(bus, "c", "j2")
+            assert c.own.owner_gone == 1 and c.counters.values.get("requests_forwarded", 0) == 0
+            await c.own.close()
+            for t in list(tg._tasks):
+                t.cancel()
+    finally:
+        await c_bus.close()
