@@ -180,7 +180,7 @@ class Bus:
         await self._ensure(
             StreamConfig(
                 name=subjects.EVENTS_STREAM,
-                subjects=[subjects.EVENTS_SUBJECTS],
+                subjects=subjects.stored_events(),
                 storage=StorageType.FILE,
                 retention=RetentionPolicy.LIMITS,
                 discard=DiscardPolicy.OLD,

@@ -288,14 +288,36 @@ def monitor_statistics(job: str) -> str:
 
 
 def monitor_inputs() -> list[str]:
-    """The event filters the monitor consumes from PACER_EVENTS (never its own statistics)."""
+    """The event filters the monitor consumes from PACER_EVENTS (never its own statistics); the live
+    heartbeats (:data:`LIVE_EVENTS`) it hears on a plain subscription."""
     return [
         events_of(AGENT_SERVICE, kind=AgentEventKind.METRICS),
-        events_of(AGENT_SERVICE, kind=AgentEventKind.HEARTBEAT),
         events_of("node"),
         events_of("shard", kind=ShardEventKind.PROGRESS),
         events_of("cluster", kind="status"),
     ]
+
+
+# ------------------------------------------------------------------ which events are stored
+#: Every event domain (``pacer.events.<domain>.<job>.<kind>``).  A publish permission under
+#: ``pacer.events`` outside these is refused by tests/unit/test_event_storage.py.
+EVENT_DOMAINS = ("agent", "brain", "cluster", "controller", "executor", "job", MONITOR_SERVICE, "node", "shard")
+
+#: Events that are live only: delivered to whoever subscribes, never stored in PACER_EVENTS.  Each
+#: agent's heartbeat, every second, is two thirds of all events at scale and a liveness ping that the
+#: next one replaces (docs/scale.md): storing it cost the server a write, a delivery and an ack each.
+LIVE_EVENTS = (events_of(AGENT_SERVICE, kind=AgentEventKind.HEARTBEAT),)
+
+
+def stored_events() -> list[str]:
+    """The subjects of PACER_EVENTS: every domain's events but :data:`LIVE_EVENTS`."""
+    out = []
+    for domain in EVENT_DOMAINS:
+        if domain == AGENT_SERVICE:
+            out += [events_of(domain, kind=k) for k in (AgentEventKind.METRICS, AgentEventKind.ACTION)]
+        else:
+            out.append(f"{PREFIX}.events.{domain}.>")
+    return out
 
 
 # ------------------------------------------------------------------ policies

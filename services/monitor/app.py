@@ -1,9 +1,12 @@
 """The monitor service: events in, per-job statistics out (AntDT section V-D).
 
 Inputs come from the ``PACER_EVENTS`` stream (filters in
-:func:`pacer.subjects.monitor_inputs`): agent metrics and heartbeats, node
-events and the shard service's progress events.  Each is decoded by a thin
-handler and folded into the pure :class:`MonitorCore`.  Outputs:
+:func:`pacer.subjects.monitor_inputs`): agent metrics, node events and the
+shard service's progress events; and, on a plain subscription, the agents'
+heartbeats, which are live only (:data:`pacer.subjects.LIVE_EVENTS`: never
+stored, so neither replayed nor acked; the next one, a second later,
+replaces a lost one).  Each is decoded by a thin handler and folded into
+the pure :class:`MonitorCore`.  Outputs:
 
 * ``pacer.events.monitor.<job>.statistics``: a :class:`JobStatistics` every
   ``interval_s`` for every job with data in the last long window L_per;
@@ -155,6 +158,7 @@ class MonitorService:
         self._replay_bad: set[int] = set()  # ... except these, which the durable consumer dead-letters
         self._durable: JetStreamContext.PullSubscription | None = None
         self._rpc_sub: Subscription | None = None
+        self._live_subs: list[Subscription] = []
         self._draining = False
         self._consumer_idle = asyncio.Event()
 
@@ -168,15 +172,19 @@ class MonitorService:
         self._rpc_sub = await self.bus.nc.subscribe(
             subjects.rpc_wildcard(self.name), queue="monitor", cb=self.router.on_rpc
         )
+        # After the replay: a heartbeat is newer than anything the stream held.  No queue group: every
+        # instance folds every event.
+        self._live_subs = [await self.bus.nc.subscribe(f, cb=self._on_live) for f in subjects.LIVE_EVENTS]
         await self.bus.nc.flush()  # ready means answering: the server has our subscription
         tg.create_task(guard("events", self._events_loop), name="pacer:monitor:events")
         tg.create_task(guard("publish", self._publish_loop), name="pacer:monitor:publish")
 
     async def drain(self) -> None:
         self._draining = True
-        if self._rpc_sub is not None:
-            with contextlib.suppress(nats.errors.Error):
-                await self._rpc_sub.unsubscribe()
+        for sub in [self._rpc_sub, *self._live_subs]:
+            if sub is not None:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
         await self._consumer_idle.wait()  # the batch in hand is applied and acked
         await self.own.close()  # the other instances take the jobs over at once
 
@@ -261,6 +269,17 @@ class MonitorService:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
         await asyncio.Event().wait()  # drained: park until the runtime cancels us
+
+    async def _on_live(self, m: Msg) -> None:
+        """A live event (a heartbeat): applied as it comes; a bad one is counted, there is nothing to ack."""
+        try:
+            self._apply(m)
+        except PacerError as exc:
+            self.counters.inc("bad_events", code=exc.code)
+            log.warning("live event refused", extra={"fields": {"subject": m.subject, "error": exc.message}})
+        except Exception:  # callback boundary: a core bug must not stop the subscription
+            self.counters.inc("internal_errors", op="live_event")
+            log.exception("live event failed")
 
     async def _on_event(self, m: Msg) -> None:
         seq = m.metadata.sequence.stream

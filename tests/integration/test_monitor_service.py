@@ -120,9 +120,8 @@ async def test_straggler_statistics_and_death(bus: Bus, monitor: InProcess[Monit
         records_total=1000, records_done=300, records_duplicated=0, finished=False, closed=True,
     )
     await bus.publish_durable(subjects.event("shard", JOB, subjects.ShardEventKind.PROGRESS), ProgressEvent(time.time(), status))
-    await bus.publish_durable(
-        subjects.agent_heartbeat(JOB), Heartbeat(JOB, "w0", "worker", time.time(), "host-1", True, True)
-    )
+    # Heartbeats are live only (never stored): a plain publish, heard on the monitor's subscription.
+    await bus.publish(subjects.agent_heartbeat(JOB), Heartbeat(JOB, "w0", "worker", time.time(), "host-1", True, True))
 
     st = await until(lambda s: has_history(s) and s.shards is not None, bus)
     assert classified(st) == {"w0": StragglerKind.NONE, "w1": StragglerKind.NONE, "w2": StragglerKind.PERSISTENT}
