@@ -32,6 +32,8 @@ durable pull consumer (created with ``DeliverPolicy.NEW`` on first use), then
 without re-applying what the replay already applied (stream sequence <= the
 last replayed one).  Statistics after a restart therefore match those before
 it, as long as the stream still retains the window (it keeps 7 days).
+Heartbeats are not replayed (they are not stored): a node's liveness comes
+from its replayed metrics until its next heartbeat, a second later.
 
 Concurrency contract
 --------------------
