@@ -260,12 +260,15 @@ async def run_size(nodes: int, jobs: int, args: argparse.Namespace, two: bool,
             for w in workers:
                 w.start()
             ps = processes(stack)
+            sims = [psutil.Process(w.pid) for w in workers]
             await asyncio.sleep(max(0.0, start_at + args.warmup_s - time.time()))
             t_a, v_a, b_a = time.time(), varz(stack), await stream_bytes(bus)
             cpu_a = {k: cpu_s(p) for k, p in ps.items()}
+            sim_a = sum(cpu_s(p) for p in sims)
             await asyncio.sleep(max(0.0, start_at + run_s - time.time()))
             t_b, v_b, b_b = time.time(), varz(stack), await stream_bytes(bus)
             cpu_b = {k: cpu_s(p) for k, p in ps.items()}
+            sim_b = sum(cpu_s(p) for p in sims)
             rss = {k: rss_mb(p) for k, p in ps.items()}
             if until_acted_s:
                 onsets = {sj.job: start_at + sj.onset for sj in sjobs if sj.straggler}
@@ -316,6 +319,7 @@ async def run_size(nodes: int, jobs: int, args: argparse.Namespace, two: bool,
         "node_reports_per_s": round(rate_reports, 1),
         "cpu_s_per_1k_reports": {k: round((cpu_b[k] - cpu_a[k]) / per_1k, 4) for k in cpu_a},
         "cpu_cores": {k: round((cpu_b[k] - cpu_a[k]) / window, 3) for k in cpu_a},
+        "sim_cpu_cores": round((sim_b - sim_a) / window, 3),  # the simulated nodes: not the control plane
         "rss_mb": rss,
         "nats_msgs_per_s": round((v_b["in_msgs"] + v_b["out_msgs"] - v_a["in_msgs"] - v_a["out_msgs"]) / window),
         "jetstream_mb_per_hour": round(sum(b_b[k] - b_a[k] for k in b_a) / window * 3600 / 2**20, 1),
@@ -326,6 +330,44 @@ async def run_size(nodes: int, jobs: int, args: argparse.Namespace, two: bool,
     out["within_slo"] = (out["report_to_stats_p99_s"] < REPORT_SLO_S and not missing
                          and out["straggler_to_action_p99_s"] < ACTION_SLO_S)
     return out
+
+
+def plot(curve: list[dict[str, Any]], two: dict[str, Any] | None, path: Path) -> str:
+    """The curve: p99 latencies and each process's CPU (cores) against the nodes; the two-instance run marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return ""
+    xs = [r["nodes"] for r in curve]
+    fig, (lat, cpu) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("report_to_stats_p99_s", "report -> statistics p99"),
+                       ("straggler_to_action_p99_s", "straggler -> action p99")):
+        lat.plot(xs, [r[key] for r in curve], marker="o", label=label)
+        if two:
+            lat.plot([two["nodes"]], [two[key]], marker="s", linestyle="", label=f"{label}, two instances")
+    lat.axhline(REPORT_SLO_S, color="grey", linestyle=":", linewidth=1)
+    lat.axhline(ACTION_SLO_S, color="grey", linestyle="--", linewidth=1)
+    lat.set_xlabel("simulated nodes (20 jobs per 1,000)")
+    lat.set_ylabel("seconds")
+    lat.set_yscale("log")
+    lat.legend(fontsize=7)
+    for proc in sorted({k for r in curve for k in r["cpu_cores"]}):
+        ys = [r["cpu_cores"].get(proc, 0.0) for r in curve]
+        if max(ys) >= 0.02:
+            cpu.plot(xs, ys, marker="o", label=proc)
+    cpu.axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    cpu.set_xlabel("simulated nodes")
+    cpu.set_ylabel("CPU (cores) during the measured window")
+    cpu.legend(fontsize=7)
+    fig.suptitle("Pacer control plane on one 2-core machine (make bench-scale)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return str(path)
 
 
 HEADLINE = ("nodes", "jobs", "report_to_stats_p99_s", "straggler_to_action_p99_s", "lease_p99_ms",
@@ -341,6 +383,8 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=2, help="simulating processes")
     ap.add_argument("--two-instances-at", type=int, default=10000, help="0: skip the two-instance run")
     ap.add_argument("--quick", action="store_true", help="1,000 and 2,000 nodes, short windows")
+    ap.add_argument("--plot", default=str(Path(__file__).resolve().parent / "plots" / "scale-curve.png"),
+                    help="where the curve's PNG goes ('': none)")
     args = ap.parse_args()
     if args.quick:
         args.sizes, args.warmup_s, args.measure_s, args.two_instances_at = "1000,2000", 15.0, 30.0, 2000
@@ -360,9 +404,10 @@ def main() -> None:
     summary = {k: head[k] for k in HEADLINE}
     summary |= {"max_nodes_within_slo": max(ok) if ok else 0,
                 "curve": [{k: r[k] for k in (*HEADLINE, "report_to_stats_p50_s", "lease_p50_ms", "cpu_cores",
-                                             "nats_msgs_per_s", "jetstream_mb_per_hour", "reports_missing",
+                                             "nats_msgs_per_s", "jetstream_mb_per_hour", "reports_missing", "sim_cpu_cores",
                                              "stragglers_unacted", "within_slo")} for r in curve],
                 "two_instances": {k: two[k] for k in (*HEADLINE, "cpu_cores", "within_slo")} if two else None}
+    summary["plot"] = plot(curve, two, Path(args.plot)) if args.plot else ""
     print(json.dumps(summary))
 
 

@@ -291,10 +291,9 @@ async def run(plan: Plan) -> Out:
         for t in tasks:
             if not t.cancelled() and t.exception() is not None:
                 out.errors.append(f"{type(t.exception()).__name__}: {t.exception()}")
-    finally:
-        for bus in buses:
-            with contextlib.suppress(Exception):
-                await bus.close()
+    finally:  # every job's connection at once: one by one, their drains took minutes at 10,000 nodes
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*(b.close() for b in buses), return_exceptions=True), 30.0)
     return out
 
 
