@@ -275,7 +275,7 @@ async def run_size(nodes: int, jobs: int, args: argparse.Namespace, two: bool,
                 await _until(lambda: all(any(t >= on for t in obs.acted.get(j, [])) for j, on in onsets.items()),
                              until_acted_s)
                 (Path(tmp) / "stop").touch()
-            results = [await asyncio.to_thread(q.get, True, 120 + nodes / 100) for _ in workers]
+            results = [await asyncio.to_thread(q.get, True, 120 + nodes / 50) for _ in workers]
             for w in workers:
                 w.join(30)
             in_window = [r for res in results for r in res["reports"] if t_a <= r[3] < t_b - 3.0]
@@ -358,6 +358,8 @@ def plot(curve: list[dict[str, Any]], two: dict[str, Any] | None, path: Path) ->
         ys = [r["cpu_cores"].get(proc, 0.0) for r in curve]
         if max(ys) >= 0.02:
             cpu.plot(xs, ys, marker="o", label=proc)
+    cpu.plot(xs, [r.get("sim_cpu_cores", 0.0) for r in curve], marker="x", linestyle="--", color="grey",
+             label="simulated nodes (the load, same machine)")
     cpu.axhline(1.0, color="grey", linestyle=":", linewidth=1)
     cpu.set_xlabel("simulated nodes")
     cpu.set_ylabel("CPU (cores) during the measured window")

@@ -221,9 +221,9 @@ async def _shards(bus: Bus, node: Node, plan: Plan, out: Out) -> None:
                 break
             await _sleep_until(end)
             c.done(shard)
-    finally:
+    finally:  # its last report, bounded: thousands of them at once must not outlast the run by minutes
         with contextlib.suppress(Exception):
-            await c.close(release=False)
+            await asyncio.wait_for(c.close(release=False), 5.0)
 
 
 async def _primary(bus: Bus, sj: SimJob, out: Out) -> Any:
