@@ -68,3 +68,19 @@ def test_metrics_port_per_service_wins_over_the_common_one(monkeypatch: pytest.M
     assert metrics.port_for("monitor") == 9464
     monkeypatch.setenv("PACER_METRICS_PORT_MONITOR", "9500")
     assert metrics.port_for("monitor") == 9500 and metrics.port_for("shard") == 9464
+
+
+def test_without_a_provider_a_span_costs_nothing_yet_passes_an_arrived_context_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracing, "_recording", False)
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+    assert not tracing.recording()
+    # Nothing arrived, nothing current: the invalid span, nothing attached (the fast path).
+    with tracing.span("request x", SpanKind.CLIENT, "pacer.rpc.shard.j.lease") as s:
+        assert s is trace.INVALID_SPAN and tracing.inject() is None
+    # A context arrived in the headers: it is current inside, and passed on to what is sent from there.
+    with tracing.span("handle x", SpanKind.SERVER, "pacer.rpc.shard.j.lease", HEADERS):
+        assert tracing.current_ids() == (f"{TRACE:032x}", f"{SPAN:016x}")
+        sent = tracing.inject()
+        assert sent is not None and f"{TRACE:032x}" in sent["traceparent"]
+    assert tracing.current_ids() is None
