@@ -42,7 +42,6 @@ import multiprocessing as mp
 import sys
 import tempfile
 import time
-import urllib.request
 from bisect import bisect_left
 from pathlib import Path
 from typing import Any
@@ -60,6 +59,7 @@ from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.policy import ControllerDecision
 from pacer.contracts.shards import DatasetSpec
+from pacer.embedded import http_json
 from pacer.jobs.spec import parse_job_spec
 from pacer.shards.client import ShardAdmin
 from pacer_services.cli.stack import Stack
@@ -166,9 +166,7 @@ class Observer:
 
 
 def varz(stack: Stack) -> dict[str, Any]:
-    port = stack.nats.monitor_port  # type: ignore[union-attr]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/varz", timeout=5) as r:
-        data: dict[str, Any] = json.load(r)
+    _, data = http_json(f"http://127.0.0.1:{stack.nats.monitor_port}/varz", timeout=5.0)  # type: ignore[union-attr]
     return data
 
 
@@ -180,26 +178,25 @@ def processes(stack: Stack) -> dict[str, psutil.Process]:
     return out
 
 
-def cpu_s(p: psutil.Process) -> float:
-    """CPU seconds of a process and its children (the policy service decides in worker processes)."""
-    total = 0.0
+def usage(p: psutil.Process) -> tuple[float, int]:
+    """CPU seconds and RSS bytes of a process and its children (the policy service decides in worker
+    processes); a child gone meanwhile counts nothing."""
+    cpu, rss = 0.0, 0
     for q in [p, *p.children(recursive=True)]:
         try:
-            t = q.cpu_times()
-            total += t.user + t.system
+            t, m = q.cpu_times(), q.memory_info()
         except psutil.Error:
-            pass
-    return total
+            continue
+        cpu, rss = cpu + t.user + t.system, rss + m.rss
+    return cpu, rss
+
+
+def cpu_s(p: psutil.Process) -> float:
+    return usage(p)[0]
 
 
 def rss_mb(p: psutil.Process) -> float:
-    total = 0
-    for q in [p, *p.children(recursive=True)]:
-        try:
-            total += q.memory_info().rss
-        except psutil.Error:
-            pass
-    return round(total / 2**20, 1)
+    return round(usage(p)[1] / 2**20, 1)
 
 
 async def stream_bytes(bus: Bus) -> dict[str, int]:

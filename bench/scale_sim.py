@@ -44,10 +44,12 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nats.aio.msg import Msg
 from pacer import security, subjects
+from pacer.agent.agent import AgentConfig
 from pacer.agent.reporting import window_steps
 from pacer.authjwt import agent_token
 from pacer.bus import Bus
@@ -55,10 +57,11 @@ from pacer.codec import decode
 from pacer.contracts.agent import ActionResult, AgentMetrics, GlobalAction, Heartbeat
 from pacer.shards.client import ShardClient
 
-K = 10  # AgentConfig.k
-WORKER_REPORT_S = 4.0  # AgentConfig.worker_report_s
-HEARTBEAT_S = 1.0  # AgentConfig.heartbeat_s
-PS_REPORT_S = 2.0  # AgentConfig.report_every_s
+AGENT = AgentConfig(job="sim", node="worker-0", ipc_path=Path("unused"))  # a real agent's defaults
+K = AGENT.k
+WORKER_REPORT_S = AGENT.worker_report_s
+HEARTBEAT_S = AGENT.heartbeat_s
+PS_REPORT_S = AGENT.report_every_s
 
 
 @dataclass
@@ -199,7 +202,7 @@ async def _ps_metrics(bus: Bus, node: Node, plan: Plan, out: Out, rng: random.Ra
     t, probes = node.t0 + rng.uniform(0, PS_REPORT_S), 0
     while not plan.over(t):
         await _sleep_until(t)
-        n = int(PS_REPORT_S / 0.25)  # AgentConfig.probe_every_s
+        n = int(PS_REPORT_S / AGENT.probe_every_s)
         await bus.publish(subject, node.metrics(time.time(), probes, probes + n, local_step=probes + n))
         out.published["metrics"] += 1
         probes += n

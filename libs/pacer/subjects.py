@@ -211,6 +211,7 @@ class AgentEventKind:
     METRICS = "metrics"  # agent.AgentMetrics, every k trainer steps
     HEARTBEAT = "heartbeat"  # agent.Heartbeat, every second
     ACTION = "action"  # agent.ActionResult, one per global action or node command
+    ALL = (METRICS, HEARTBEAT, ACTION)
 
 
 class AgentPhase:
@@ -313,8 +314,8 @@ def stored_events() -> list[str]:
     """The subjects of PACER_EVENTS: every domain's events but :data:`LIVE_EVENTS`."""
     out = []
     for domain in EVENT_DOMAINS:
-        if domain == AGENT_SERVICE:
-            out += [events_of(domain, kind=k) for k in (AgentEventKind.METRICS, AgentEventKind.ACTION)]
+        if domain == AGENT_SERVICE:  # the one domain with a live kind: its other kinds one by one
+            out += [s for k in AgentEventKind.ALL if (s := events_of(domain, kind=k)) not in LIVE_EVENTS]
         else:
             out.append(f"{PREFIX}.events.{domain}.>")
     return out

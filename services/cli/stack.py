@@ -177,15 +177,16 @@ class Stack:
         # every user and subscription to anything on the host); readiness is probed as the operator.
         user, password = ("admin", self.passwords["admin"]) if self.secure else ("", "")
         ca = str(self.ca_file) if self.ca_file is not None else ""
+        monitoring = not self.secure or self.nats_monitoring
         if self.cluster > 1:
             self.env.setdefault("PACER_REPLICAS", str(min(self.cluster, 3)))
             self.nats = EmbeddedCluster(
                 store_dir=self.data_dir / "nats", size=self.cluster, authorization=authorization, tls=tls,
-                monitoring=not self.secure or self.nats_monitoring, probe_user=user, probe_password=password, probe_ca=ca).start()
+                monitoring=monitoring, probe_user=user, probe_password=password, probe_ca=ca).start()
         else:
             self.nats = EmbeddedNats(
                 store_dir=self.data_dir / "nats", port=self.port, authorization=authorization, tls=tls,
-                monitoring=not self.secure or self.nats_monitoring, probe_user=user, probe_password=password, probe_ca=ca).start()
+                monitoring=monitoring, probe_user=user, probe_password=password, probe_ca=ca).start()
         if self.ca_file is not None:  # this process's clients of this server: its CA, whatever the env says
             security.trust(self.bare_url, str(self.ca_file))
         security.write_context(self.context_file, security.Context(
