@@ -3,8 +3,9 @@
 A simulated node does what a pod's agent and trainer do on the bus, with
 the real code for everything that leaves the node:
 
-* the agent's heartbeat (:class:`~pacer.contracts.agent.Heartbeat`) every
-  ``heartbeat_s`` (1 s, the agent's default);
+* the agent's heartbeat (:class:`~pacer.contracts.agent.Heartbeat`) when the
+  node has sent nothing else for ``heartbeat_s`` (1 s, the agent's default),
+  by the agent's own rule (:func:`pacer.agent.reporting.heartbeat_due`);
 * the agent's metrics window: a worker publishes an
   :class:`~pacer.contracts.agent.AgentMetrics` at the end of every window,
   whose length in steps is the agent's own
@@ -50,7 +51,7 @@ from typing import Any
 from nats.aio.msg import Msg
 from pacer import security, subjects
 from pacer.agent.agent import AgentConfig
-from pacer.agent.reporting import window_steps
+from pacer.agent.reporting import heartbeat_due, window_steps
 from pacer.authjwt import agent_token
 from pacer.bus import Bus
 from pacer.codec import decode
@@ -123,6 +124,7 @@ class Node:
         self.base = sj.bpt_s * rng.uniform(0.9, 1.1) if role == "worker" else 0.004 * rng.uniform(0.8, 1.2)
         self.slow_at = t0 + sj.onset if sj.straggler == self.name else float("inf")
         self.incarnation = 1
+        self.sent_at = float("-inf")  # wall time of its agent's last heartbeat or metrics
 
     def bpt(self, t: float) -> float:
         return self.base * (self.sj.slow_factor if t >= self.slow_at else 1.0)
@@ -174,9 +176,12 @@ async def _heartbeats(bus: Bus, node: Node, plan: Plan, out: Out, rng: random.Ra
     t = node.t0 + rng.uniform(0, HEARTBEAT_S)
     while not plan.over(t):
         await _sleep_until(t)
-        await bus.publish(subject, node.heartbeat(time.time()))
-        out.published["heartbeats"] += 1
-        t += HEARTBEAT_S
+        now = time.time()
+        if heartbeat_due(now - node.sent_at, HEARTBEAT_S, changed=False):  # nothing else changes here
+            await bus.publish(subject, node.heartbeat(now))
+            node.sent_at = now
+            out.published["heartbeats"] += 1
+        t = node.sent_at + HEARTBEAT_S
 
 
 async def _worker_metrics(bus: Bus, node: Node, plan: Plan, out: Out) -> None:
@@ -191,6 +196,7 @@ async def _worker_metrics(bus: Bus, node: Node, plan: Plan, out: Out) -> None:
         now = time.time()
         m = node.metrics(now, first, first + w)
         await bus.publish(subject, m)
+        node.sent_at = now
         out.published["metrics"] += 1
         out.reports.append((node.sj.job, node.name, m.samples_total, now))
         first += w
@@ -203,7 +209,8 @@ async def _ps_metrics(bus: Bus, node: Node, plan: Plan, out: Out, rng: random.Ra
     while not plan.over(t):
         await _sleep_until(t)
         n = int(PS_REPORT_S / AGENT.probe_every_s)
-        await bus.publish(subject, node.metrics(time.time(), probes, probes + n, local_step=probes + n))
+        node.sent_at = time.time()
+        await bus.publish(subject, node.metrics(node.sent_at, probes, probes + n, local_step=probes + n))
         out.published["metrics"] += 1
         probes += n
         t += PS_REPORT_S

@@ -209,7 +209,7 @@ AGENT_BUCKET = "pacer-agents"  # JetStream KV: key ``<job>.primary`` -> agent.Pr
 
 class AgentEventKind:
     METRICS = "metrics"  # agent.AgentMetrics, every k trainer steps
-    HEARTBEAT = "heartbeat"  # agent.Heartbeat, every second
+    HEARTBEAT = "heartbeat"  # agent.Heartbeat, after a second of silence or a change (agent.reporting)
     ACTION = "action"  # agent.ActionResult, one per global action or node command
     ALL = (METRICS, HEARTBEAT, ACTION)
 

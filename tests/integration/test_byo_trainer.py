@@ -58,6 +58,19 @@ GLOBAL_BATCH = 256  # 128 per worker
 STEP_MS = 50  # ~310 steps of >= 50 ms per worker (~15 s): agents start, elect and act well before the end
 
 
+def stepping(events: list[Heartbeat | AgentMetrics], since: float = 0.0) -> tuple[set[str], bool]:
+    """The nodes whose trainer was seen stepping since ``since``, and whether some agent said it was primary.
+
+    Heartbeats and metrics both count: an agent whose metrics windows come
+    faster than its heartbeat is due sends no heartbeat while it steps.
+    """
+    live = {e.node for e in events if e.ts >= since and (
+        (isinstance(e, Heartbeat) and e.trainer_alive and e.iteration > 0)
+        or (isinstance(e, AgentMetrics) and e.steps > 0 and e.iteration > 0))}
+    return live, any(e.primary for e in events if e.ts >= since)
+
+
+
 class Node:
     """One pod: the user's command, and for a worker its agent sidecar (as the executor starts them)."""
 
@@ -141,15 +154,16 @@ async def test_user_script_trains_every_shard_and_applies_global_actions(
     ps, w0, w1 = job["ps-0"], job["worker-0"], job["worker-1"]
     name = w0.env.job
     bus = await Bus.connect(nats_server.url, name="test")
-    heartbeats: list[Heartbeat] = []
     metrics: list[AgentMetrics] = []
+    said: list[Heartbeat | AgentMetrics] = []
 
     async def on_event(msg: Msg) -> None:
         kind = msg.subject.rsplit(".", 1)[-1]
         if kind == subjects.AgentEventKind.HEARTBEAT:
-            heartbeats.append(decode(Heartbeat, msg.data))
+            said.append(decode(Heartbeat, msg.data))
         elif kind == subjects.AgentEventKind.METRICS:
             metrics.append(decode(AgentMetrics, msg.data))
+            said.append(metrics[-1])
 
     await bus.nc.subscribe(subjects.events_of(subjects.AGENT_SERVICE, name), cb=on_event)
     try:
@@ -158,11 +172,11 @@ async def test_user_script_trains_every_shard_and_applies_global_actions(
         t0 = time.time()
 
         def ready() -> bool:
-            live = {h.node for h in heartbeats if h.ts >= t0 and h.trainer_alive and h.iteration > 0}
-            return live >= {"worker-0", "worker-1"} and any(h.primary for h in heartbeats if h.ts >= t0)
+            live, primary = stepping(said, t0)
+            return live >= {"worker-0", "worker-1"} and primary
 
         await eventually(ready, 60, lambda: f"agents ready; worker logs:\n{w0.log_tail()}\n{w1.log_tail()}")
-        await asyncio.sleep(0.3)  # the primary hears the same heartbeats
+        await asyncio.sleep(0.3)  # the primary hears the same messages
 
         # Global actions through the primary agent, as the controller sends them.
         retry = RetryPolicy(attempts=30, first_delay=0.1, max_delay=0.5)
@@ -254,19 +268,21 @@ async def test_a_trainer_job_runs_on_the_local_backend_and_takes_actions(tmp_pat
     with running_stack(tmp_path / "stack", ["shard", "jobs", "executor"], env) as st:
         async with job_client(st.url, "byo-test") as client:
             bus = client.bus
-            heartbeats: list[Heartbeat] = []
+            said: list[Heartbeat | AgentMetrics] = []
 
-            async def on_heartbeat(msg: Msg) -> None:
-                heartbeats.append(decode(Heartbeat, msg.data))
+            async def on_said(msg: Msg) -> None:
+                kind = msg.subject.rsplit(".", 1)[-1]
+                if kind in (subjects.AgentEventKind.HEARTBEAT, subjects.AgentEventKind.METRICS):
+                    said.append(decode(Heartbeat if kind == subjects.AgentEventKind.HEARTBEAT else AgentMetrics,
+                                       msg.data))
 
-            await bus.nc.subscribe(subjects.events_of(subjects.AGENT_SERVICE, name, subjects.AgentEventKind.HEARTBEAT),
-                                   cb=on_heartbeat)
+            await bus.nc.subscribe(subjects.events_of(subjects.AGENT_SERVICE, name), cb=on_said)
             rec = await client.submit(name, spec)
             assert rec.spec.trainer is not None and rec.spec.trainer.command[0] == "python"
 
             def ready() -> bool:
-                live = {h.node for h in heartbeats if h.trainer_alive and h.iteration > 0}
-                return live >= {"worker-0", "worker-1"} and any(h.primary for h in heartbeats)
+                live, primary = stepping(said)
+                return live >= {"worker-0", "worker-1"} and primary
 
             await eventually(ready, 120, "both workers step beside their agents")
             await asyncio.sleep(0.3)

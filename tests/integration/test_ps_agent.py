@@ -218,11 +218,12 @@ async def test_the_agent_of_a_user_ps_measures_it_without_ipc_and_never_runs_for
         except nats.js.errors.BucketNotFoundError:
             pass
         assert not any(b.primary for b in beats)
-        # The user's PS ends: the agent says so and goes on heart-beating (it is not the agent that died).
+        # The user's PS ends: the agent says so at once (a heartbeat: the trainer's liveness changed) and
+        # goes on reporting (it is not the agent that died).
         server.kill()
         server.wait(10)
-        k = len(beats)
-        await until(lambda: len(beats) >= k + 3 and not beats[-1].trainer_alive, 15)
+        k, n = len(beats), len(got)
+        await until(lambda: len(beats) > k and not beats[-1].trainer_alive and len(got) >= n + 3, 15)
     finally:
         agent.terminate()
         agent.wait(15)

@@ -4,7 +4,12 @@ One agent runs beside each TF PS/worker process (its *trainer*) and talks to
 it through :mod:`pacer.agent.ipc`.  Every agent:
 
 * publishes :class:`AgentMetrics` every k trainer steps (exact windows of k
-  step records) and a :class:`Heartbeat` every second;
+  step records), and a :class:`Heartbeat` when it has said nothing else for
+  ``heartbeat_s`` or its trainer's liveness or the primary flag changed
+  (:func:`pacer.agent.reporting.heartbeat_due`): peers and the monitor take
+  any message of an agent as a sign of life, so each is heard at least every
+  ``heartbeat_s`` with fewer messages than a fixed beat (half, for an agent
+  that reports every 2 s; none while windows come every second or faster);
 * answers the two-phase barrier of global actions (``pacer.agent.<job>.
   prepare|commit|abort``) by arming, committing or releasing the barrier in
   its trainer's IPC;
@@ -81,7 +86,7 @@ from opentelemetry.trace import SpanKind
 from pacer import subjects, tracing
 from pacer.agent import bucket
 from pacer.agent.ipc import PAYLOAD_CAP, AgentIPC, IPCError, StepRecord
-from pacer.agent.reporting import window_steps
+from pacer.agent.reporting import heartbeat_due, window_steps
 from pacer.bus import Bus
 from pacer.codec import decode, encode
 from pacer.contracts.agent import (
@@ -332,6 +337,8 @@ class AgentService:
         self._seq_ids: dict[int, str] = {}
         self._next_boundary = 0
         self._window = self.cfg.k  # steps in the metrics window that ends at _next_boundary
+        self._sent_at = -math.inf  # monotonic time of this agent's last heartbeat or metrics (heartbeat_due)
+        self._beat_state: tuple[bool, int, bool] | None = None  # what the last heartbeat alone said
         self._incarnation = -1
         self._proc: psutil.Process | None = None
         self._last_open_try = 0.0
@@ -495,8 +502,7 @@ class AgentService:
                 incarnation=snap.incarnation,
                 exiting=snap.exiting,
             )
-            await self.bus.publish(subjects.agent_metrics(self.cfg.job), m)
-            self.counters.inc("agent_metrics_published")
+            await self._send_metrics(m)
             self._window = window_steps(k, bpt, self.cfg.worker_report_s) if self.cfg.role != "ps" else k
             self._next_boundary += self._window
 
@@ -560,16 +566,32 @@ class AgentService:
             samples_total=0, cpu_percent=cpu, rss_bytes=rss, last_action_seq=0, last_action_iteration=-1,
             primary=False, steps=w.answered, steps_total=self._probes_total,
         )
-        await self.bus.publish(subjects.agent_metrics(self.cfg.job), m)
-        self.counters.inc("agent_metrics_published")
+        await self._send_metrics(m)
         if w.failed:
             self.counters.inc("agent_probes_failed", w.failed)
 
     # ------------------------------------------------------------ heartbeat and membership
+    async def _send_metrics(self, m: AgentMetrics) -> None:
+        await self.bus.publish(subjects.agent_metrics(self.cfg.job), m)
+        self._sent_at = time.monotonic()  # peers and the monitor take it as a heartbeat too
+        self.counters.inc("agent_metrics_published")
+
+    async def _send_heartbeat(self, hb: Heartbeat) -> None:
+        await self.bus.publish(subjects.agent_heartbeat(self.cfg.job), hb)
+        self._sent_at = time.monotonic()
+        self._beat_state = (hb.trainer_alive, hb.trainer_pid, hb.primary)
+
     async def _heartbeat_loop(self) -> None:
+        """A heartbeat when the job has heard nothing else from us for heartbeat_s, or when the trainer's
+        liveness or the primary flag changed (:func:`pacer.agent.reporting.heartbeat_due`)."""
         while True:
-            await self.bus.publish(subjects.agent_heartbeat(self.cfg.job), self._heartbeat())
-            await asyncio.sleep(self.cfg.heartbeat_s)
+            hb = self._heartbeat()
+            changed = (hb.trainer_alive, hb.trainer_pid, hb.primary) != self._beat_state
+            if heartbeat_due(time.monotonic() - self._sent_at, self.cfg.heartbeat_s, changed):
+                await self._send_heartbeat(hb)
+            else:
+                self.counters.inc("agent_heartbeats_skipped")
+            await asyncio.sleep(max(0.05, self._sent_at + self.cfg.heartbeat_s - time.monotonic()))
 
     def _heartbeat(self) -> Heartbeat:
         alive, it, bpt, pid = False, -1, 0.0, 0
@@ -622,10 +644,13 @@ class AgentService:
         except DecodeError:
             self.counters.inc("agent_bad_messages")
             return
+        now = time.monotonic()
         m = self.members.get(am.node)
         if m is None:
-            return  # membership starts with a heartbeat (it says whether the trainer is alive)
-        now = time.monotonic()
+            # A member first heard by its metrics (its heartbeats are sent only when it is otherwise quiet,
+            # heartbeat_due): a window of steps says its trainer runs; a later heartbeat says otherwise.
+            m = self.members[am.node] = Member(am.node, am.role, now)
+            m.trainer_alive, m.primary = am.steps > 0 and not am.exiting, am.primary
         m.seen = now
         if am.iteration >= m.iteration:
             m.iteration, m.bpt_s, m.at = am.iteration, am.bpt_s, now
@@ -717,7 +742,7 @@ class AgentService:
             cb=tracing.traced("handle agent.global_action", self._on_global_action, SpanKind.SERVER),
         )
         log.info("elected primary", extra={"fields": self._fields(revision=self._rev)})
-        await self.bus.publish(subjects.agent_heartbeat(self.cfg.job), self._heartbeat())
+        await self._send_heartbeat(self._heartbeat())
 
     async def _step_down(self, why: str, release: bool = False) -> None:
         if not self.is_primary:
@@ -773,9 +798,9 @@ class AgentService:
             return result(False, detail=f"{ga.kind.value} is a node action: send a NodeCommand to each node")
         if len(msgpack.packb(ga.payload, use_bin_type=True)) > PAYLOAD_CAP:
             return result(False, detail=f"payload over {PAYLOAD_CAP} bytes")
-        # A primary learns the membership from heartbeats: until it has listened for a heartbeat period and a
-        # half, a live worker it has not heard yet would be left out of the action (elected a moment after its
-        # own start, an agent can be asked before every other agent's next heartbeat arrived).
+        # A primary learns the membership from heartbeats and metrics: until it has listened for a heartbeat
+        # period and a half, a live worker it has not heard yet would be left out of the action (elected a
+        # moment after its own start, an agent can be asked before every other agent's next message arrived).
         settle = self._listening_since + 1.5 * self.cfg.heartbeat_s - time.monotonic()
         if settle > 0:
             await asyncio.sleep(settle)
