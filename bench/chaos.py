@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -377,7 +378,11 @@ class Chaos:
     # ------------------------------------------------------------------ the record
     async def _outcome(self, bus: Bus, client: JobClient, rec: JobRecord, kills: list[Kill]) -> JobOutcome:
         job = rec.job
-        st = await _retry(lambda: ShardAdmin(bus).status(job, DATASET), 40)
+        try:
+            st = await _retry(lambda: ShardAdmin(bus).status(job, DATASET), 40, within_s=120.0)
+        except Exception as exc:  # say why: the shard instances' last words (a silent hang left none, once)
+            tails = "\n".join(f"--- {n}\n{self.stack.log_tail(n, 40)}" for n in ("shard-0", "shard-1"))
+            raise RuntimeError(f"the shard service never answered the status of {job}: {exc}\n{tails}") from exc
         decisions = await read_events(bus, subjects.controller_decision(job), ControllerDecision)
         asked: Counter[str] = Counter()
         last: dict[str, float] = {}
@@ -413,13 +418,17 @@ async def read_events(bus: Bus, subject: str, cls: type[Any]) -> list[Any]:
     return [decode(cls, m.data) for m in await bus.replay(subject)]
 
 
-async def _retry(call: Any, attempts: int) -> Any:
+async def _retry(call: Any, attempts: int, within_s: float = math.inf) -> Any:
+    """``call()`` until it answers: at most ``attempts`` times, none begun after ``within_s``."""
     last: Exception | None = None
+    deadline = time.monotonic() + within_s
     for _ in range(attempts):
         try:
             return await call()
         except Exception as e:  # a request during a leader election or a restart
             last = e
+            if time.monotonic() >= deadline:
+                break
             await asyncio.sleep(0.5)
     assert last is not None
     raise last
