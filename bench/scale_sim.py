@@ -10,7 +10,8 @@ the real code for everything that leaves the node:
   :class:`~pacer.contracts.agent.AgentMetrics` at the end of every window,
   whose length in steps is the agent's own
   :func:`pacer.agent.reporting.window_steps` (k = 10 steps, or fewer when
-  they take longer than 4 s); a PS every ``report_every_s`` (2 s) with its
+  they take longer than 4 s at the last BPT; a window open 4 s closes with
+  the steps it has, :func:`~pacer.agent.reporting.window_overdue`); a PS every ``report_every_s`` (2 s) with its
   probe latency as ``bpt_s``;
 * the trainer's shard reader: the real :class:`~pacer.shards.client.ShardClient`
   (prefetch, lease renewal, reports), one shard of ``batches_per_shard``
@@ -51,7 +52,7 @@ from typing import Any
 from nats.aio.msg import Msg
 from pacer import security, subjects
 from pacer.agent.agent import AgentConfig
-from pacer.agent.reporting import heartbeat_due, window_steps
+from pacer.agent.reporting import heartbeat_due, window_overdue, window_steps
 from pacer.authjwt import agent_token
 from pacer.bus import Bus
 from pacer.codec import decode
@@ -155,7 +156,7 @@ class Node:
     def metrics(self, now: float, first: int, last: int, local_step: int = -1) -> AgentMetrics:
         """The window of steps [first, last) ending now (a PS: ``last - first`` probes)."""
         w = last - first
-        bpt = (now - self.time_of(first)) / w if self.role == "worker" and w else self.bpt(now)
+        bpt = (self.time_of(last) - self.time_of(first)) / w if self.role == "worker" and w else self.bpt(now)
         worker = self.role == "worker"
         return AgentMetrics(
             job=self.sj.job, node=self.name, role=self.role, ts=now,
@@ -185,11 +186,18 @@ async def _heartbeats(bus: Bus, node: Node, plan: Plan, out: Out, rng: random.Ra
 
 
 async def _worker_metrics(bus: Bus, node: Node, plan: Plan, out: Out) -> None:
-    """The agent's windows: k steps, or as many as take worker_report_s at the last BPT (the real rule)."""
+    """The agent's windows: k steps, or as many as take worker_report_s at the last BPT, or what a window
+    open worker_report_s has (the real rules)."""
     subject = subjects.agent_metrics(node.sj.job)
-    first, w = 0, K
+    first, w, opened, planned = 0, K, node.t0, float("inf")
     while True:
         end = node.time_of(first + w)
+        cut = opened + max(WORKER_REPORT_S, 1.5 * planned)
+        if end > cut:  # overdue: it closes at the cut with the steps it has, or at its first step
+            done = max(first + 1, int(node.steps(cut)))
+            close = max(cut, node.time_of(done))
+            if window_overdue(done - first, close - opened, planned, WORKER_REPORT_S):
+                end, w = close, done - first
         if plan.over(end):
             return
         await _sleep_until(end)
@@ -199,8 +207,9 @@ async def _worker_metrics(bus: Bus, node: Node, plan: Plan, out: Out) -> None:
         node.sent_at = now
         out.published["metrics"] += 1
         out.reports.append((node.sj.job, node.name, m.samples_total, now))
-        first += w
+        first, opened = first + w, now
         w = window_steps(K, m.bpt_s, WORKER_REPORT_S)
+        planned = w * m.bpt_s
 
 
 async def _ps_metrics(bus: Bus, node: Node, plan: Plan, out: Out, rng: random.Random) -> None:

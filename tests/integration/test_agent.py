@@ -55,13 +55,14 @@ from pacer.agent.ipc import TrainerIPC
 from pacer.contracts.agent import ActionKind
 
 path, node, sleep_s, log_path, max_s = sys.argv[1:6]
+slow_s, slow_at = (float(x) for x in sys.argv[6].split("@")) if len(sys.argv) > 6 else (0.0, float("inf"))
 sleep_s, max_s = float(sleep_s), float(max_s)
 ipc = TrainerIPC(path, role="worker")
 bs, it, end = 64, 0, time.monotonic() + max_s
 with open(log_path, "a") as log:
     while time.monotonic() < end:
         t0 = time.perf_counter()
-        time.sleep(sleep_s)
+        time.sleep(slow_s if it >= slow_at else sleep_s)
         it += 1
         ipc.record_step(it, it, time.perf_counter() - t0, bs, bs)
         while (a := ipc.check(it)) is not None:
@@ -81,9 +82,10 @@ class Node:
     """One agent process and one fake trainer process sharing an IPC file."""
 
     def __init__(self, root: Path, url: str, job: str, name: str, sleep_s: float,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, slow: str = "") -> None:
         self.url, self.job, self.name, self.sleep_s = url, job, name, sleep_s
         self.env = env or {}  # extra environment of the agent
+        self.slow = slow  # "<sleep_s>@<step>": the trainer's steps sleep that long from that step on
         self.ipc = root / f"{name}.ipc"
         self.actions_log = root / f"{name}.actions.jsonl"
         self.agent_log = root / f"{name}.agent.log"
@@ -101,7 +103,8 @@ class Node:
             self.agent = subprocess.Popen(cmd, stdout=log, stderr=log, env={**os.environ, "PACER_LOG_LEVEL": "INFO", **self.env})
 
     def start_trainer(self) -> None:
-        cmd = [sys.executable, "-c", FAKE_TRAINER, str(self.ipc), self.name, str(self.sleep_s), str(self.actions_log), "50"]
+        cmd = [sys.executable, "-c", FAKE_TRAINER, str(self.ipc), self.name, str(self.sleep_s), str(self.actions_log), "50",
+               *([self.slow] if self.slow else [])]
         with open(self.trainer_log, "ab") as log:
             self.trainer = subprocess.Popen(cmd, stdout=log, stderr=log)
 
@@ -291,6 +294,25 @@ async def test_slow_steps_are_reported_after_fewer_than_k_steps(cluster: Cluster
     short = [m for m in mine if m.steps < K]
     assert {m.steps for m in short} == {3}, [(m.steps, round(m.bpt_s, 3)) for m in mine]
     # Windows still tile the steps: each report starts where the one before ended.
+    assert all(b.steps_total - a.steps_total == b.steps for a, b in itertools.pairwise(mine)), \
+        [(m.steps_total, m.steps) for m in mine]
+
+
+async def test_a_worker_that_slows_mid_window_says_so_within_worker_report_s(cluster: Cluster) -> None:
+    # 0.1 s steps: windows of K steps, 1 s each.  From step 80 a step takes 0.6 s, so the window [80, 90)
+    # would take 6 s; it is overdue after max(2 s, 1.5 x 1 s) and closes with the few steps it has
+    # (pacer.agent.reporting.window_overdue).  Sized by the last BPT alone, it would carry all K.
+    cluster.nodes["w0"] = Node(cluster.root, cluster.url, cluster.job, "w0", 0.1,
+                               env={"PACER_AGENT_WORKER_REPORT_S": "2"}, slow="0.6@80")
+    await cluster.watch.start(cluster.bus, cluster.job)
+    cluster.nodes["w0"].start()
+    await until(lambda: any(m.steps_total > 80 for m in cluster.watch.metrics), 40, "a window past step 80")
+    mine = cluster.watch.metrics
+    before = [m for m in mine if m.steps_total <= 80]
+    assert before and before[-1].steps_total == 80, [(m.steps_total, m.steps) for m in mine]  # seen fast
+    first_slow = next(m for m in mine if m.steps_total > 80)
+    assert first_slow.steps < K and first_slow.steps_total - first_slow.steps == 80, first_slow
+    # ... and the windows still tile the steps.
     assert all(b.steps_total - a.steps_total == b.steps for a, b in itertools.pairwise(mine)), \
         [(m.steps_total, m.steps) for m in mine]
 

@@ -4,7 +4,9 @@ One agent runs beside each TF PS/worker process (its *trainer*) and talks to
 it through :mod:`pacer.agent.ipc`.  Every agent:
 
 * publishes :class:`AgentMetrics` every k trainer steps (exact windows of k
-  step records), and a :class:`Heartbeat` when it has said nothing else for
+  step records; fewer when k take longer than ``worker_report_s`` at the
+  last BPT, and a window open that long closes with the steps it has:
+  :mod:`pacer.agent.reporting`), and a :class:`Heartbeat` when it has said nothing else for
   ``heartbeat_s`` or its trainer's liveness or the primary flag changed
   (:func:`pacer.agent.reporting.heartbeat_due`): peers and the monitor take
   any message of an agent as a sign of life, so each is heard at least every
@@ -86,7 +88,7 @@ from opentelemetry.trace import SpanKind
 from pacer import subjects, tracing
 from pacer.agent import bucket
 from pacer.agent.ipc import PAYLOAD_CAP, AgentIPC, IPCError, StepRecord
-from pacer.agent.reporting import heartbeat_due, window_steps
+from pacer.agent.reporting import heartbeat_due, window_overdue, window_steps
 from pacer.bus import Bus
 from pacer.codec import decode, encode
 from pacer.contracts.agent import (
@@ -263,7 +265,7 @@ class AgentConfig:
     ipc_path: Path
     role: str = "worker"
     k: int = 10  # publish AgentMetrics every k trainer steps (AntDT: every 10 iterations) ...
-    worker_report_s: float = 4.0  # ... or fewer steps when k take longer than this (at least one)
+    worker_report_s: float = 4.0  # ... or fewer steps when k take longer than this; never open longer
     election_ttl_s: float = 3.0
     heartbeat_s: float = 1.0
     member_ttl_s: float = 3.0  # an agent not heard for this long leaves the barrier membership
@@ -337,6 +339,8 @@ class AgentService:
         self._seq_ids: dict[int, str] = {}
         self._next_boundary = 0
         self._window = self.cfg.k  # steps in the metrics window that ends at _next_boundary
+        self._window_opened = 0.0  # monotonic time the open window began (the last one was published)
+        self._window_planned = math.inf  # ... and the seconds it should take at the last BPT (inf: unknown)
         self._sent_at = -math.inf  # monotonic time of this agent's last heartbeat or metrics (heartbeat_due)
         self._beat_state: tuple[bool, int, bool] | None = None  # what the last heartbeat alone said
         self._incarnation = -1
@@ -448,6 +452,12 @@ class AgentService:
             self._expire_prepares(ipc)
             n = ipc.steps_total()  # one int64 read; the ring is copied only at a window boundary
             k, nb = self.cfg.k, self._next_boundary
+            lo = nb - self._window
+            if (nb and self.cfg.stepping and lo <= n < nb
+                    and window_overdue(n - lo, time.monotonic() - self._window_opened, self._window_planned,
+                                       self.cfg.worker_report_s)):
+                self._window, self._next_boundary = n - lo, n  # closes now, with the steps it has
+                nb = n
             if not nb or n >= nb or n < nb - k:  # first look, a full window, or a restarted trainer
                 try:
                     await self._publish_metrics(ipc)
@@ -463,10 +473,12 @@ class AgentService:
             self._incarnation = snap.incarnation
             self._next_boundary = max(k, (snap.steps_total // k) * k)
             self._window = k
+            self._window_opened, self._window_planned = time.monotonic(), math.inf
         first = snap.steps[0].number if snap.steps else 0
         if self._next_boundary - self._window < first:  # fell behind the ring: skip to what is there
             self._next_boundary = ((first + k - 1) // k) * k + k
             self._window = k
+            self._window_opened, self._window_planned = time.monotonic(), math.inf
         by_index = {r.number: r for r in snap.steps}
         cpu, rss = -1.0, -1
         while snap.steps_total >= self._next_boundary:
@@ -505,6 +517,7 @@ class AgentService:
             await self._send_metrics(m)
             self._window = window_steps(k, bpt, self.cfg.worker_report_s) if self.cfg.role != "ps" else k
             self._next_boundary += self._window
+            self._window_opened, self._window_planned = time.monotonic(), self._window * bpt
 
     # ------------------------------------------------------------ servers (role ps)
     def _start_probe(self) -> None:

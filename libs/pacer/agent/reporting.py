@@ -12,6 +12,22 @@ def window_steps(k: int, bpt_s: float, report_s: float) -> int:
     return max(1, min(k, int(report_s / bpt_s)))
 
 
+def window_overdue(steps_done: int, open_s: float, planned_s: float, report_s: float) -> bool:
+    """Whether a worker's open metrics window closes now with the ``steps_done`` it has, short of the
+    steps :func:`window_steps` planned to take ``planned_s`` (its step count times the last BPT).
+
+    :func:`window_steps` sizes a window by the *last* BPT, so a worker that
+    turns 4x slower mid-window took 4x the planned time to say so (10 steps
+    planned at 0.2 s, run at 0.8 s: 8 s).  A window still open after
+    ``report_s`` *and* half again its planned time closes: the slow window
+    reaches the monitor ``report_s`` (4 s) after it began, the next is sized
+    by the new BPT, and a window planned near ``report_s`` is not cut by
+    the ordinary jitter of its steps (only by a BPT up 50 %).  Unknown plan
+    (``inf``: the first window of a trainer) or no step yet: it stays open.
+    """
+    return steps_done >= 1 and open_s >= max(report_s, 1.5 * planned_s)
+
+
 def heartbeat_due(since_sent_s: float, heartbeat_s: float, changed: bool) -> bool:
     """Whether an agent sends a heartbeat now, ``since_sent_s`` after its last message to its job.
 

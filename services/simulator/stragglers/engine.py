@@ -103,7 +103,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from pacer.agent.reporting import window_steps
+from pacer.agent.reporting import window_overdue, window_steps
 from pacer.contracts.agent import ActionKind, AgentMetrics, Heartbeat
 from pacer.contracts.common import Role
 from pacer.contracts.executor import ExecutorJob, ExecutorJobState, NodePhase, NodeRecord
@@ -452,8 +452,12 @@ class Simulation:
         """After workers ``idx`` stepped: agent reports (every k steps) and shard progress (every progress_s)."""
         c = self.sc.cluster
         for i in idx.tolist():
-            steps = int(self.acc_steps[i])
-            if not steps or steps < window_steps(c.report_steps, float(self.acc_busy[i]) / steps, c.worker_report_s):
+            steps, busy = int(self.acc_steps[i]), float(self.acc_busy[i])
+            # The live agent's rules: k steps, fewer at a slow BPT, or what an overdue window has (its plan
+            # here from the mean BPT of the steps in it: the chunks do not keep the last window's).
+            want = window_steps(c.report_steps, busy / steps, c.worker_report_s) if steps else 0
+            if not steps or (steps < want and not window_overdue(steps, busy, want * busy / steps,
+                                                                  c.worker_report_s)):
                 continue
             self.monitor.observe_metrics(self._metrics(i), self.t)
         due = idx[self.has[idx] & (self.t - self.last_prog[idx] >= c.progress_s) & (self.pos[idx] > self.reported[idx])]
