@@ -52,7 +52,7 @@ from typing import Any
 from nats.aio.msg import Msg
 from pacer import security, subjects
 from pacer.agent.agent import AgentConfig
-from pacer.agent.reporting import heartbeat_due, window_overdue, window_steps
+from pacer.agent.reporting import heartbeat_due, window_deadline, window_steps
 from pacer.authjwt import agent_token
 from pacer.bus import Bus
 from pacer.codec import decode
@@ -192,12 +192,10 @@ async def _worker_metrics(bus: Bus, node: Node, plan: Plan, out: Out) -> None:
     first, w, opened, planned = 0, K, node.t0, float("inf")
     while True:
         end = node.time_of(first + w)
-        cut = opened + max(WORKER_REPORT_S, 1.5 * planned)
-        if end > cut:  # overdue: it closes at the cut with the steps it has, or at its first step
+        cut = opened + window_deadline(planned, WORKER_REPORT_S)
+        if end > cut:  # overdue (window_overdue): it closes at the cut with the steps it has, or at its first
             done = max(first + 1, int(node.steps(cut)))
-            close = max(cut, node.time_of(done))
-            if window_overdue(done - first, close - opened, planned, WORKER_REPORT_S):
-                end, w = close, done - first
+            end, w = max(cut, node.time_of(done)), done - first
         if plan.over(end):
             return
         await _sleep_until(end)

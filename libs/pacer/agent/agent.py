@@ -181,6 +181,11 @@ def participants(members: Mapping[str, Member], now: float, ttl_s: float, exclud
     )
 
 
+def _beat_state(hb: Heartbeat) -> tuple[bool, int, bool]:
+    """What only a heartbeat says (a change of it is sent at once: heartbeat_due)."""
+    return hb.trainer_alive, hb.trainer_pid, hb.primary
+
+
 def window_metrics(window: list[StepRecord], before: StepRecord | None) -> tuple[float, float]:
     """(mean BPT, samples/s) of k consecutive step records; ``before`` is the record preceding them."""
     bpt = sum(r.bpt_s for r in window) / len(window)
@@ -592,14 +597,14 @@ class AgentService:
     async def _send_heartbeat(self, hb: Heartbeat) -> None:
         await self.bus.publish(subjects.agent_heartbeat(self.cfg.job), hb)
         self._sent_at = time.monotonic()
-        self._beat_state = (hb.trainer_alive, hb.trainer_pid, hb.primary)
+        self._beat_state = _beat_state(hb)
 
     async def _heartbeat_loop(self) -> None:
         """A heartbeat when the job has heard nothing else from us for heartbeat_s, or when the trainer's
         liveness or the primary flag changed (:func:`pacer.agent.reporting.heartbeat_due`)."""
         while True:
             hb = self._heartbeat()
-            changed = (hb.trainer_alive, hb.trainer_pid, hb.primary) != self._beat_state
+            changed = _beat_state(hb) != self._beat_state
             if heartbeat_due(time.monotonic() - self._sent_at, self.cfg.heartbeat_s, changed):
                 await self._send_heartbeat(hb)
             else:

@@ -25,7 +25,12 @@ def window_overdue(steps_done: int, open_s: float, planned_s: float, report_s: f
     the ordinary jitter of its steps (only by a BPT up 50 %).  Unknown plan
     (``inf``: the first window of a trainer) or no step yet: it stays open.
     """
-    return steps_done >= 1 and open_s >= max(report_s, 1.5 * planned_s)
+    return steps_done >= 1 and open_s >= window_deadline(planned_s, report_s)
+
+
+def window_deadline(planned_s: float, report_s: float) -> float:
+    """Seconds after it opened that a window planned to take ``planned_s`` is overdue (:func:`window_overdue`)."""
+    return max(report_s, 1.5 * planned_s)
 
 
 def heartbeat_due(since_sent_s: float, heartbeat_s: float, changed: bool) -> bool:

@@ -453,11 +453,12 @@ class Simulation:
         c = self.sc.cluster
         for i in idx.tolist():
             steps, busy = int(self.acc_steps[i]), float(self.acc_busy[i])
+            if not steps:
+                continue
             # The live agent's rules: k steps, fewer at a slow BPT, or what an overdue window has (its plan
             # here from the mean BPT of the steps in it: the chunks do not keep the last window's).
-            want = window_steps(c.report_steps, busy / steps, c.worker_report_s) if steps else 0
-            if not steps or (steps < want and not window_overdue(steps, busy, want * busy / steps,
-                                                                  c.worker_report_s)):
+            want = window_steps(c.report_steps, busy / steps, c.worker_report_s)
+            if steps < want and not window_overdue(steps, busy, want * busy / steps, c.worker_report_s):
                 continue
             self.monitor.observe_metrics(self._metrics(i), self.t)
         due = idx[self.has[idx] & (self.t - self.last_prog[idx] >= c.progress_s) & (self.pos[idx] > self.reported[idx])]
