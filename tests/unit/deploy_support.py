@@ -144,9 +144,16 @@ def claim_under(pod: dict[str, Any], container: dict[str, Any], path: str) -> tu
 
 
 def built_pod(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
-    """The Pod the executor's Kubernetes backend builds from the rendered template and its Deployment's env."""
+    """The Pod the executor builds for ``role``: the PodSpec from ``launch.pod_spec`` (with its agent, as
+    the executor's LaunchConfig has them by default) through the Kubernetes backend, from the rendered
+    templates and the executor Deployment's env."""
+    import time
+
     import kubernetes.client as k8s
-    from pacer.contracts.executor import PodSpec
+    from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
+    from pacer.jobs.spec import parse_job_spec
+    from pacer.trainer.cluster import ClusterDesc
+    from pacer_services.pod_executor import launch
     from pacer_services.pod_executor.backends.kubernetes import KubernetesBackend
 
     env = env_of(one(docs, "Deployment", "pod-executor")["spec"]["template"]["spec"]["containers"][0])
@@ -155,13 +162,12 @@ def built_pod(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
     api = k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9"))  # never called
     backend = KubernetesBackend(api, "pacer", env["PACER_TRAINER_IMAGE"],
                                 service_account=env["PACER_TRAINER_SERVICE_ACCOUNT"], template=templates)
-    module = f"pacer.trainer.{role}"
-    spec = PodSpec(
-        name=f"j-{role}-0-g0", job="j", node=f"{role}-0", role=role, index=0, generation=0, cpu=1.0,
-        memory_mb=1024, command=["python", "-m", module], env={"PACER_NATS_URL": env["PACER_POD_NATS_URL"]},
-        agent=["python", "-m", "pacer.agent.main"] if role == "worker" else [], port=2222,
-    )
-    pod: dict[str, Any] = backend.pod_manifest(spec)
+    spec = parse_job_spec("name: j\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
+    plan = ResourcePlan("j", 1, 1, 1.0, 1024, 1.0, 1024, PlanSource.BRAIN)
+    rec = JobRecord("j", spec, JobState.RUNNING, time.time(), data_path="/data/train.rec", records=1000)
+    cluster = ClusterDesc(("j-ps-0.j:2222",), ("j-worker-0.j:2222",))
+    cfg = launch.LaunchConfig(env["PACER_POD_NATS_URL"], env.get("PACER_CHECKPOINT_ROOT", ""))
+    pod: dict[str, Any] = backend.pod_manifest(launch.pod_spec(rec, plan, cluster, role, 0, 0, 1.0, 1024, 2222, cfg))
     return pod
 
 
