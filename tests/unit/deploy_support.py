@@ -24,7 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
 # What each overlay must produce: NATS servers and JetStream stream replicas.
-OVERLAYS = {"dev": 1, "prod": 3}
+OVERLAYS = {"dev": 1, "prod": 3, "second-install": 3}
+
+# The namespace of each overlay's install (second-install: prod again, beside it).
+NAMESPACES = {"dev": "pacer", "prod": "pacer", "second-install": "pacer-2"}
 
 # Helper containers beside a server (resources and hardening like any, but no probes: they serve nothing).
 SIDECARS = {"cert-reloader": "prod NATS: reloads nats-server when its certificate is renewed"}

@@ -194,7 +194,9 @@ def test_rendered_config_passes_nats_server_config_test(overlay: str, tmp_path: 
     docs = render(overlay)
     ports = {"client": 4222, "monitor": 8222, "cluster": 6222} if OVERLAYS[overlay] > 1 else {
         "client": 4222, "monitor": 8222}
-    tls = make_certs(tmp_path / "tls") if overlay == "prod" else None
+    # Certificates where the overlay's config turns TLS on (prod and its second install).
+    tls_on = "/etc/nats-tls/" in "".join(configmap(docs, "nats-config")["data"].values())
+    tls = make_certs(tmp_path / "tls") if tls_on else None
     conf = write_conf(docs, tmp_path / "conf", ports, tls)
     env = nats_env(docs, "nats-0")
     ok = config_test(conf, env)

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from .deploy_support import (
+    NAMESPACES,
     OVERLAYS,
     ROOT,
     built_pod,
@@ -152,18 +153,20 @@ def test_pod_executor_rbac(overlay: str) -> None:
     assert not any("*" in verbs for verbs in grants.values())
     binding = one(docs, "RoleBinding", "pod-executor")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-executor"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pod-executor", "namespace": "pacer"}]
+    ns = NAMESPACES[overlay]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pod-executor", "namespace": ns}]
     # Cluster-wide: exactly the read-only lists the machine report needs (nodes; every tenant's pods).
     cluster_roles = [d for d in docs if d["kind"] == "ClusterRole"]
-    assert [r["metadata"]["name"] for r in cluster_roles] == ["pacer-pod-executor-machines"]
+    # Cluster-scoped names start with the namespace, so a second install's do not clash with the first's.
+    assert [r["metadata"]["name"] for r in cluster_roles] == [f"{ns}-pod-executor-machines"]
     cluster_grants: set[tuple[str, str]] = set()
     for rule in cluster_roles[0]["rules"]:
         assert rule["apiGroups"] == [""]
         cluster_grants |= {(res, verb) for res in rule["resources"] for verb in rule["verbs"]}
     assert cluster_grants == k8s_cluster_calls()
-    cbinding = one(docs, "ClusterRoleBinding", "pacer-pod-executor-machines")
+    cbinding = one(docs, "ClusterRoleBinding", f"{ns}-pod-executor-machines")
     assert cbinding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                   "name": "pacer-pod-executor-machines"}
+                                   "name": f"{ns}-pod-executor-machines"}
     assert cbinding["subjects"] == binding["subjects"]
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from .deploy_support import (
     LEASED,
+    NAMESPACES,
     OVERLAYS,
     SERVICES,
     SIDECARS,
@@ -27,12 +28,13 @@ from .deploy_support import (
 
 @needs_kubectl
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
-def test_everything_in_namespace_pacer(overlay: str) -> None:
+def test_everything_in_the_installs_namespace(overlay: str) -> None:
     docs = render(overlay)
-    one(docs, "Namespace", "pacer")
+    ns = NAMESPACES[overlay]
+    one(docs, "Namespace", ns)
     for d in docs:
         if d["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:  # those are cluster-scoped
-            assert d["metadata"].get("namespace") == "pacer", f"{d['kind']}/{d['metadata']['name']}"
+            assert d["metadata"].get("namespace") == ns, f"{d['kind']}/{d['metadata']['name']}"
 
 
 @needs_kubectl

@@ -1,0 +1,67 @@
+"""Two installs of Pacer in two namespaces: prod and deploy/overlays/second-install render without clashes.
+
+Kustomize's ``namespace:`` moves the namespaced objects; what it cannot reach (cluster-scoped names, and
+names with the namespace inside them, like the NATS certificate's DNS names) the second install's
+replacements fix.  The rest of the deployment tests run on that overlay too (deploy_support.OVERLAYS).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from .deploy_support import NAMESPACES, needs_kubectl, one, render
+
+FIRST, SECOND = "prod", "second-install"
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+
+
+def strings(obj: Any) -> Iterator[str]:
+    """Every string value in a rendered object (ConfigMap contents included)."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from strings(v)
+
+
+def dns_names_in(ns: str, docs: list[dict[str, Any]]) -> set[str]:
+    """Every DNS-like name in the objects that names namespace ``ns`` (x.<ns>, x.<ns>.svc...)."""
+    pattern = re.compile(rf"[\w*-]+(?:\.[\w*-]+)*\.{re.escape(ns)}(?:\.svc(?:\.cluster\.local)?)?(?![\w.-])")
+    return {m.group(0) for d in docs for s in strings(d) for m in pattern.finditer(s)}
+
+
+@needs_kubectl
+def test_a_second_install_shares_no_cluster_scoped_name_with_the_first() -> None:
+    first, second = render(FIRST), render(SECOND)
+    names = {ov: {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in CLUSTER_SCOPED}
+             for ov, docs in ((FIRST, first), (SECOND, second))}
+    assert names[FIRST] and len(names[SECOND]) == len(names[FIRST])
+    assert not names[FIRST] & names[SECOND], names[FIRST] & names[SECOND]
+    # Each install's bindings grant its own roles to its own executor.
+    ns = NAMESPACES[SECOND]
+    for d in second:
+        if d["kind"] in {"ClusterRoleBinding", "RoleBinding"}:
+            assert {s["namespace"] for s in d["subjects"]} == {ns}, d
+            kind = d["roleRef"]["kind"]
+            one(second, kind, d["roleRef"]["name"])
+            if kind == "ClusterRole":
+                assert (kind, d["roleRef"]["name"]) not in names[FIRST]
+
+
+@needs_kubectl
+def test_a_second_install_names_its_own_namespace_and_never_the_first() -> None:
+    first_ns, second_ns = NAMESPACES[FIRST], NAMESPACES[SECOND]
+    assert first_ns != second_ns
+    # The check sees the first install's names where they are (so it would see them in the second).
+    assert {"nats.pacer.svc", "*.nats-headless.pacer"} <= dns_names_in(first_ns, render(FIRST))
+    second = render(SECOND)
+    assert not dns_names_in(first_ns, second)
+    cert = one(second, "Certificate", "nats-server-tls")
+    want = {f"{host}.{second_ns}{suffix}" for host in ("nats", "*.nats-headless")
+            for suffix in ("", ".svc", ".svc.cluster.local")}
+    assert want <= set(cert["spec"]["dnsNames"]), cert["spec"]["dnsNames"]
