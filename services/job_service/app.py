@@ -179,6 +179,10 @@ class JobService:
         self.cfg = cfg or JobServiceConfig()
         self.clock = clock
         self.counters = Counters(self.name)
+        # Jobs this instance moved to `failed` (pacer_service_events_total{service="jobs",name="jobs_failed"},
+        # the PacerJobFailed alert).  Exported from 0 at start: Prometheus' increase() sees a series' first
+        # sample as its start, so a counter born at 1 would hide the first failure.
+        self.counters.inc("jobs_failed", 0)
         self.datasets = Datasets(bus, self.counters, self.cfg.data_dir, self.cfg.data_roots)
         self.records: dict[str, JobRecord] = {}
         self.revisions: dict[str, int] = {}  # job -> KV revision of self.records[job]
@@ -330,6 +334,8 @@ class JobService:
             self.records[job], self.revisions[job], self.lifecycles[job] = new, rev, lc
             for ev in events:
                 self.counters.inc("transitions", state=ev.state.value)
+                if ev.state is JobState.FAILED:
+                    self.counters.inc("jobs_failed")
                 log.info("job %s", ev.state.value, extra={"fields": {"job": ev.job, "reason": ev.reason}})
             await self._flush(job)
             return self.records[job]
