@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -172,10 +173,15 @@ def duration_s(text: str) -> float:
 
 
 def includes_component(overlay: str) -> bool:
-    """Whether the overlay's kustomization lists the prometheus-operator component."""
-    kust = yaml.safe_load((DEPLOY / "overlays" / overlay / "kustomization.yaml").read_text())
-    here = DEPLOY / "overlays" / overlay
-    return any((here / c).resolve() == COMPONENT.resolve() for c in kust.get("components") or [])
+    """Whether the overlay's kustomization lists the prometheus-operator component, or an overlay it
+    builds on does (second-install: prod)."""
+    def lists(here: Path) -> bool:
+        kust = yaml.safe_load((here / "kustomization.yaml").read_text())
+        if any((here / c).resolve() == COMPONENT.resolve() for c in kust.get("components") or []):
+            return True
+        return any(lists((here / r).resolve()) for r in kust.get("resources") or []
+                   if (here / r).resolve().parent == (DEPLOY / "overlays").resolve())
+    return lists(DEPLOY / "overlays" / overlay)
 
 
 def rules_of(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
