@@ -170,6 +170,28 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return bool(selector["matchLabels"]) and selector["matchLabels"].items() <= labels.items()
 
 
+def matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A Kubernetes LabelSelector as the API server reads it: ``matchLabels`` and ``matchExpressions``
+    ANDed; an empty selector ``{}`` selects everything.  (``None``, an absent selector, is the caller's to
+    interpret: it means "everything" in a NetworkPolicy peer and "nothing" in a spread constraint.)"""
+    assert selector is not None
+    assert set(selector) <= {"matchLabels", "matchExpressions"}, f"not a LabelSelector: {selector}"
+    if not (selector.get("matchLabels") or {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }.get(op)
+        assert ok is not None, f"unknown operator {op}"
+        if not ok:
+            return False
+    return True
+
+
 def env_source(docs: list[dict[str, Any]], container: dict[str, Any], name: str) -> tuple[str, Any] | None:
     """Where env ``name`` of ``container`` comes from, as Kubernetes would resolve it:
     ``("value", str)``, ``("secret", (secret, key))``, ``("field", path)``; a ConfigMap key is
