@@ -159,7 +159,8 @@ def built_pod(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
     spec = PodSpec(
         name=f"j-{role}-0-g0", job="j", node=f"{role}-0", role=role, index=0, generation=0, cpu=1.0,
         memory_mb=1024, command=["python", "-m", module], env={"PACER_NATS_URL": env["PACER_POD_NATS_URL"]},
-        agent=["python", "-m", "pacer.agent.main"] if role == "worker" else [], port=2222,
+        # Every worker and every PS has an agent beside it (LaunchConfig.agents, services/pod_executor/launch.py).
+        agent=["python", "-m", "pacer.agent.main"], port=2222,
     )
     pod: dict[str, Any] = backend.pod_manifest(spec)
     return pod

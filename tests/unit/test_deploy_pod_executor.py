@@ -180,7 +180,8 @@ def test_pod_templates(overlay: str, role: str) -> None:
     assert tpl["kind"] == "Pod"
     containers = {c["name"]: c for c in tpl["spec"]["containers"]}
     # The backend replaces these: a value here would only mislead the reader.
-    assert set(containers) == ({"trainer", "agent"} if role == "worker" else {"trainer"})
+    # Both roles: every worker and every PS runs an agent beside its trainer (launch.py).
+    assert set(containers) == {"trainer", "agent"}
     for c in containers.values():
         assert not {"image", "command", "args", "resources", "ports"} & set(c), c["name"]
     assert "name" not in tpl["metadata"] and "annotations" not in tpl["metadata"]
@@ -192,7 +193,7 @@ def test_pod_templates(overlay: str, role: str) -> None:
     assert spec["serviceAccountName"] == "pacer-trainer"
     assert spec["terminationGracePeriodSeconds"] >= 30
     built = {c["name"]: c for c in spec["containers"]}
-    assert set(built) == ({"trainer", "agent"} if role == "worker" else {"trainer"})
+    assert set(built) == {"trainer", "agent"}
     assert built["trainer"]["command"][:3] == ["python", "-m", f"pacer.trainer.{role}"]
     volumes = {v["name"]: v for v in spec["volumes"]}
     for c in built.values():
