@@ -26,6 +26,10 @@ DEPLOY = ROOT / "deploy"
 # What each overlay must produce: NATS servers and JetStream stream replicas.
 OVERLAYS = {"dev": 1, "prod": 3}
 
+# The oldest Kubernetes release the manifests support: the schemas they are validated against
+# (test_deploy_schemas) and the Pod Security version the namespace enforces (test_deploy_hardening).
+OLDEST_KUBERNETES = "1.28.0"
+
 # Helper containers beside a server (resources and hardening like any, but no probes: they serve nothing).
 SIDECARS = {"cert-reloader": "prod NATS: reloads nats-server when its certificate is renewed"}
 
