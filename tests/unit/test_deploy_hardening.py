@@ -1,5 +1,6 @@
 """Pod hardening in every overlay: the namespace's Pod Security level and every pod meeting it, seccomp, service
-account tokens, a locked-down and pinned NATS, disruption budgets and the NetworkPolicy in front of NATS.  (How these tests render the overlays: deploy_support.)"""
+account tokens, a locked-down and pinned NATS, disruption budgets (the NetworkPolicies: test_deploy_network_policies).
+(How these tests render the overlays: deploy_support.)"""
 
 from __future__ import annotations
 
@@ -278,43 +279,3 @@ def test_disruption_budgets(overlay: str) -> None:
             assert spec.get("maxUnavailable") == 1 and "minAvailable" not in spec, spec
         else:
             assert not covering, f"a budget on single-instance {name} could only block drains"
-
-
-@needs_kubectl
-@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
-def test_network_policy_admits_nats_clients_only_from_pacer_pods(overlay: str) -> None:
-    docs = render(overlay)
-    nats_labels = one(docs, "StatefulSet", "nats")["spec"]["template"]["metadata"]["labels"]
-    policies = [d for d in docs if d["kind"] == "NetworkPolicy"
-                and selects(d["spec"]["podSelector"], nats_labels)]
-    assert len(policies) == 1, "no (or several) NetworkPolicy on the NATS pods"
-    spec = policies[0]["spec"]
-    assert "Ingress" in spec["policyTypes"]
-    # Which pods each rule admits to which ports; a rule without `from` or `ports` admits everything.
-    admitted: dict[int, list[dict[str, Any]]] = {}
-    for rule in spec["ingress"]:
-        assert rule.get("from"), f"a rule open to every source: {rule}"
-        assert rule.get("ports"), f"a rule open on every port: {rule}"
-        for peer in rule["from"]:
-            assert set(peer) == {"podSelector"}, f"only pods of this namespace: {peer}"
-            for port in rule["ports"]:
-                admitted.setdefault(port["port"], []).append(peer["podSelector"])
-    assert set(admitted) <= {4222, 6222, 8222}, admitted
-    # Routes: only between the NATS servers.
-    assert all(selects(s, nats_labels) for s in admitted.get(6222, [])), admitted[6222]
-    assert all(s["matchLabels"].get("app.kubernetes.io/name") == "nats" for s in admitted.get(6222, []))
-    # Clients: Pacer's pods (services and training pods) are admitted ...
-    clients = admitted[4222]
-    pacer_pods = {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["metadata"]["labels"]
-                  for d in docs if d["kind"] == "Deployment"}
-    pacer_pods.update({f"training {r}": built_pod(docs, r)["metadata"]["labels"] for r in ("worker", "ps")})
-    for name, labels in pacer_pods.items():
-        assert any(selects(s, labels) for s in clients), f"{name} may not reach NATS"
-    # ... and a pod that is not Pacer's is not.
-    assert not any(selects(s, {"app.kubernetes.io/name": "someone-else"}) for s in clients)
-    # The monitoring port (no authentication: /connz lists every user) admits the metrics scraper, and no
-    # Pacer pod: a training pod runs a user's code.
-    monitor = admitted.get(8222, [])
-    assert any(selects(s, {"app.kubernetes.io/component": "metrics-scraper"}) for s in monitor), monitor
-    for name, labels in pacer_pods.items():
-        assert not any(selects(s, labels) for s in monitor), f"{name} may reach the NATS monitoring port"
