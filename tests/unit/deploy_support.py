@@ -29,6 +29,10 @@ OVERLAYS = {"dev": 1, "prod": 3, "second-install": 3}
 # The namespace of each overlay's install (second-install: prod again, beside it).
 NAMESPACES = {"dev": "pacer", "prod": "pacer", "second-install": "pacer-2"}
 
+# The oldest Kubernetes release the manifests support: the schemas they are validated against
+# (test_deploy_schemas) and the Pod Security version the namespace enforces (test_deploy_hardening).
+OLDEST_KUBERNETES = "1.28.0"
+
 # Helper containers beside a server (resources and hardening like any, but no probes: they serve nothing).
 SIDECARS = {"cert-reloader": "prod NATS: reloads nats-server when its certificate is renewed"}
 
@@ -177,6 +181,28 @@ def built_pod(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     assert set(selector) <= {"matchLabels"}, f"teach this test {set(selector)}"
     return bool(selector["matchLabels"]) and selector["matchLabels"].items() <= labels.items()
+
+
+def matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A Kubernetes LabelSelector as the API server reads it: ``matchLabels`` and ``matchExpressions``
+    ANDed; an empty selector ``{}`` selects everything.  (``None``, an absent selector, is the caller's to
+    interpret: it means "everything" in a NetworkPolicy peer and "nothing" in a spread constraint.)"""
+    assert selector is not None
+    assert set(selector) <= {"matchLabels", "matchExpressions"}, f"not a LabelSelector: {selector}"
+    if not (selector.get("matchLabels") or {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }.get(op)
+        assert ok is not None, f"unknown operator {op}"
+        if not ok:
+            return False
+    return True
 
 
 def env_source(docs: list[dict[str, Any]], container: dict[str, Any], name: str) -> tuple[str, Any] | None:

@@ -1,5 +1,6 @@
-"""Pod hardening in every overlay: seccomp, service account tokens, a locked-down and pinned NATS, disruption budgets
-and the NetworkPolicy in front of NATS.  (How these tests render the overlays: deploy_support.)"""
+"""Pod hardening in every overlay: the namespace's Pod Security level and every pod meeting it, seccomp, service
+account tokens, a locked-down and pinned NATS, disruption budgets (the NetworkPolicies: test_deploy_network_policies).
+(How these tests render the overlays: deploy_support.)"""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import yaml
 
 from .deploy_support import (
     DEPLOY,
+    NAMESPACES,
+    OLDEST_KUBERNETES,
     OVERLAYS,
     SERVICES,
     built_pod,
@@ -31,6 +34,170 @@ def all_pods(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for role in ("worker", "ps"):
         pods[f"training {role}"] = built_pod(docs, role)["spec"]
     return pods
+
+
+# --------------------------------------------------------------- Pod Security Standards
+# The rules of the Pod Security Standards (kubernetes.io/docs/concepts/security/pod-security-standards/),
+# as the admission controller applies them to a pod: ``baseline`` forbids the known privilege escalations,
+# ``restricted`` adds the hardening best practices.  Written out here so that a pod that would be refused
+# in the namespace fails this test before it fails a job on a cluster.
+
+BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
+                "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
+                "net.ipv4.tcp_keepalive_probes"}
+SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+LEVELS = ("privileged", "baseline", "restricted")
+
+
+def pod_security_violations(meta: dict[str, Any], spec: dict[str, Any], level: str) -> list[str]:
+    """What keeps a pod (its metadata and spec) from the Pod Security ``level``; empty if it meets it."""
+    assert level in LEVELS, level
+    bad: list[str] = []
+    if level == "privileged":
+        return bad
+    psc = spec.get("securityContext") or {}
+    containers = [*spec.get("initContainers", []), *spec["containers"], *spec.get("ephemeralContainers", [])]
+    csc = {c["name"]: c.get("securityContext") or {} for c in containers}
+    # baseline
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(field):
+            bad.append(field)
+    for where, sc in [("pod", psc), *csc.items()]:
+        if (sc.get("windowsOptions") or {}).get("hostProcess"):
+            bad.append(f"{where}: hostProcess")
+        if (sc.get("seccompProfile") or {}).get("type") == "Unconfined":
+            bad.append(f"{where}: seccomp Unconfined")
+        if (sc.get("appArmorProfile") or {}).get("type") not in (None, "RuntimeDefault", "Localhost"):
+            bad.append(f"{where}: appArmorProfile {sc['appArmorProfile']}")
+        se = sc.get("seLinuxOptions") or {}
+        if se.get("type", "") not in SELINUX_TYPES or se.get("user") or se.get("role"):
+            bad.append(f"{where}: seLinuxOptions {se}")
+    for name, sc in csc.items():
+        if sc.get("privileged"):
+            bad.append(f"{name}: privileged")
+        if sc.get("procMount", "Default") != "Default":
+            bad.append(f"{name}: procMount {sc['procMount']}")
+        if set((sc.get("capabilities") or {}).get("add", [])) - BASELINE_CAPABILITIES:
+            bad.append(f"{name}: adds capabilities {sc['capabilities']['add']}")
+    for c in containers:
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            bad.append(f"{c['name']}: hostPort")
+    for key, value in (meta.get("annotations") or {}).items():
+        if key.startswith("container.apparmor.security.beta.kubernetes.io/") \
+                and value != "runtime/default" and not value.startswith("localhost/"):
+            bad.append(f"AppArmor annotation {key}={value}")
+    if set(s["name"] for s in psc.get("sysctls", [])) - SAFE_SYSCTLS:
+        bad.append(f"unsafe sysctls {psc['sysctls']}")
+    for v in spec.get("volumes", []):
+        if "hostPath" in v:
+            bad.append(f"hostPath volume {v['name']}")
+    if level == "baseline":
+        return bad
+    # restricted
+    for v in spec.get("volumes", []):
+        kinds = set(v) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            bad.append(f"volume {v['name']} of type {sorted(kinds)}")
+    for name, sc in csc.items():
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{name}: allowPrivilegeEscalation is not false")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in caps.get("drop", []):
+            bad.append(f"{name}: does not drop ALL capabilities")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            bad.append(f"{name}: adds capabilities {caps['add']}")
+        non_root = sc.get("runAsNonRoot", psc.get("runAsNonRoot"))
+        if non_root is not True:
+            bad.append(f"{name}: runAsNonRoot is not true (pod or container)")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            bad.append(f"{name}: runAsUser 0")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            bad.append(f"{name}: seccompProfile {seccomp} (pod or container)")
+    return bad
+
+
+def every_pod(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """(metadata, spec) of every pod the namespace admits: each workload's template, the pod templates as the
+    ConfigMap holds them, and the training pods the executor builds from them."""
+    pods = {f"{d['kind']}/{d['metadata']['name']}": (d["spec"]["template"]["metadata"], d["spec"]["template"]["spec"])
+            for d in docs if d["kind"] in {"Deployment", "StatefulSet"}}
+    for role in ("worker", "ps"):
+        tpl = yaml.safe_load(configmap(docs, "pacer-pod-templates")["data"][f"{role}.yaml"])
+        pods[f"pod template {role}"] = (tpl["metadata"], tpl["spec"])
+        built = built_pod(docs, role)
+        pods[f"training {role}"] = (built["metadata"], built["spec"])
+    return pods
+
+
+def test_pod_security_rules_refuse_what_they_should() -> None:
+    """The checker itself: a hardened pod passes restricted, and each departure from it is caught."""
+    good = {"securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False,
+                                                             "capabilities": {"drop": ["ALL"]}}}],
+            "volumes": [{"name": "t", "emptyDir": {}}]}
+    assert pod_security_violations({}, good, "restricted") == []
+
+    def changed(change: Any) -> dict[str, Any]:
+        pod = yaml.safe_load(yaml.safe_dump(good))
+        change(pod)
+        return pod
+
+    c0 = "containers"
+    baseline_breaks = [
+        lambda p: p.update(hostNetwork=True),
+        lambda p: p[c0][0]["securityContext"].update(privileged=True),
+        lambda p: p[c0][0]["securityContext"]["capabilities"].update(add=["SYS_ADMIN"]),
+        lambda p: p["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+        lambda p: p[c0][0].update(ports=[{"containerPort": 80, "hostPort": 80}]),
+        lambda p: p["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+    ]
+    restricted_breaks = [
+        lambda p: p[c0][0]["securityContext"].pop("allowPrivilegeEscalation"),
+        lambda p: p[c0][0]["securityContext"].update(capabilities={}),
+        lambda p: p["securityContext"].pop("runAsNonRoot"),
+        lambda p: p[c0][0]["securityContext"].update(runAsNonRoot=False),
+        lambda p: p["securityContext"].update(runAsUser=0),
+        lambda p: p["securityContext"].pop("seccompProfile"),
+        lambda p: p["volumes"].append({"name": "n", "nfs": {"server": "x", "path": "/"}}),
+        lambda p: p[c0].append({"name": "bare"}),
+    ]
+    for i, brk in enumerate(baseline_breaks):
+        assert pod_security_violations({}, changed(brk), "baseline"), f"baseline break {i} not caught"
+    for i, brk in enumerate(restricted_breaks):
+        pod = changed(brk)
+        assert pod_security_violations({}, pod, "restricted"), f"restricted break {i} not caught"
+        assert not pod_security_violations({}, pod, "baseline"), f"restricted break {i} is no baseline break"
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_namespace_enforces_pod_security_and_every_pod_meets_it(overlay: str) -> None:
+    """The namespace enforces ``restricted`` (pinned to the oldest supported release) and warns and audits against
+    the newest rules; every pod the deployment runs (or the executor builds) meets the enforced level, so none is
+    refused."""
+    docs = render(overlay)
+    labels = one(docs, "Namespace", NAMESPACES[overlay])["metadata"].get("labels", {})
+    psa = "pod-security.kubernetes.io/"
+    for mode in ("enforce", "warn", "audit"):
+        assert labels.get(psa + mode) in LEVELS, f"no {psa}{mode} level: {labels}"
+        assert re.fullmatch(r"latest|v1\.\d+", labels.get(f"{psa}{mode}-version", "")), f"{mode}-version: {labels}"
+    level = labels[psa + "enforce"]
+    assert level == "restricted", "every pod can meet restricted: enforce it"
+    major_minor = ".".join(OLDEST_KUBERNETES.split(".")[:2])
+    assert labels[psa + "enforce-version"] == f"v{major_minor}", "enforcement pinned, not moved by an upgrade"
+    for mode in ("warn", "audit"):
+        assert LEVELS.index(labels[psa + mode]) >= LEVELS.index(level), f"{mode} laxer than enforce"
+        assert labels[psa + mode + "-version"] == "latest", f"{mode}: report what newer rules would refuse"
+    pods = every_pod(docs)
+    assert len(pods) == len(SERVICES) + 5  # the services, NATS, two templates and the two pods built from them
+    for name, (meta, spec) in pods.items():
+        assert pod_security_violations(meta, spec, level) == [], f"{overlay}: {name} would be refused"
 
 
 @needs_kubectl
@@ -113,43 +280,3 @@ def test_disruption_budgets(overlay: str) -> None:
             assert spec.get("maxUnavailable") == 1 and "minAvailable" not in spec, spec
         else:
             assert not covering, f"a budget on single-instance {name} could only block drains"
-
-
-@needs_kubectl
-@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
-def test_network_policy_admits_nats_clients_only_from_pacer_pods(overlay: str) -> None:
-    docs = render(overlay)
-    nats_labels = one(docs, "StatefulSet", "nats")["spec"]["template"]["metadata"]["labels"]
-    policies = [d for d in docs if d["kind"] == "NetworkPolicy"
-                and selects(d["spec"]["podSelector"], nats_labels)]
-    assert len(policies) == 1, "no (or several) NetworkPolicy on the NATS pods"
-    spec = policies[0]["spec"]
-    assert "Ingress" in spec["policyTypes"]
-    # Which pods each rule admits to which ports; a rule without `from` or `ports` admits everything.
-    admitted: dict[int, list[dict[str, Any]]] = {}
-    for rule in spec["ingress"]:
-        assert rule.get("from"), f"a rule open to every source: {rule}"
-        assert rule.get("ports"), f"a rule open on every port: {rule}"
-        for peer in rule["from"]:
-            assert set(peer) == {"podSelector"}, f"only pods of this namespace: {peer}"
-            for port in rule["ports"]:
-                admitted.setdefault(port["port"], []).append(peer["podSelector"])
-    assert set(admitted) <= {4222, 6222, 8222}, admitted
-    # Routes: only between the NATS servers.
-    assert all(selects(s, nats_labels) for s in admitted.get(6222, [])), admitted[6222]
-    assert all(s["matchLabels"].get("app.kubernetes.io/name") == "nats" for s in admitted.get(6222, []))
-    # Clients: Pacer's pods (services and training pods) are admitted ...
-    clients = admitted[4222]
-    pacer_pods = {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"]["metadata"]["labels"]
-                  for d in docs if d["kind"] == "Deployment"}
-    pacer_pods.update({f"training {r}": built_pod(docs, r)["metadata"]["labels"] for r in ("worker", "ps")})
-    for name, labels in pacer_pods.items():
-        assert any(selects(s, labels) for s in clients), f"{name} may not reach NATS"
-    # ... and a pod that is not Pacer's is not.
-    assert not any(selects(s, {"app.kubernetes.io/name": "someone-else"}) for s in clients)
-    # The monitoring port (no authentication: /connz lists every user) admits the metrics scraper, and no
-    # Pacer pod: a training pod runs a user's code.
-    monitor = admitted.get(8222, [])
-    assert any(selects(s, {"app.kubernetes.io/component": "metrics-scraper"}) for s in monitor), monitor
-    for name, labels in pacer_pods.items():
-        assert not any(selects(s, labels) for s in monitor), f"{name} may reach the NATS monitoring port"

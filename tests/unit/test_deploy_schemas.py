@@ -10,6 +10,7 @@ import yaml
 
 from .deploy_support import (
     CRD_GROUPS,
+    OLDEST_KUBERNETES,
     OVERLAYS,
     built_pod,
     configmap,
@@ -24,8 +25,7 @@ from .deploy_support import (
 # kubernetes-validate package (dev extras), in strict mode (an unknown or
 # misspelt field is an error, as `kubectl apply --validate=strict` would make
 # it): the oldest Kubernetes release the manifests support and the newest
-# the package knows.
-OLDEST_KUBERNETES = "1.28.0"
+# the package knows (OLDEST_KUBERNETES, in deploy_support).
 
 
 def kubernetes_versions() -> list[str]:

@@ -35,6 +35,20 @@ def dns_names_in(ns: str, docs: list[dict[str, Any]]) -> set[str]:
     return {m.group(0) for d in docs for s in strings(d) for m in pattern.finditer(s)}
 
 
+def namespace_fields(obj: Any) -> Iterator[str]:
+    """Every value of a field that names a namespace (metadata.namespace, a subject's namespace, a
+    namespaceSelector on the namespace's automatic name label), anywhere in an object."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k in ("namespace", "kubernetes.io/metadata.name") and isinstance(v, str):
+                yield v
+            else:
+                yield from namespace_fields(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from namespace_fields(v)
+
+
 @needs_kubectl
 def test_a_second_install_shares_no_cluster_scoped_name_with_the_first() -> None:
     first, second = render(FIRST), render(SECOND)
@@ -61,7 +75,25 @@ def test_a_second_install_names_its_own_namespace_and_never_the_first() -> None:
     assert {"nats.pacer.svc", "*.nats-headless.pacer"} <= dns_names_in(first_ns, render(FIRST))
     second = render(SECOND)
     assert not dns_names_in(first_ns, second)
+    assert first_ns in {v for d in render(FIRST) for v in namespace_fields(d)}
+    assert first_ns not in {v for d in second for v in namespace_fields(d)}
     cert = one(second, "Certificate", "nats-server-tls")
     want = {f"{host}.{second_ns}{suffix}" for host in ("nats", "*.nats-headless")
             for suffix in ("", ".svc", ".svc.cluster.local")}
     assert want <= set(cert["spec"]["dnsNames"]), cert["spec"]["dnsNames"]
+
+
+@needs_kubectl
+def test_a_second_install_has_the_first_ones_network_policies_in_its_own_namespace() -> None:
+    """test_deploy_network_policies evaluates the first install's policies; the second's are the same."""
+    def policies(overlay: str) -> dict[str, Any]:
+        out = {}
+        for d in render(overlay):
+            if d["kind"] == "NetworkPolicy":
+                assert d["metadata"]["namespace"] == NAMESPACES[overlay]
+                out[d["metadata"]["name"]] = {**d, "metadata": {k: v for k, v in d["metadata"].items()
+                                                                if k != "namespace"}}
+        return out
+
+    first = policies(FIRST)
+    assert first and policies(SECOND) == first

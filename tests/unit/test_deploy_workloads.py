@@ -1,10 +1,12 @@
 """Every overlay's workloads: all in namespace pacer, with resources and probes, mounting only volumes that are rendered;
-each service Deployment follows the common pattern (module, bus, probes, hardening); prod is bigger than dev.
+each service Deployment follows the common pattern (module, bus, probes, hardening); replicated workloads spread over
+nodes; prod is bigger than dev.
 (How these tests render the overlays: deploy_support.)"""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -18,6 +20,7 @@ from .deploy_support import (
     built_pod,
     claim_under,
     env_of,
+    matches,
     needs_kubectl,
     one,
     render,
@@ -68,6 +71,50 @@ def test_pod_volumes_exist(overlay: str) -> None:
                 assert ("ConfigMap", v["configMap"]["name"]) in names, (w["metadata"]["name"], v)
             if "persistentVolumeClaim" in v:
                 assert ("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]) in names, v
+
+
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def node_spreading(pod: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(what, label selector) of each rule of ``pod`` that keeps its replicas apart per node: a topology
+    spread constraint or a pod anti-affinity term (required or preferred) over ``kubernetes.io/hostname``."""
+    rules: list[tuple[str, dict[str, Any]]] = []
+    for c in pod.get("topologySpreadConstraints") or []:
+        if c["topologyKey"] == HOSTNAME and c.get("labelSelector") is not None:
+            assert c["maxSkew"] == 1, c
+            assert c["whenUnsatisfiable"] in {"ScheduleAnyway", "DoNotSchedule"}, c
+            rules.append(("topologySpreadConstraint", c["labelSelector"]))
+    anti = (pod.get("affinity") or {}).get("podAntiAffinity") or {}
+    terms = [*anti.get("requiredDuringSchedulingIgnoredDuringExecution", []),
+             *(t["podAffinityTerm"] for t in anti.get("preferredDuringSchedulingIgnoredDuringExecution", []))]
+    for t in terms:
+        # Another namespace's pods would say nothing about this workload's own.
+        if t["topologyKey"] == HOSTNAME and t.get("labelSelector") is not None \
+                and not t.get("namespaces") and t.get("namespaceSelector") is None:
+            rules.append(("podAntiAffinity", t["labelSelector"]))
+    return rules
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_replicated_workloads_spread_over_nodes(overlay: str) -> None:
+    """A workload of several replicas keeps them on different nodes where it can, by a rule that selects its own
+    pods and no other workload's (one node's loss then costs one replica, not the service)."""
+    docs = render(overlay)
+    workloads = {f"{d['kind']}/{d['metadata']['name']}": d for d in docs if d["kind"] in {"Deployment", "StatefulSet"}}
+    labels = {name: w["spec"]["template"]["metadata"]["labels"] for name, w in workloads.items()}
+    labels.update({f"training {r}": built_pod(docs, r)["metadata"]["labels"] for r in ("worker", "ps")})
+    replicated = [name for name, w in workloads.items() if w["spec"].get("replicas", 1) > 1]
+    assert len(replicated) >= {"dev": 6, "prod": 10, "second-install": 10}[overlay], replicated  # the count below is not vacuous
+    for name in replicated:
+        pod = workloads[name]["spec"]["template"]["spec"]
+        rules = node_spreading(pod)
+        own = [(what, sel) for what, sel in rules if matches(sel, labels[name])]
+        assert own, f"{overlay}: {name} ({workloads[name]['spec']['replicas']} replicas) is not spread over nodes"
+        for what, sel in own:
+            others = [o for o, lab in labels.items() if o != name and matches(sel, lab)]
+            assert not others, f"{overlay}: {name}'s {what} {sel} also counts the pods of {others}"
 
 
 def mem_bytes(q: str) -> float:
