@@ -35,6 +35,27 @@ real HTTP, with the official ``kubernetes`` client.  It implements only:
   Deployment; :meth:`FakeK8s.run_executor` creates the Deployment ->
   ReplicaSet -> Pod chain a Deployment controller would, and
   :attr:`FakeK8s.forbidden` makes a resource answer 403 (no RBAC).
+* namespaced custom resources (what the operator, ``services/operator``,
+  uses), for each CustomResourceDefinition a test installs
+  (:meth:`FakeK8s.install_crd`, e.g. with ``deploy/base/crd-pacerjob.yaml``):
+  ``POST/GET /apis/{group}/{version}/namespaces/{ns}/{plural}`` (list, and
+  ``watch=true`` as for pods), ``GET/PATCH/DELETE .../{plural}/{name}`` and
+  ``PATCH .../{name}/status``.  Like an API server: an object is checked
+  against the CRD's ``openAPIV3Schema`` on every write (a 422 naming the
+  first bad field; with the ``openapi-schema-validator`` package, which
+  reads OpenAPI's ``nullable``), an update's unchanged values excepted
+  (:attr:`FakeK8s.ratcheting`, as 1.30 does); ``generation`` starts at 1 and grows with
+  each change of ``spec``; with the status subresource, a create drops
+  ``status``, the object's endpoint ignores ``status`` and ``.../status``
+  changes nothing else.  Patches are JSON merge patches only (415
+  otherwise); a ``metadata.resourceVersion`` in one must be the object's
+  (else 409 ``Conflict``: a compare-and-set).  Deletion with finalizers
+  marks the object (``deletionTimestamp``, a ``MODIFIED`` event) and keeps
+  it until a patch removes its last finalizer (then ``DELETED``); adding a
+  finalizer to an object being deleted is a 422.  Not modelled: pruning of
+  fields the schema does not know, CEL rules, defaulting, server-side apply.
+  :meth:`FakeK8s.store_unchecked` stores an object past the schema (what an
+  API server may hold from an older CRD).
 
 It is a fake: nothing is scheduled (``spec.nodeName`` is whatever a test
 sets), no admission, no RBAC.  It validates what a real API server would reject first (missing or
@@ -76,6 +97,7 @@ _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
 
 
 @dataclass
@@ -92,7 +114,24 @@ class Request:
 class _Watch:
     ns: str
     selector: dict[str, str]
+    resource: str = "pods"  # or a custom resource's "<plural>.<group>"
     queue: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class _Crd:
+    """A custom resource the fake serves, read from its CustomResourceDefinition (:meth:`FakeK8s.install_crd`)."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    schema: dict[str, Any]  # the version's openAPIV3Schema
+    status_subresource: bool
+
+    @property
+    def resource(self) -> str:
+        return f"{self.plural}.{self.group}"
 
 
 def _now() -> str:
@@ -129,6 +168,19 @@ def _bytes(quantity: str) -> float:
     return float(m.group(1)) * powers.get(m.group(2) or "", 1)
 
 
+_ABSENT = object()
+
+
+def _at(obj: Any, path: list[Any]) -> Any:
+    """The value at ``path`` (keys and indexes) in ``obj``, or a marker when there is none."""
+    for part in path:
+        try:
+            obj = obj[part]
+        except (KeyError, IndexError, TypeError):
+            return _ABSENT
+    return obj
+
+
 def _parse_selector(text: str) -> dict[str, str]:
     """Equality-based label selectors only (``a=b,c==d``): all the backend sends."""
     out: dict[str, str] = {}
@@ -155,11 +207,16 @@ class FakeK8s:
         self.forbidden: set[str] = set()  # resources ("replicasets", "pods/resize", ...) that answer 403 Forbidden
         self.resize_subresource = True  # False: a server before 1.33, without pods/{name}/resize (404)
         self.kubelet_resizes = True  # False: a resize stays pending (status keeps the old resources)
+        # Custom resources: an update may keep a value its CRD's schema refuses (Kubernetes >= 1.30,
+        # CRDValidationRatcheting); False: every write checks the whole object (1.28, 1.29).
+        self.ratcheting = True
         self.logs: dict[tuple[str, str, str], str] = {}
         self.requests: list[Request] = []
         self.rv = 0
         self.compacted_rv = 0  # watches from before this version get 410 Gone
-        self._history: list[tuple[int, str, str, dict[str, Any]]] = []  # (rv, type, ns, pod)
+        self._history: list[tuple[int, str, str, str, dict[str, Any]]] = []  # (rv, type, resource, ns, object)
+        self.crds: dict[tuple[str, str, str], _Crd] = {}  # (group, version, plural) -> what it serves
+        self.custom: dict[tuple[str, str, str], dict[str, Any]] = {}  # (<plural>.<group>, ns, name) -> object
         self._watches: list[_Watch] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="fake-k8s", daemon=True)
@@ -199,6 +256,13 @@ class FakeK8s:
         app.router.add_get("/api/v1/nodes", self._list_nodes)
         app.router.add_get("/api/v1/pods", self._list_all_pods)
         app.router.add_get("/apis/apps/v1/namespaces/{ns}/{resource:deployments|replicasets}/{name}", self._get_apps)
+        custom = "/apis/{group}/{version}/namespaces/{ns}/{plural}"  # after apps: its routes are tried first
+        app.router.add_post(custom, self._create_custom)
+        app.router.add_get(custom, self._list_custom)
+        app.router.add_get(custom + "/{name}", self._get_custom)
+        app.router.add_patch(custom + "/{name}", self._patch_custom)
+        app.router.add_patch(custom + "/{name}/status", self._patch_custom)
+        app.router.add_delete(custom + "/{name}", self._delete_custom)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
         sock = socket.socket()
@@ -240,11 +304,11 @@ class FakeK8s:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
 
-    def _emit(self, etype: str, ns: str, pod: dict[str, Any]) -> None:
+    def _emit(self, etype: str, ns: str, pod: dict[str, Any], resource: str = "pods") -> None:
         snapshot = copy.deepcopy(pod)
-        self._history.append((self.rv, etype, ns, snapshot))
+        self._history.append((self.rv, etype, resource, ns, snapshot))
         for w in self._watches:
-            if w.ns == ns and _matches(snapshot, w.selector):
+            if w.resource == resource and w.ns == ns and _matches(snapshot, w.selector):
                 w.queue.put_nowait(("event", {"type": etype, "object": snapshot}))
 
     def _validate_meta(self, body: Any, kind: str) -> web.Response | None:
@@ -299,12 +363,14 @@ class FakeK8s:
         ns = request.match_info["ns"]
         selector = _parse_selector(request.query.get("labelSelector", ""))
         if request.query.get("watch") in ("true", "1"):
-            return await self._watch_pods(request, ns, selector)
+            current = [p for (n, _), p in sorted(self.pods.items()) if n == ns and _matches(p, selector)]
+            return await self._watch(request, _Watch(ns, selector), current)
         items = [p for (n, _), p in sorted(self.pods.items()) if n == ns and _matches(p, selector)]
         return web.json_response({"kind": "PodList", "apiVersion": "v1",
                                   "metadata": {"resourceVersion": str(self.rv)}, "items": items})
 
-    async def _watch_pods(self, request: web.Request, ns: str, selector: dict[str, str]) -> web.StreamResponse:
+    async def _watch(self, request: web.Request, w: _Watch, current: list[dict[str, Any]]) -> web.StreamResponse:
+        """Stream ``w``'s events: from ``resourceVersion`` on (history), else ``current`` as ADDED first."""
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
         await resp.prepare(request)
@@ -317,14 +383,12 @@ class FakeK8s:
             await send({"type": "ERROR", "object": _status(410, "Expired", f"too old resource version: {since} ({self.compacted_rv})")})
             await resp.write_eof()
             return resp
-        w = _Watch(ns, selector)
         if not since or since == "0":
-            for (n, _), p in sorted(self.pods.items()):
-                if n == ns and _matches(p, selector):
-                    w.queue.put_nowait(("event", {"type": "ADDED", "object": copy.deepcopy(p)}))
+            for p in current:
+                w.queue.put_nowait(("event", {"type": "ADDED", "object": copy.deepcopy(p)}))
         else:
-            for rv, etype, n, p in self._history:
-                if rv > int(since) and n == ns and _matches(p, selector):
+            for rv, etype, res, n, p in self._history:
+                if rv > int(since) and res == w.resource and n == w.ns and _matches(p, w.selector):
                     w.queue.put_nowait(("event", {"type": etype, "object": p}))
         self._watches.append(w)
         timeout = float(request.query.get("timeoutSeconds", "0")) or None
@@ -592,6 +656,185 @@ class FakeK8s:
         if key not in self.services:
             return _error(404, "NotFound", f'services "{key[1]}" not found')
         return web.json_response(self.services.pop(key))
+
+    # -- custom resources ----------------------------------------------------
+
+    def install_crd(self, crd: dict[str, Any]) -> None:
+        """Serve the namespaced custom resource a CustomResourceDefinition manifest defines (its first version)."""
+        spec = crd["spec"]
+        assert spec.get("scope") == "Namespaced", "the fake serves namespaced custom resources only"
+        version = spec["versions"][0]
+        served = _Crd(spec["group"], version["name"], spec["names"]["plural"], spec["names"]["kind"],
+                      version["schema"]["openAPIV3Schema"], "status" in (version.get("subresources") or {}))
+        self._run(lambda: self.crds.__setitem__((served.group, served.version, served.plural), served))
+
+    def _crd(self, request: web.Request) -> _Crd | None:
+        m = request.match_info
+        return self.crds.get((m["group"], m["version"], m["plural"]))
+
+    @staticmethod
+    def _not_served(request: web.Request) -> web.Response:
+        return _error(404, "NotFound", "the server could not find the requested resource")
+
+    def _invalid(self, crd: _Crd, obj: dict[str, Any], old: dict[str, Any] | None = None) -> web.Response | None:
+        """A 422 naming the first field the CRD's schema refuses, as the API server's validation would; on an
+        update with :attr:`ratcheting`, a refused value the update left as it was passes."""
+        from openapi_schema_validator import OAS30Validator
+
+        errors = sorted(OAS30Validator(crd.schema).iter_errors(obj), key=lambda e: [str(p) for p in e.path])
+        if old is not None and self.ratcheting:
+            errors = [e for e in errors if _at(obj, list(e.path)) != _at(old, list(e.path))]
+        error = next(iter(errors), None)
+        if error is None:
+            return None
+        where = ".".join(str(p) for p in error.path) or "<root>"
+        name = obj.get("metadata", {}).get("name", "")
+        return _error(422, "Invalid", f'{crd.kind}.{crd.group} "{name}" is invalid: {where}: Invalid value: '
+                                      f'{error.message}')
+
+    def _store_custom(self, crd: _Crd, ns: str, obj: dict[str, Any], etype: str) -> None:
+        self._bump(obj)
+        self.custom[(crd.resource, ns, obj["metadata"]["name"])] = obj
+        self._emit(etype, ns, obj, crd.resource)
+
+    async def _create_custom(self, request: web.Request) -> web.Response:
+        body = await self._record(request)
+        crd, ns = self._crd(request), request.match_info["ns"]
+        if crd is None:
+            return self._not_served(request)
+        if (bad := self._validate_meta(body, crd.kind)) is not None:
+            return bad
+        name = body["metadata"]["name"]
+        if (crd.resource, ns, name) in self.custom:
+            return _error(409, "AlreadyExists", f'{crd.plural}.{crd.group} "{name}" already exists')
+        obj = copy.deepcopy(body)
+        if crd.status_subresource:
+            obj.pop("status", None)  # written through .../status only
+        obj["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+        if (bad := self._invalid(crd, obj)) is not None:
+            return bad
+        self._store_custom(crd, ns, obj, "ADDED")
+        return web.json_response(obj, status=201)
+
+    async def _list_custom(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        crd, ns = self._crd(request), request.match_info["ns"]
+        if crd is None:
+            return self._not_served(request)
+        items = [o for (r, n, _), o in sorted(self.custom.items()) if r == crd.resource and n == ns]
+        if request.query.get("watch") in ("true", "1"):
+            return await self._watch(request, _Watch(ns, {}, crd.resource), items)
+        return web.json_response({"kind": f"{crd.kind}List", "apiVersion": f"{crd.group}/{crd.version}",
+                                  "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+
+    async def _get_custom(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        crd, ns, name = self._crd(request), request.match_info["ns"], request.match_info["name"]
+        if crd is None:
+            return self._not_served(request)
+        obj = self.custom.get((crd.resource, ns, name))
+        if obj is None:
+            return _error(404, "NotFound", f'{crd.plural}.{crd.group} "{name}" not found')
+        return web.json_response(obj)
+
+    async def _patch_custom(self, request: web.Request) -> web.Response:
+        """A JSON merge patch of the object (``.../status``: of its status only), with the API server's rules:
+        a ``metadata.resourceVersion`` in the patch must be the object's (else 409), the main resource
+        ignores ``status`` and the status subresource everything but ``status``, a spec change bumps
+        ``generation``, no finalizer may be added to an object being deleted, and an object being deleted
+        whose last finalizer goes is deleted."""
+        body = await self._record(request)
+        crd, ns, name = self._crd(request), request.match_info["ns"], request.match_info["name"]
+        if crd is None:
+            return self._not_served(request)
+        if request.content_type != MERGE_PATCH:
+            return _error(415, "UnsupportedMediaType", f"the fake takes only {MERGE_PATCH}, not {request.content_type}")
+        key = (crd.resource, ns, name)
+        stored = self.custom.get(key)
+        if stored is None:
+            return _error(404, "NotFound", f'{crd.plural}.{crd.group} "{name}" not found')
+        if not isinstance(body, dict):
+            return _error(400, "BadRequest", "a merge patch is a JSON object")
+        want_rv = (body.get("metadata") or {}).get("resourceVersion")
+        if want_rv is not None and str(want_rv) != stored["metadata"]["resourceVersion"]:
+            return _error(409, "Conflict", f'Operation cannot be fulfilled on {crd.plural}.{crd.group} "{name}": the '
+                                           "object has been modified; please apply your changes to the latest "
+                                           "version and try again")
+        status_only = request.path.endswith("/status")
+        patch = {"status": body.get("status")} if status_only else {k: v for k, v in body.items() if k != "status"}
+        if status_only and "status" not in body:
+            patch = {}
+        obj = copy.deepcopy(stored)
+        _merge(obj, patch)
+        obj["metadata"].update({k: stored["metadata"][k] for k in
+                                ("name", "namespace", "uid", "creationTimestamp", "generation", "resourceVersion")})
+        obj["metadata"].pop("deletionTimestamp", None)  # set by a DELETE only
+        if "deletionTimestamp" in stored["metadata"]:
+            obj["metadata"]["deletionTimestamp"] = stored["metadata"]["deletionTimestamp"]
+            if set(obj["metadata"].get("finalizers") or []) - set(stored["metadata"].get("finalizers") or []):
+                return _error(422, "Invalid", f'{crd.kind}.{crd.group} "{name}" is invalid: metadata.finalizers: '
+                                              "Forbidden: no new finalizers can be added if the object is being deleted")
+        if obj.get("spec") != stored.get("spec"):
+            obj["metadata"]["generation"] = stored["metadata"].get("generation", 1) + 1
+        if (bad := self._invalid(crd, obj, stored)) is not None:
+            return bad
+        if obj == stored:  # a no-op patch: no new version, no event
+            return web.json_response(obj)
+        if "deletionTimestamp" in obj["metadata"] and not obj["metadata"].get("finalizers"):
+            self._bump(obj)
+            del self.custom[key]
+            self._emit("DELETED", ns, obj, crd.resource)
+            return web.json_response(obj)
+        self._store_custom(crd, ns, obj, "MODIFIED")
+        return web.json_response(obj)
+
+    async def _delete_custom(self, request: web.Request) -> web.Response:
+        """Gone at once without finalizers; with some, only marked (``deletionTimestamp``) until they are removed."""
+        await self._record(request)
+        crd, ns, name = self._crd(request), request.match_info["ns"], request.match_info["name"]
+        if crd is None:
+            return self._not_served(request)
+        key = (crd.resource, ns, name)
+        stored = self.custom.get(key)
+        if stored is None:
+            return _error(404, "NotFound", f'{crd.plural}.{crd.group} "{name}" not found')
+        if not stored["metadata"].get("finalizers"):
+            del self.custom[key]
+            self._bump(stored)
+            self._emit("DELETED", ns, stored, crd.resource)
+            return web.json_response(stored)
+        if "deletionTimestamp" not in stored["metadata"]:
+            obj = copy.deepcopy(stored)
+            obj["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0)
+            self._store_custom(crd, ns, obj, "MODIFIED")
+            stored = obj
+        return web.json_response(stored)
+
+    def custom_object(self, plural: str, name: str, ns: str = "", group: str = "") -> dict[str, Any] | None:
+        """A copy of a stored custom object (None: there is none); ``group``: any, if only one serves ``plural``."""
+        ns = ns or self.namespace
+
+        def go() -> dict[str, Any] | None:
+            for (res, n, nm), obj in self.custom.items():
+                if n == ns and nm == name and res.split(".", 1)[0] == plural and (not group or res.endswith(group)):
+                    return copy.deepcopy(obj)
+            return None
+
+        return self._run(go)
+
+    def store_unchecked(self, plural: str, obj: dict[str, Any], ns: str = "") -> None:
+        """Store (and announce) ``obj`` as it is, not checked against the CRD's schema: what an API server
+        may still hold from before its CRD had a schema, or from an older one."""
+        ns = ns or self.namespace
+
+        def go() -> None:
+            (crd,) = [c for c in self.crds.values() if c.plural == plural]
+            stored = copy.deepcopy(obj)
+            stored.setdefault("metadata", {}).update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now(),
+                                                     generation=1)
+            self._store_custom(crd, ns, stored, "ADDED")
+
+        self._run(go)
 
     # -- kubelet-like helpers for tests -------------------------------------
 
