@@ -106,6 +106,8 @@ constraints:
 clean:
 	rm -rf $(VENV) .pacer .pytest_cache .mypy_cache .ruff_cache
 
-# The NATS users of deploy/ (deploy/base/nats-users.conf), generated from pacer.security.
+# The NATS users of deploy/ (deploy/base/nats-users.conf), generated from pacer.security, and the
+# PacerJob CRD (deploy/base/crd-pacerjob.yaml), generated from the job-spec contract.
 deploy-conf: $(STAMP)
 	$(BIN)/python -m pacer.deploy_conf users -o deploy/base/nats-users.conf
+	$(BIN)/python -m pacer.k8s_crd write
