@@ -182,7 +182,14 @@ def _table() -> dict[str, Permissions]:
             subscribe=[_rpc(S.BRAIN_SERVICE), S.EVENTS_SUBJECTS, S.ownership_forward(S.BRAIN_SERVICE)]),
         # The auth callout responder (pacer.authjwt): the server's authorization requests, answered by reply.
         AUTH_SERVICE: _service(AUTH_SERVICE, publish=[], subscribe=[AUTH_CALLOUT_SUBJECT], js=False),
-        # The operator (CLI, `pacer up`'s printed URL, tests): everything.
+        # The Kubernetes operator (services/operator): submits, reads and stops jobs, and hears the job events
+        # (a plain subscription, its cue to read a record again).  Not list: it reads only the jobs of its
+        # resources.  No JetStream, no executor, no other service's requests.
+        S.OPERATOR_SERVICE: _service(
+            S.OPERATOR_SERVICE,
+            publish=[_rpc(S.JOB_SERVICE, op) for op in (S.JobOp.SUBMIT, S.JobOp.GET, S.JobOp.STOP)],
+            subscribe=[_events("job")], js=False),
+        # A person operating the stack (CLI, `pacer up`'s printed URL, tests): everything.
         "admin": Permissions(publish=(">",), subscribe=(">",), allow_responses=False),
     }
 

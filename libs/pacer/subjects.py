@@ -186,6 +186,11 @@ def job_rpc(job: str, op: str) -> str:
     return rpc(JOB_SERVICE, job, op)
 
 
+# The Kubernetes operator (services/operator): PacerJob resources -> job-service requests.  It serves no
+# subject of its own but its health; it reads the job events as cues.
+OPERATOR_SERVICE = "operator"
+
+
 class JobEventKind:
     """``pacer.events.job.<job>.<kind>``: a lifecycle state (jobs.JobEvent) or the plan."""
 

@@ -132,7 +132,7 @@ print("ok", sorted(registry.BUILTINS))
 
 
 @pytest.mark.parametrize("service", ["shard_service", "job_service", "monitor", "controller", "api", "auth_callout",
-                                     "pod_executor", "policy_service"])
+                                     "pod_executor", "policy_service", "operator"])
 def test_slim_services_import_without_extras(service: str) -> None:
     r = _slim(f"import pacer_services.{service}.app, pacer_services.{service}.main")
     assert r.returncode == 0, r.stderr
