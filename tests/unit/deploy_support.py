@@ -76,7 +76,11 @@ SERVICES = [
     Service("policies", "policy_service", "policies", single=False),
     Service("pacer-api", "api", "api", {"PACER_API_HOST": "0.0.0.0", "PACER_API_PORT": "8750"}, single=False),
     Service("auth-callout", "auth_callout", "auth", single=False),  # stateless: replicas share the requests
+    Service("pacer-operator", "operator", "operator"),  # one instance: two would both act on every PacerJob
 ]
+
+# Cluster-scoped kinds the overlays render (no namespace; their names are shared by every install).
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 
 
 def _kubectl() -> str | None:

@@ -215,8 +215,9 @@ def test_every_pod_runs_the_runtime_default_seccomp_profile(overlay: str) -> Non
 
 @needs_kubectl
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
-def test_only_the_executor_mounts_a_service_account_token(overlay: str) -> None:
-    """Only the pod-executor calls the Kubernetes API; any other pod with a token is a credential to steal."""
+def test_only_the_executor_and_the_operator_mount_a_service_account_token(overlay: str) -> None:
+    """Only the pod-executor (pods) and the Pacer operator (PacerJobs) call the Kubernetes API; any other pod
+    with a token is a credential to steal."""
     docs = render(overlay)
     sas = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceAccount"}
     with_token = set()
@@ -226,7 +227,7 @@ def test_only_the_executor_mounts_a_service_account_token(overlay: str) -> None:
         mounts = pod.get("automountServiceAccountToken", sa.get("automountServiceAccountToken", True))
         if mounts:
             with_token.add(name)
-    assert with_token == {"Deployment/pod-executor"}
+    assert with_token == {"Deployment/pod-executor", "Deployment/pacer-operator"}
 
 
 @needs_kubectl

@@ -11,10 +11,12 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from .deploy_support import NAMESPACES, needs_kubectl, one, render
+from .deploy_support import CLUSTER_SCOPED, NAMESPACES, needs_kubectl, one, render
 
 FIRST, SECOND = "prod", "second-install"
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+# Cluster-scoped objects both installs must share: Kubernetes has one definition of a resource type per
+# cluster, so each install applies the same PacerJob CRD (its name is the type's: pacerjobs.pacer.io).
+SHARED = {"CustomResourceDefinition"}
 
 
 def strings(obj: Any) -> Iterator[str]:
@@ -52,7 +54,7 @@ def namespace_fields(obj: Any) -> Iterator[str]:
 @needs_kubectl
 def test_a_second_install_shares_no_cluster_scoped_name_with_the_first() -> None:
     first, second = render(FIRST), render(SECOND)
-    names = {ov: {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in CLUSTER_SCOPED}
+    names = {ov: {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in CLUSTER_SCOPED - SHARED}
              for ov, docs in ((FIRST, first), (SECOND, second))}
     assert names[FIRST] and len(names[SECOND]) == len(names[FIRST])
     assert not names[FIRST] & names[SECOND], names[FIRST] & names[SECOND]
@@ -97,3 +99,12 @@ def test_a_second_install_has_the_first_ones_network_policies_in_its_own_namespa
 
     first = policies(FIRST)
     assert first and policies(SECOND) == first
+
+
+@needs_kubectl
+def test_the_installs_share_the_crd_as_one_identical_object() -> None:
+    """Applying either install leaves the same PacerJob CRD: neither changes the other's resources' schema."""
+    shared = {ov: sorted((d for d in render(ov) if d["kind"] in SHARED), key=lambda d: d["metadata"]["name"])
+              for ov in (FIRST, SECOND)}
+    assert shared[FIRST] and shared[FIRST] == shared[SECOND]
+    assert all("namespace" not in d["metadata"] for d in shared[FIRST])

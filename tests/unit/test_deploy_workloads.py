@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from .deploy_support import (
+    CLUSTER_SCOPED,
     LEASED,
     NAMESPACES,
     OVERLAYS,
@@ -36,7 +37,7 @@ def test_everything_in_the_installs_namespace(overlay: str) -> None:
     ns = NAMESPACES[overlay]
     one(docs, "Namespace", ns)
     for d in docs:
-        if d["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:  # those are cluster-scoped
+        if d["kind"] not in CLUSTER_SCOPED:
             assert d["metadata"].get("namespace") == ns, f"{d['kind']}/{d['metadata']['name']}"
 
 
