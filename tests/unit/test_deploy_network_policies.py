@@ -245,7 +245,8 @@ def allowed_flows(docs: list[dict[str, Any]], pods: dict[str, Endpoint]) -> list
     target = one(docs, "Service", "pacer-api")["spec"]["ports"][0]["targetPort"]
     http = api.ports[target] if isinstance(target, str) else target
     flows += [(CLIENT, api, http, "TCP"), (INGRESS, api, http, "TCP")]
-    flows += [(pods["pod-executor"], API_SERVER, 443, "TCP"), (pods["pod-executor"], API_SERVER, 6443, "TCP")]
+    for kube_client in ("pod-executor", "pacer-operator"):  # pods; PacerJobs
+        flows += [(pods[kube_client], API_SERVER, 443, "TCP"), (pods[kube_client], API_SERVER, 6443, "TCP")]
     flows += [(pods["worker"], S3, 443, "TCP"), (pods["job-service"], S3, 443, "TCP")]
     return flows
 
@@ -270,9 +271,10 @@ def refused_flows(docs: list[dict[str, Any]], pods: dict[str, Endpoint]) -> list
     for s in services(pods):
         flows.append((s, pods["worker"], 2222, "TCP"))
         flows.append((s, monitor if s is not monitor else api, 9464, "TCP"))
-    # The API server: the pod-executor's alone (the job service's 443 is for object storage).
+    # The API server: the pod-executor's and the Pacer operator's alone (the job service's 443 is for object
+    # storage).
     for s in services(pods):
-        if s.name != "pod-executor":
+        if s.name not in {"pod-executor", "pacer-operator"}:
             flows.append((s, API_SERVER, 6443, "TCP"))
             if s.name != "job-service":
                 flows.append((s, API_SERVER, 443, "TCP"))
