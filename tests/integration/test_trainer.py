@@ -309,10 +309,15 @@ def test_a_stragglers_shard_is_stolen_by_the_fast_worker_and_every_record_is_tra
     step).  The other worker asks when nothing is TODO and gets the end of that shard (work
     stealing), and again once it is done with that; the straggler learns its shorter lease and
     stops there.  (With a 30 s lease a holder reports every 7.5 s, and keeps a margin for that.)  Every record is trained, and the ones trained twice (a holder past the new end before
-    it learnt of it) are exactly those counted as duplicated."""
+    it learnt of it) are exactly those counted as duplicated.
+
+    The straggler takes 0.6 s a step, 75 s for the shard: it learns of a steal at its next report,
+    up to 7.5 s later, so the other worker must ask before its last 7.5 s.  At 0.2 s a step (25 s)
+    a CI run beside a CPU burner started the other worker's TensorFlow too late: the straggler had
+    reported the shard done before it heard, and stole nothing back."""
     from pacer.trainer.straggler import StragglerSpec
 
-    slow = StragglerSpec(kind="persistent", sleep_s=0.2)  # type: ignore[arg-type]
+    slow = StragglerSpec(kind="persistent", sleep_s=0.6)  # type: ignore[arg-type]
     s = LocalJobSpec(job="steal", data=small_data, nats_url=stack.url, work_dir=str(tmp_path / "steal"),
                      lease_s=30.0, num_ps=1, workers=2, mode="asp", batch_size=32,
                      batches_per_shard=SMALL_ROWS // 32 + 1, stragglers={0: slow})
