@@ -31,10 +31,11 @@ install: $(STAMP) $(CHROMIUM)
 # Two workers by default, each taking whole test files (module fixtures stay shared), in the order of
 # tests/conftest.py: the files with long end-to-end tests first, the longest first (xdist's own
 # reordering, by test count, would hand them out last).  TEST_WORKERS=0 runs in one process.
+# --durations: the slowest tests in every CI log, where the suite's 20-minute budget goes.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
