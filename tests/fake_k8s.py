@@ -346,6 +346,16 @@ class FakeK8s:
         for key in ("hostname", "subdomain"):
             if key in spec and (len(spec[key]) > 63 or not _DNS1123_LABEL.match(spec[key])):
                 return _error(422, "Invalid", f"Pod {name!r}: spec.{key}: Invalid value: a lowercase RFC 1123 label")
+        volumes = {v.get("name") for v in spec.get("volumes") or []}
+        for c in containers:
+            for m in c.get("volumeMounts") or []:
+                where = f"Pod {name!r}: spec.containers[{c['name']}].volumeMounts[{m.get('name')}]"
+                if m.get("name") not in volumes:
+                    return _error(422, "Invalid", f"{where}.name: Not found")
+                sub = str(m.get("subPath") or "")
+                if sub.startswith("/") or ".." in sub.split("/"):
+                    return _error(422, "Invalid", f"{where}.subPath: Invalid value: {sub!r}: must be a relative "
+                                                  "path without '..'")
         if (ns, name) in self.pods:
             return _error(409, "AlreadyExists", f'pods "{name}" already exists')
         pod = copy.deepcopy(body)

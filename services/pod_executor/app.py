@@ -623,7 +623,7 @@ def make_backend(cfg: ExecutorConfig) -> Backend:
         require("k8s", "the executor's Kubernetes backend (PACER_EXECUTOR_BACKEND=kubernetes)")
         from pacer_services.pod_executor.backends.kubernetes import from_env
 
-        return from_env()
+        return from_env(checkpoint_root=cfg.checkpoint_root)
     raise ValueError(f"PACER_EXECUTOR_BACKEND: unknown backend {cfg.backend!r} (local or kubernetes)")
 
 

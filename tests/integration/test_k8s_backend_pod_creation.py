@@ -107,6 +107,22 @@ async def test_create_from_the_deploy_template(fake: FakeK8s) -> None:
     b.api.api_client.close()
 
 
+async def test_each_job_mounts_only_its_own_checkpoint_directory(fake: FakeK8s) -> None:
+    """With the executor's checkpoint root, the template's mount there shows the job's directory only."""
+    root = "/var/lib/pacer/checkpoints"  # where deploy/base/pod-templates/worker.yaml mounts the PVC
+    b = new_backend(fake, template=yaml.safe_load(TEMPLATE.read_text()), checkpoint_root=root + "/")
+    for job in ("team-a", "team-b"):
+        await b.create(spec("worker-0", job=job))
+    for job, other in (("team-a", "team-b"), ("team-b", "team-a")):
+        pod = fake.pods[(NS, f"{job}-worker-0-g0")]
+        claims = {v["name"] for v in pod["spec"]["volumes"]
+                  if v.get("persistentVolumeClaim", {}).get("claimName") == "pacer-checkpoints"}
+        mounts = [m for c in pod["spec"]["containers"] for m in c["volumeMounts"] if m["name"] in claims]
+        assert mounts == [{"name": "checkpoints", "mountPath": f"{root}/{job}", "subPath": job}]
+        assert not any(m["mountPath"] in (root, f"{root}/{other}") for m in mounts)
+    b.api.api_client.close()
+
+
 async def test_the_longest_job_name_gives_valid_pod_hostnames(fake: FakeK8s, backend: KubernetesBackend) -> None:
     job = "j" * JOB_NAME_MAX_LEN  # what the spec lets through, with the highest node index it allows
     await backend.create(spec(f"worker-{MAX_NODES_PER_ROLE - 1}", job=job))

@@ -154,10 +154,10 @@ def claim_under(pod: dict[str, Any], container: dict[str, Any], path: str) -> tu
     return hits[0]
 
 
-def built_pod(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
-    """The Pod the executor builds for ``role``: the PodSpec from ``launch.pod_spec`` (with its agent, as
-    the executor's LaunchConfig has them by default) through the Kubernetes backend, from the rendered
-    templates and the executor Deployment's env."""
+def built_pod(docs: list[dict[str, Any]], role: str, job: str = "j") -> dict[str, Any]:
+    """The Pod the executor builds for ``role`` of job ``job``: the PodSpec from ``launch.pod_spec`` (with
+    its agent, as the executor's LaunchConfig has them by default) through the Kubernetes backend, from the
+    rendered templates and the executor Deployment's env."""
     import time
 
     import kubernetes.client as k8s
@@ -172,11 +172,12 @@ def built_pod(docs: list[dict[str, Any]], role: str) -> dict[str, Any]:
     templates = {r: yaml.safe_load(data[f"{r}.yaml"]) for r in ("worker", "ps")}
     api = k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9"))  # never called
     backend = KubernetesBackend(api, "pacer", env["PACER_TRAINER_IMAGE"],
-                                service_account=env["PACER_TRAINER_SERVICE_ACCOUNT"], template=templates)
-    spec = parse_job_spec("name: j\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
-    plan = ResourcePlan("j", 1, 1, 1.0, 1024, 1.0, 1024, PlanSource.BRAIN)
-    rec = JobRecord("j", spec, JobState.RUNNING, time.time(), data_path="/data/train.rec", records=1000)
-    cluster = ClusterDesc(("j-ps-0.j:2222",), ("j-worker-0.j:2222",))
+                                service_account=env["PACER_TRAINER_SERVICE_ACCOUNT"], template=templates,
+                                checkpoint_root=env.get("PACER_CHECKPOINT_ROOT", ""))
+    spec = parse_job_spec(f"name: {job}\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
+    plan = ResourcePlan(job, 1, 1, 1.0, 1024, 1.0, 1024, PlanSource.BRAIN)
+    rec = JobRecord(job, spec, JobState.RUNNING, time.time(), data_path="/data/train.rec", records=1000)
+    cluster = ClusterDesc((f"{job}-ps-0.{job}:2222",), (f"{job}-worker-0.{job}:2222",))
     cfg = launch.LaunchConfig(env["PACER_POD_NATS_URL"], env.get("PACER_CHECKPOINT_ROOT", ""))
     pod: dict[str, Any] = backend.pod_manifest(launch.pod_spec(rec, plan, cluster, role, 0, 0, 1.0, 1024, 2222, cfg))
     return pod

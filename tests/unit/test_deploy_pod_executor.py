@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 import pytest
 import yaml
@@ -65,10 +67,52 @@ def test_pod_executor(overlay: str) -> None:
     # Checkpoints: the chief worker writes under PACER_CHECKPOINT_ROOT, on a shared PVC.
     worker = built_pod(docs, "worker")
     trainer = next(c for c in worker["spec"]["containers"] if c["name"] == "trainer")
-    claim, _ = claim_under(worker["spec"], trainer, env["PACER_CHECKPOINT_ROOT"])
+    ckpt_dir = chief_checkpoint_dir(trainer)
+    assert ckpt_dir == env["PACER_CHECKPOINT_ROOT"] + "/j"
+    claim, _ = claim_under(worker["spec"], trainer, ckpt_dir)
     assert claim == "pacer-checkpoints"
     assert one(docs, "PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteMany"]
     assert not any(m.get("readOnly") for m in trainer["volumeMounts"] if m["name"] not in {"data", "nats-ca"})
+
+
+def chief_checkpoint_dir(trainer: dict[str, Any]) -> str:
+    """The checkpoint directory in the chief's WorkerConfig (its ``--config`` argument)."""
+    argv = trainer["command"]
+    config = json.loads(argv[argv.index("--config") + 1])
+    return str(config["checkpoint_dir"])
+
+
+def checkpoint_views(pod: dict[str, Any]) -> set[tuple[str, str]]:
+    """(mount path, directory of the checkpoint PVC it shows) of every mount of that PVC in the pod."""
+    claims = {v["name"] for v in pod["spec"]["volumes"]
+              if v.get("persistentVolumeClaim", {}).get("claimName") == "pacer-checkpoints"}
+    return {(m["mountPath"], m.get("subPath", "")) for c in pod["spec"]["containers"]
+            for m in c.get("volumeMounts", []) if m["name"] in claims}
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_each_job_sees_only_its_own_checkpoints(overlay: str) -> None:
+    """A job's pods mount only <job> of the checkpoint PVC, at <root>/<job>: never the volume's root,
+    so no job can read or overwrite another's checkpoints (nor list which jobs exist)."""
+    docs = render(overlay)
+    root = env_of(one(docs, "Deployment", "pod-executor")["spec"]["template"]["spec"]["containers"][0])[
+        "PACER_CHECKPOINT_ROOT"]
+    pods = {job: built_pod(docs, "worker", job) for job in ("team-a", "team-b")}
+    for job, pod in pods.items():
+        views = checkpoint_views(pod)
+        assert views == {(f"{root}/{job}", job)}, views  # the trainer's one mount, the job's directory only
+        trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+        assert chief_checkpoint_dir(trainer) == f"{root}/{job}"
+        assert claim_under(pod["spec"], trainer, f"{root}/{job}/flash")[0] == "pacer-checkpoints"
+        # The other job's directory is on no volume of this pod: the path does not reach the PVC.
+        other = next(j for j in pods if j != job)
+        with pytest.raises(AssertionError, match="on no"):
+            claim_under(pod["spec"], trainer, f"{root}/{other}")
+        with pytest.raises(AssertionError, match="on no"):
+            claim_under(pod["spec"], trainer, root)
+    # A PS writes no checkpoint: it mounts no part of the volume.
+    assert checkpoint_views(built_pod(docs, "ps", "team-a")) == set()
 
 
 # Cluster-scoped CoreV1Api calls: (resource, verb), granted by a ClusterRole.

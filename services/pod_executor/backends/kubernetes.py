@@ -17,6 +17,14 @@ not wait for training pods.  If the lookup fails (no RBAC, not in a cluster)
 the backend logs it once, counts it in
 ``pacer_executor_owner_lookup_failures_total{reason}`` and runs without.
 
+Checkpoints, one directory per job: with ``checkpoint_root`` (the
+executor's ``PACER_CHECKPOINT_ROOT``), a template's volume mounted at exactly
+that path (the worker template's ``pacer-checkpoints`` PVC) is mounted with
+``subPath: <job>`` at ``<root>/<job>``, in every container that mounts that
+volume (:func:`scope_checkpoints`).  The chief writes and a relaunched chief
+restores there (``launch.worker_config``), and no pod sees another job's
+directory: the rest of the volume is not in its filesystem at all.
+
 A PodSpec's ``machine`` (the brain's Dike placement) becomes a *preferred*
 node affinity on ``kubernetes.io/hostname``; :meth:`KubernetesBackend.machines`
 reports the ready, schedulable nodes with what is free on each.
@@ -163,6 +171,7 @@ class KubernetesBackend:
         watch_timeout_s: int = 300,
         retry_s: float = 1.0,
         machines_every_s: float = 30.0,
+        checkpoint_root: str = "",
     ) -> None:
         if owner is not None and not {"apiVersion", "kind", "name", "uid"} <= owner.keys():
             raise ValueError("owner needs apiVersion, kind, name and uid")
@@ -176,6 +185,9 @@ class KubernetesBackend:
         self._owner_lock = asyncio.Lock()
         self.service_account = service_account
         self.template = template or {}
+        # "": no checkpoints, the templates' mounts stay as they are; else the root each job's pods see only
+        # their own directory of (scope_checkpoints).
+        self.checkpoint_root = checkpoint_root.rstrip("/") if checkpoint_root.strip("/") else ""
         self.watch_timeout_s = watch_timeout_s
         self.retry_s = retry_s
         self._services: set[str] = set()  # jobs whose headless Service exists
@@ -426,6 +438,8 @@ class KubernetesBackend:
         containers = [trainer]
         if pod.agent:
             containers.append(container("agent", pod.agent, copy.deepcopy(AGENT_RESOURCES)))
+        if self.checkpoint_root:
+            scope_checkpoints(containers, self.checkpoint_root, pod.job)
         volumes = [v for v in spec.get("volumes") or [] if v.get("name") != "pod-dir"]
         spec.update(
             restartPolicy="Never", hostname=f"{pod.job}-{pod.node}", subdomain=pod.job,
@@ -624,7 +638,7 @@ def find_owner(api_client: Any, namespace: str, pod_name: str) -> dict[str, Any]
             "controller": False, "blockOwnerDeletion": False}
 
 
-def from_env(environ: Mapping[str, str] | None = None) -> KubernetesBackend:
+def from_env(environ: Mapping[str, str] | None = None, checkpoint_root: str | None = None) -> KubernetesBackend:
     """The backend as the pod-executor's Deployment configures it (``PACER_EXECUTOR_BACKEND=kubernetes``).
 
     * ``PACER_KUBE_HOST``: an API server URL without auth (``kubectl proxy``,
@@ -633,6 +647,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> KubernetesBackend:
       namespace, else ``default``).
     * ``PACER_TRAINER_IMAGE`` (default ``pacer:0.1.0``),
       ``PACER_TRAINER_SERVICE_ACCOUNT`` (default: the namespace's default).
+    * ``PACER_CHECKPOINT_ROOT`` (or ``checkpoint_root``, the executor's
+      setting, which wins): the templates' volume mounted there is narrowed
+      to each job's own directory (:func:`scope_checkpoints`).
     * ``PACER_POD_TEMPLATES``: a directory with ``worker.yaml`` and
       ``ps.yaml`` (default ``/etc/pacer/pod-templates``; missing files: no template).
     * Owner references: by default every pod and Service is owned by the
@@ -677,6 +694,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> KubernetesBackend:
     return KubernetesBackend(
         api, namespace, env.get("PACER_TRAINER_IMAGE", "pacer-tf:0.1.0"), owner=owner, owner_pod=owner_pod,
         service_account=env.get("PACER_TRAINER_SERVICE_ACCOUNT", ""), template=templates,
+        checkpoint_root=env.get("PACER_CHECKPOINT_ROOT", "") if checkpoint_root is None else checkpoint_root,
     )
 
 
@@ -688,6 +706,32 @@ def _labels(pod: PodSpec) -> dict[str, str]:
         PART_OF: "pacer", L_JOB: pod.job, L_NODE: pod.node, L_ROLE: pod.role,
         L_INDEX: str(pod.index), L_GEN: str(pod.generation),
     }
+
+
+def scope_checkpoints(containers: list[dict[str, Any]], root: str, job: str) -> None:
+    """Mount only job ``job``'s directory of the checkpoint volume, at ``<root>/<job>`` (in place).
+
+    The checkpoint volume is the one a container mounts at exactly ``root``.
+    Each mount of it, in any container and at any path ``P``, becomes
+    ``subPath: <job>`` (after the mount's own ``subPath``/``subPathExpr``, if
+    the template has one) at ``P/<job>``; so the chief's
+    ``<root>/<job>`` is the same path as before, and nothing else of the volume
+    is visible.  The kubelet creates the directory on the first mount.  A job
+    name is one NATS subject token (letters, digits, ``-``, ``_``): never
+    ``..`` nor a ``/``, so it cannot name a directory outside its own.
+    """
+    root = root.rstrip("/")
+    names = {m.get("name") for c in containers for m in c.get("volumeMounts") or []
+             if str(m.get("mountPath") or "").rstrip("/") == root}
+    for c in containers:
+        for m in c.get("volumeMounts") or []:
+            if m.get("name") not in names:
+                continue
+            if m.get("subPathExpr"):
+                m["subPathExpr"] = f"{str(m['subPathExpr']).rstrip('/')}/{job}"
+            else:
+                m["subPath"] = f"{str(m.get('subPath') or '').strip('/')}/{job}".lstrip("/")
+            m["mountPath"] = f"{str(m['mountPath']).rstrip('/')}/{job}"
 
 
 def _prefer_machine(spec: dict[str, Any], machine: str) -> None:
