@@ -29,7 +29,9 @@ real HTTP, with the official ``kubernetes`` client.  It implements only:
   ``taints``, ``status.capacity`` / ``allocatable`` quantities and the
   ``Ready`` condition among the kubelet's conditions; tests add nodes with
   :meth:`FakeK8s.add_node`) and ``GET /api/v1/pods`` (every namespace, with
-  the ``status.phase!=...`` field selector),
+  the ``status.phase!=...`` field selector); ``"nodes"`` and
+  ``"pods/all-namespaces"`` in :attr:`FakeK8s.forbidden` make them 403s (a
+  service account without a ClusterRole),
 * ``GET /apis/apps/v1/namespaces/{ns}/deployments/{name}`` and
   ``.../replicasets/{name}``: what the executor reads to find its own
   Deployment; :meth:`FakeK8s.run_executor` creates the Deployment ->
@@ -509,6 +511,8 @@ class FakeK8s:
     async def _list_all_pods(self, request: web.Request) -> web.Response:
         """``list_pod_for_all_namespaces``: label selector and ``status.phase!=X`` field selectors."""
         await self._record(request)
+        if "pods/all-namespaces" in self.forbidden:
+            return self._cluster_forbidden("pods")
         selector = _parse_selector(request.query.get("labelSelector", ""))
         not_phases: set[str] = set()
         for part in filter(None, (p.strip() for p in request.query.get("fieldSelector", "").split(","))):
@@ -570,8 +574,15 @@ class FakeK8s:
 
     # -- nodes ---------------------------------------------------------------
 
+    def _cluster_forbidden(self, resource: str) -> web.Response:
+        return _error(403, "Forbidden", f'{resource} is forbidden: User "system:serviceaccount:{self.namespace}:'
+                                        f'pod-executor" cannot list resource "{resource}" in API group "" at the '
+                                        "cluster scope")
+
     async def _list_nodes(self, request: web.Request) -> web.Response:
         await self._record(request)
+        if "nodes" in self.forbidden:
+            return self._cluster_forbidden("nodes")
         return web.json_response({"kind": "NodeList", "apiVersion": "v1",
                                   "metadata": {"resourceVersion": str(self.rv)},
                                   "items": [n for _, n in sorted(self.nodes.items())]})

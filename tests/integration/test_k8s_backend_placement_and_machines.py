@@ -66,7 +66,7 @@ async def test_machines_are_ready_schedulable_nodes_with_what_is_free(fake: Fake
     fake.add_node("node-down", "64", "256Gi", ready=False)
     fake.add_node("node-gpu", "32", "128Gi", taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}])
     fake.add_node("node-pref", "2", "8Gi", taints=[{"key": "spot", "effect": "PreferNoSchedule"}])
-    b = new_backend(fake, machines_every_s=0.0)
+    b = new_backend(fake, machines_every_s=0.0, cluster_machines=True)
     try:
         await b.create(spec("worker-0"))  # 1.5 CPUs / 2 GiB + the agent's 100m / 128 MiB
         await b.create(spec("ps-0", job="job2"))
@@ -94,8 +94,9 @@ async def test_tolerated_taints_count_and_listing_is_throttled(fake: FakeK8s) ->
     fake.add_node("node-gpu", "32", "128Gi", taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}])
     tpl = yaml.safe_load(TEMPLATE.read_text())
     tpl["spec"]["tolerations"] = [{"key": "gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}]
-    only_worker = new_backend(fake, template={"worker": tpl, "ps": yaml.safe_load(TEMPLATE.read_text())})
-    both = new_backend(fake, template={"worker": tpl, "ps": tpl}, machines_every_s=3600.0)
+    only_worker = new_backend(fake, template={"worker": tpl, "ps": yaml.safe_load(TEMPLATE.read_text())},
+                              cluster_machines=True)
+    both = new_backend(fake, template={"worker": tpl, "ps": tpl}, machines_every_s=3600.0, cluster_machines=True)
     try:
         assert await only_worker.machines() == []  # a PS could not go there
         assert [m.name for m in await both.machines()] == ["node-gpu"]
@@ -109,9 +110,39 @@ async def test_tolerated_taints_count_and_listing_is_throttled(fake: FakeK8s) ->
 
 
 async def test_machines_unknown_when_the_api_fails() -> None:
-    b = new_backend("http://127.0.0.1:9", machines_every_s=0.0)  # nothing listens there
+    b = new_backend("http://127.0.0.1:9", machines_every_s=0.0, cluster_machines=True)  # nothing listens there
     try:
         assert await b.machines() == []
+    finally:
+        b.api.api_client.close()
+
+
+async def test_without_cluster_machines_nothing_outside_the_namespace_is_listed(fake: FakeK8s) -> None:
+    """The base install grants no ClusterRole: the backend then never asks for nodes or other namespaces."""
+    fake.add_node("node-a", "8", "32Gi")
+    b = new_backend(fake, machines_every_s=0.0)
+    try:
+        await b.create(spec("worker-0"))
+        assert await b.machines() == []
+        assert fake.requests_to("GET", "/api/v1/nodes") == [] and fake.requests_to("GET", "/api/v1/pods") == []
+    finally:
+        b.api.api_client.close()
+
+
+async def test_machines_unknown_without_the_cluster_role(fake: FakeK8s, caplog: pytest.LogCaptureFixture) -> None:
+    """The setting without the ClusterRole: 403s, machines unknown, a warning naming the component; and the
+    backend still creates and lists the namespace's pods."""
+    fake.add_node("node-a", "8", "32Gi")
+    fake.forbidden |= {"nodes", "pods/all-namespaces"}
+    b = new_backend(fake, machines_every_s=0.0, cluster_machines=True)
+    try:
+        assert await b.machines() == []
+        assert fake.requests_to("GET", "/api/v1/nodes")  # it did ask, and was refused
+        assert "cluster-placement" in caplog.text
+        await b.create(spec("worker-0"))
+        assert [s.name for s in await b.list()] == ["job1-worker-0-g0"]
+        fake.forbidden.clear()  # the ClusterRole granted later: the next try reports the machines
+        assert [m.name for m in await b.machines()] == ["node-a"]
     finally:
         b.api.api_client.close()
 
@@ -131,7 +162,7 @@ async def test_the_executor_places_pods_and_reports_machines(fake: FakeK8s, nats
     job_spec = parse_job_spec(f"name: {JOB}\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
     rec = JobRecord(JOB, job_spec, JobState.PLANNING, time.time(), data_path="/data/train.rec", records=1000)
     await (await bus.kv(subjects.JOB_BUCKET)).put(JOB, encode(rec))
-    backend = new_backend(fake, machines_every_s=0.0)
+    backend = new_backend(fake, machines_every_s=0.0, cluster_machines=True)
     cfg = ExecutorConfig(backend="kubernetes", cluster_every_s=0.1, durable="executor-k8s-test", reconcile_s=0.2)
     svc = InProcess(nats_server.url, lambda b: ExecutorService(b, backend, cfg))
     await svc.start()

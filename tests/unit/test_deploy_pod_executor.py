@@ -27,6 +27,9 @@ EXECUTOR_K8S = ROOT / "services" / "pod_executor" / "backends" / "kubernetes.py"
 
 POD_VERBS = {"create", "get", "list", "watch", "delete"}
 
+# The overlays that include components/cluster-placement (the ClusterRole of the machine report).
+CLUSTER_PLACEMENT = {"prod", "second-install"}
+
 
 # --------------------------------------------------------------- pod-executor
 
@@ -199,8 +202,18 @@ def test_pod_executor_rbac(overlay: str) -> None:
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-executor"}
     ns = NAMESPACES[overlay]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pod-executor", "namespace": ns}]
-    # Cluster-wide: exactly the read-only lists the machine report needs (nodes; every tenant's pods).
+    # Cluster-wide: only with the component cluster-placement (prod, and the second install copied from it),
+    # and then exactly the read-only lists the machine report needs (nodes; every tenant's pods), with the
+    # setting that makes the executor use them.  Without it (dev), no right outside the namespace and no
+    # setting: an executor asked to list machines it may not list would only log 403s.
     cluster_roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    cluster_bindings = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    executor_env = env_of(one(docs, "Deployment", "pod-executor")["spec"]["template"]["spec"]["containers"][0])
+    if overlay not in CLUSTER_PLACEMENT:
+        assert cluster_roles == [] and cluster_bindings == []
+        assert executor_env.get("PACER_CLUSTER_MACHINES", "") in ("", "0")
+        return
+    assert executor_env["PACER_CLUSTER_MACHINES"] == "1"
     # Cluster-scoped names start with the namespace, so a second install's do not clash with the first's.
     assert [r["metadata"]["name"] for r in cluster_roles] == [f"{ns}-pod-executor-machines"]
     cluster_grants: set[tuple[str, str]] = set()

@@ -26,8 +26,12 @@ restores there (``launch.worker_config``), and no pod sees another job's
 directory: the rest of the volume is not in its filesystem at all.
 
 A PodSpec's ``machine`` (the brain's Dike placement) becomes a *preferred*
-node affinity on ``kubernetes.io/hostname``; :meth:`KubernetesBackend.machines`
-reports the ready, schedulable nodes with what is free on each.
+node affinity on ``kubernetes.io/hostname``; with ``cluster_machines``
+(``PACER_CLUSTER_MACHINES=1``, which the kustomize component
+``deploy/components/cluster-placement`` sets beside the ClusterRole it needs),
+:meth:`KubernetesBackend.machines` reports the ready, schedulable nodes with
+what is free on each.  Without it the backend never lists anything outside
+its namespace: the machines are unknown (``[]``) and the brain places nothing.
 
 In-place memory resize (:meth:`KubernetesBackend.resize`): Kubernetes >= 1.33,
 where in-place pod vertical scaling is on by default (1.32 with its
@@ -109,6 +113,7 @@ _Item = tuple[str, Any] | str | BaseException  # a watch event, the last version
 _Watch: Any = k8s_watch.Watch  # type: ignore[attr-defined,unused-ignore]  # untyped in the client
 k8s_config: Any = _k8s_config  # untyped too
 
+CLUSTER_MACHINES = "PACER_CLUSTER_MACHINES"  # "1": list nodes and all pods for the machine report
 OWNER_REFERENCES = "PACER_OWNER_REFERENCES"  # "0" (or false/no/off): no ownerReferences at all
 OWNER_LOOKUP_FAILURES = Counter(
     "pacer_executor_owner_lookup_failures",
@@ -172,6 +177,7 @@ class KubernetesBackend:
         retry_s: float = 1.0,
         machines_every_s: float = 30.0,
         checkpoint_root: str = "",
+        cluster_machines: bool = False,
     ) -> None:
         if owner is not None and not {"apiVersion", "kind", "name", "uid"} <= owner.keys():
             raise ValueError("owner needs apiVersion, kind, name and uid")
@@ -195,6 +201,8 @@ class KubernetesBackend:
         self._watches: set[Any] = set()  # open kubernetes.watch.Watch objects
         self._closed = False
         self.machines_every_s = machines_every_s
+        # List nodes and every namespace's pods (the machine report): needs a ClusterRole, so off unless asked.
+        self.cluster_machines = cluster_machines
         self._machines: builtins.list[MachineInfo] | None = None  # the last node listing, reused for machines_every_s
         self._machines_at = 0.0
 
@@ -374,10 +382,15 @@ class KubernetesBackend:
         read as raw JSON (the client's model objects are the expensive part).
         A node counts if its Ready condition is True, it is not cordoned and
         the pod templates tolerate its NoSchedule/NoExecute taints (a node
-        selector or affinity in the templates is not looked at).  Needs RBAC
-        to list nodes and pods cluster-wide (``deploy/base/pod-executor-rbac.yaml``);
-        on any error the machines are unknown (``[]``) until the next try.
+        selector or affinity in the templates is not looked at).  Only with
+        ``cluster_machines``, which needs RBAC to list nodes and pods
+        cluster-wide (the component ``deploy/components/cluster-placement``);
+        without it ``[]`` at once, no call made.  On any error (a 403: the
+        setting without the ClusterRole) the machines are unknown (``[]``)
+        until the next try, ``machines_every_s`` later.
         """
+        if not self.cluster_machines:
+            return []
         now = time.monotonic()
         if self._machines is not None and now - self._machines_at < self.machines_every_s:
             return self._machines
@@ -386,7 +399,13 @@ class KubernetesBackend:
             out = machines_of(nodes, pods, self.namespace, self._tolerations())
         except Exception as e:  # unknown until the next try; never the executor's problem
             if self._machines != []:
-                log.warning("kubernetes: listing nodes and pods failed, machines unknown: %r", e)
+                if isinstance(e, ApiException) and e.status == 403:
+                    log.warning("kubernetes: no RBAC to list nodes and every namespace's pods (%s), machines "
+                                "unknown, so the brain places nothing: grant the ClusterRole of "
+                                "deploy/components/cluster-placement, or unset PACER_CLUSTER_MACHINES",
+                                _api_reason(e))
+                else:
+                    log.warning("kubernetes: listing nodes and pods failed, machines unknown: %r", e)
             out = []
         self._machines, self._machines_at = out, now
         return out
@@ -650,6 +669,9 @@ def from_env(environ: Mapping[str, str] | None = None, checkpoint_root: str | No
     * ``PACER_CHECKPOINT_ROOT`` (or ``checkpoint_root``, the executor's
       setting, which wins): the templates' volume mounted there is narrowed
       to each job's own directory (:func:`scope_checkpoints`).
+    * ``PACER_CLUSTER_MACHINES=1`` (or true/yes/on): report the cluster's
+      machines (:meth:`KubernetesBackend.machines`; needs the ClusterRole of
+      ``deploy/components/cluster-placement``); default off.
     * ``PACER_POD_TEMPLATES``: a directory with ``worker.yaml`` and
       ``ps.yaml`` (default ``/etc/pacer/pod-templates``; missing files: no template).
     * Owner references: by default every pod and Service is owned by the
@@ -695,6 +717,7 @@ def from_env(environ: Mapping[str, str] | None = None, checkpoint_root: str | No
         api, namespace, env.get("PACER_TRAINER_IMAGE", "pacer-tf:0.1.0"), owner=owner, owner_pod=owner_pod,
         service_account=env.get("PACER_TRAINER_SERVICE_ACCOUNT", ""), template=templates,
         checkpoint_root=env.get("PACER_CHECKPOINT_ROOT", "") if checkpoint_root is None else checkpoint_root,
+        cluster_machines=env.get(CLUSTER_MACHINES, "").strip().lower() in ("1", "true", "yes", "on"),
     )
 
 
