@@ -109,6 +109,7 @@ async def register(bus: Bus, sjobs: list[scale_sim.SimJob], run_s: float) -> Non
     sem = asyncio.Semaphore(32)
 
     async def one(sj: scale_sim.SimJob) -> None:
+        sj.submitted_at = now  # the simulated agents' tokens name this incarnation (the auth callout checks it)
         shards = sj.workers * (int(run_s / (BPT_S * 0.9 * BATCHES_PER_SHARD)) + 6)
         rec = JobRecord(job=sj.job, spec=parse_job_spec(spec_text(sj.job)), state=JobState.RUNNING,
                         submitted_at=now, updated_at=now, started_at=now,

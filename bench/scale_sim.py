@@ -53,7 +53,7 @@ from nats.aio.msg import Msg
 from pacer import security, subjects
 from pacer.agent.agent import AgentConfig
 from pacer.agent.reporting import heartbeat_due, window_deadline, window_steps
-from pacer.authjwt import agent_token
+from pacer.authjwt import agent_token, incarnation, token_expiry
 from pacer.bus import Bus
 from pacer.codec import decode
 from pacer.contracts.agent import ActionResult, AgentMetrics, GlobalAction, Heartbeat
@@ -79,6 +79,7 @@ class SimJob:
     straggler: str = ""  # the worker that turns slow ("": none)
     onset: float = 0.0  # seconds after the run's start
     slow_factor: float = 4.0
+    submitted_at: float = 0.0  # its record's submission time: the incarnation its agents' tokens name
 
 
 @dataclass
@@ -280,7 +281,9 @@ async def run(plan: Plan) -> Out:
     tasks: list[asyncio.Task[Any]] = []
     try:
         for sj in plan.jobs:
-            url = security.with_credentials(plan.url, f"agent-{sj.job}", agent_token(plan.agent_secret, sj.job))
+            token = agent_token(plan.agent_secret, sj.job, incarnation=incarnation(sj.submitted_at),
+                                expires=token_expiry(time.time(), 24 * 3600.0))  # as the executor mints them
+            url = security.with_credentials(plan.url, f"agent-{sj.job}", token)
             bus = await Bus.connect(url, name=f"sim-{sj.job}")
             buses.append(bus)
             await _primary(bus, sj, out)

@@ -16,9 +16,13 @@ answer a JWT signed by the issuer account naming the user's permissions
 
 The per-job agent credential: the executor gives each pod of job ``j`` the
 user ``agent-<j>`` (:func:`pacer.security.agent_user`) and the password
-:func:`agent_token` = HMAC-SHA256(secret, ``agent:<j>``); the responder,
+:func:`agent_token`, ``<incarnation>.<expires>.<mac>`` with mac =
+HMAC-SHA256(secret, ``agent:<j>:<incarnation>:<expires>``); the responder,
 holding the same secret, admits the user with the permissions of that job
-only (:func:`pacer.security.agent_job_permissions`).
+only (:func:`pacer.security.agent_job_permissions`), and only while the token
+has not expired and job ``j`` is still that incarnation (:func:`incarnation`
+of its record's submission time) and has not ended: a later job of the same
+name gets other tokens, and the tokens of an ended job stop working.
 """
 
 from __future__ import annotations
@@ -186,20 +190,63 @@ def decode_jwt(token: str, issuer_prefix: int) -> dict[str, Any]:
 
 #: Separates a token's MAC from the stream it grants (a stream name never holds it).
 STREAM_SEP = "~"
+#: Separates a token's incarnation, expiry and MAC.
+FIELD_SEP = "."
 
 
-def agent_token(secret: str, job: str, stream: str = "") -> str:
-    """The password of job ``job``'s agent user: HMAC-SHA256(secret, ``agent:<job>``), hex.
+def incarnation(submitted_at: float) -> str:
+    """The incarnation of a job submitted at ``submitted_at`` (its record's time, whole microseconds).
 
-    A streaming job's pods also read its data stream: their password is
-    HMAC-SHA256(secret, ``agent:<job>:stream:<stream>``), hex, then ``~<stream>``, so the auth callout
-    learns the stream from the password and grants it only if the MAC, which only the executor can
+    A job name can be used again once its record is gone; the new job's
+    submission time differs, so its tokens differ and the old job's fail.
+    """
+    return str(round(submitted_at * 1_000_000))
+
+
+def token_expiry(now: float, ttl_s: float) -> int:
+    """When a token minted at ``now`` expires: between ``ttl_s`` and 1.5 ``ttl_s`` later.
+
+    Tokens minted in the same half of a ``ttl_s`` are identical (the expiry is
+    rounded up to a multiple of ``ttl_s / 2``), so every pod a job starts in
+    that span can share one credential (one Secret on Kubernetes).
+    """
+    half = max(1, round(ttl_s / 2))
+    return (int(now) // half + 3) * half
+
+
+def agent_token(secret: str, job: str, stream: str = "", *, incarnation: str, expires: int) -> str:
+    """The password of job ``job``'s agent user, for that job's ``incarnation`` until ``expires`` (Unix s).
+
+    ``<incarnation>.<expires>.<mac>``, mac = HMAC-SHA256(secret,
+    ``agent:<job>:<incarnation>:<expires>``), hex.  A streaming job's pods also
+    read its data stream: the MAC then covers ``:stream:<stream>`` too and the
+    password ends in ``~<stream>``, so the auth callout learns the stream from
+    the password and grants it only if the MAC, which only the executor can
     make, covers it.
     """
-    if not stream:
-        return hmac.new(secret.encode(), f"agent:{job}".encode(), hashlib.sha256).hexdigest()
-    mac = hmac.new(secret.encode(), f"agent:{job}:stream:{stream}".encode(), hashlib.sha256).hexdigest()
-    return f"{mac}{STREAM_SEP}{stream}"
+    if not (incarnation.isascii() and incarnation.isdigit()):
+        raise ValueError(f"incarnation {incarnation!r}: digits only (authjwt.incarnation)")
+    text = f"agent:{job}:{incarnation}:{int(expires)}" + (f":stream:{stream}" if stream else "")
+    mac = hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
+    return f"{incarnation}{FIELD_SEP}{int(expires)}{FIELD_SEP}{mac}" + (f"{STREAM_SEP}{stream}" if stream else "")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentToken:
+    """What an agent token claims (:func:`token_ok` says whether its MAC covers it)."""
+
+    incarnation: str
+    expires: int
+    stream: str = ""
+
+
+def parse_token(token: str) -> AgentToken | None:
+    """The claims of an agent token; ``None`` if it is not shaped like one."""
+    body, _, stream = token.partition(STREAM_SEP)
+    parts = body.split(FIELD_SEP)
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() and len(p) <= 24 for p in parts[:2]):
+        return None
+    return AgentToken(parts[0], int(parts[1]), stream)
 
 
 def token_stream(token: str) -> str:
@@ -207,7 +254,18 @@ def token_stream(token: str) -> str:
     return token.partition(STREAM_SEP)[2]
 
 
-def token_ok(secret: str, job: str, token: str) -> bool:
-    """Whether ``token`` is job ``job``'s agent password (with the stream it names, if any;
-    constant-time compare)."""
-    return bool(secret) and hmac.compare_digest(agent_token(secret, job, token_stream(token)), token)
+def token_mac_ok(secret: str, job: str, token: str) -> bool:
+    """Whether ``token`` was made by the holder of ``secret`` for job ``job`` (with the stream it names, if
+    any; constant-time compare), expired or not."""
+    claims = parse_token(token)
+    if not secret or claims is None:
+        return False
+    want = agent_token(secret, job, claims.stream, incarnation=claims.incarnation, expires=claims.expires)
+    return hmac.compare_digest(want, token)
+
+
+def token_ok(secret: str, job: str, token: str, now: float) -> bool:
+    """Whether ``token`` is a password of job ``job``'s agent user that has not expired at ``now``.  Whether
+    its incarnation is the job's live one is for the caller to check (:func:`parse_token`)."""
+    claims = parse_token(token)
+    return claims is not None and claims.expires > now and token_mac_ok(secret, job, token)

@@ -181,7 +181,10 @@ def _table() -> dict[str, Permissions]:
                      _rpc(S.MONITOR_SERVICE), _rpc(S.JOB_SERVICE), _LEASES, S.ownership_forward(S.BRAIN_SERVICE)],
             subscribe=[_rpc(S.BRAIN_SERVICE), S.EVENTS_SUBJECTS, S.ownership_forward(S.BRAIN_SERVICE)]),
         # The auth callout responder (pacer.authjwt): the server's authorization requests, answered by reply.
-        AUTH_SERVICE: _service(AUTH_SERVICE, publish=[], subscribe=[AUTH_CALLOUT_SUBJECT], js=False),
+        # Its only JetStream call: a stream-message get in the job bucket, the record of the job an agent
+        # token names (is the job that incarnation, and still on?); no other API, no writes.
+        AUTH_SERVICE: _service(AUTH_SERVICE, publish=[f"$JS.API.STREAM.MSG.GET.KV_{S.JOB_BUCKET}"],
+                               subscribe=[AUTH_CALLOUT_SUBJECT], js=False),
         # The Kubernetes operator (services/operator): submits, reads and stops jobs, and hears the job events
         # (a plain subscription, its cue to read a record again).  Not list: it reads only the jobs of its
         # resources.  No JetStream, no executor, no other service's requests.

@@ -8,20 +8,28 @@ server made for this connection.  The answer is an
 ``authorization_response`` JWT for that nkey and server, signed by the
 issuer account, carrying either a user JWT (the permissions) or an error:
 
-* user ``agent-<job>`` with password :func:`pacer.authjwt.agent_token` of
-  that job: a user JWT with :func:`pacer.security.agent_job_permissions`
-  (the job's agent, shard-rpc and checkpoint subjects only, its own reply
-  inbox, replies through ``resp``), placed in the global account;
+* user ``agent-<job>`` with a password :func:`pacer.authjwt.agent_token` of
+  that job that has not expired, whose incarnation is the job's record's and
+  whose job has not ended: a user JWT with
+  :func:`pacer.security.agent_job_permissions` (the job's agent, shard-rpc
+  and checkpoint subjects only, its own reply inbox, replies through
+  ``resp``), placed in the global account;
 * anything else: an error, so the server refuses the connection
   (``Authorization Violation`` to the client).
 
 A request that is not a valid server-signed JWT gets no answer at all:
 there is no user nkey and server id to address one to; the server times
 the connection out.
+
+Two steps, so the shell can look the job up in between (:func:`check`, then
+:func:`conclude` with the job's :class:`JobView`): only a token whose MAC and
+expiry are right costs a lookup, so made-up passwords never reach the job
+records.  :func:`decide` does both with a synchronous lookup.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +69,38 @@ def _user_claims(user_nkey: str, name: str, perms: security.Permissions) -> dict
     return {"sub": user_nkey, "aud": authjwt.GLOBAL_ACCOUNT, "name": name, "nats": nats}
 
 
-def decide(request_jwt: str, keys: CalloutKeys, now: int) -> Verdict:
-    """The answer to one authorization request."""
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """What the callout needs of a job's record: its incarnation and whether it has ended."""
+
+    incarnation: str
+    ended: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A request whose token is right for its job, pending the job's record (:func:`conclude`)."""
+
+    user_nkey: str
+    server_id: str
+    user: str
+    job: str
+    token: authjwt.AgentToken
+    perms: security.Permissions
+
+
+def _answer(keys: CalloutKeys, now: int, user_nkey: str, server_id: str, nats: dict[str, Any]) -> str:
+    body = {"sub": user_nkey, "aud": server_id, "nats": {**nats, "type": "authorization_response", "version": 2}}
+    return authjwt.encode_jwt(body, keys.issuer, now)
+
+
+def _refuse(keys: CalloutKeys, now: int, user_nkey: str, server_id: str, user: str, why: str) -> Verdict:
+    return Verdict(_answer(keys, now, user_nkey, server_id, {"error": f"user {user!r} refused: {why}"}),
+                   "refused", user, why)
+
+
+def check(request_jwt: str, keys: CalloutKeys, now: int) -> Verdict | Pending:
+    """The answer to a request, or :class:`Pending` if it names a job's agent with a valid, unexpired token."""
     try:
         claims = authjwt.decode_jwt(request_jwt, authjwt.PREFIX_SERVER)
         req = claims["nats"]
@@ -76,19 +114,35 @@ def decide(request_jwt: str, keys: CalloutKeys, now: int) -> Verdict:
     except (ValidationError, KeyError, TypeError, AttributeError) as exc:
         return Verdict(None, "malformed", reason=str(exc))
     user, token = str(opts.get("user") or ""), str(opts.get("pass") or "")
-
-    def answer(nats: dict[str, Any]) -> str:
-        body = {"sub": user_nkey, "aud": server_id,
-                "nats": {**nats, "type": "authorization_response", "version": 2}}
-        return authjwt.encode_jwt(body, keys.issuer, now)
-
     job = user[len(AGENT_PREFIX):] if user.startswith(AGENT_PREFIX) else ""
     try:
         perms = security.agent_job_permissions(job, authjwt.token_stream(token)) if job else None
     except ValidationError:  # a malformed job, or a reserved or malformed stream name
         perms = None
-    if perms is None or not authjwt.token_ok(keys.agent_secret, job, token):
-        why = "wrong token" if perms is not None else "not a job's agent user"
-        return Verdict(answer({"error": f"user {user!r} refused: {why}"}), "refused", user, why)
-    user_jwt = authjwt.encode_jwt(_user_claims(user_nkey, user, perms), keys.issuer, now)
-    return Verdict(answer({"jwt": user_jwt}), "admitted", user)
+    if perms is None:
+        return _refuse(keys, now, user_nkey, server_id, user, "not a job's agent user")
+    parsed = authjwt.parse_token(token)
+    if parsed is None or not authjwt.token_mac_ok(keys.agent_secret, job, token):
+        return _refuse(keys, now, user_nkey, server_id, user, "wrong token")
+    if parsed.expires <= now:
+        return _refuse(keys, now, user_nkey, server_id, user, "token expired")
+    return Pending(user_nkey, server_id, user, job, parsed, perms)
+
+
+def conclude(p: Pending, keys: CalloutKeys, now: int, job: JobView | None) -> Verdict:
+    """Admit ``p`` if its job exists, is the token's incarnation and has not ended (``None``: no record)."""
+    if job is None:
+        return _refuse(keys, now, p.user_nkey, p.server_id, p.user, "no such job")
+    if job.incarnation != p.token.incarnation:
+        return _refuse(keys, now, p.user_nkey, p.server_id, p.user, "token of an earlier job of that name")
+    if job.ended:
+        return _refuse(keys, now, p.user_nkey, p.server_id, p.user, "job has ended")
+    user_jwt = authjwt.encode_jwt(_user_claims(p.user_nkey, p.user, p.perms), keys.issuer, now)
+    return Verdict(_answer(keys, now, p.user_nkey, p.server_id, {"jwt": user_jwt}), "admitted", p.user)
+
+
+def decide(request_jwt: str, keys: CalloutKeys, now: int,
+           lookup: Callable[[str], JobView | None] = lambda job: None) -> Verdict:
+    """The answer to one authorization request, ``lookup`` giving a job's view (None: no such job)."""
+    step = check(request_jwt, keys, now)
+    return step if isinstance(step, Verdict) else conclude(step, keys, now, lookup(step.job))

@@ -149,7 +149,8 @@ class ExecutorService:
         self.plan_seq: dict[str, int] = {}  # job -> stream sequence of the last plan applied (owned jobs)
         self.launch = launch.LaunchConfig(bus_url(bus), self.cfg.checkpoint_root, self.cfg.checkpoint_every,
                                           agents=self.cfg.agents, stragglers=tuple(self.cfg.stragglers.items()),
-                                          agent_secret=self.cfg.agent_secret)
+                                          agent_secret=self.cfg.agent_secret,
+                                          token_ttl_s=self.cfg.agent_token_ttl_s)  # wall time: the callout's
         # pod_builder: what runs in a pod (tests run small stand-in programs)
         self.io = Effects(bus, backend, self.counters, clock, pod_builder, self.launch, self.cfg.delete_grace_s)
         self.pods = self.io.pods  # newest status of every pod we know

@@ -10,7 +10,7 @@ from pathlib import Path
 from pacer.bus import Bus
 from pacer.ownership import DEFAULT_TTL_S
 from pacer.trainer.straggler import StragglerSpec
-from pacer_services.pod_executor import core
+from pacer_services.pod_executor import core, launch
 
 
 @dataclass
@@ -33,6 +33,7 @@ class ExecutorConfig:
     # PACER_AGENT_TOKEN_SECRET, shared with the auth callout: each job's pods get the user agent-<job> and
     # a token derived from it, in their environment (launch.pod_credentials); "": pods get the pod URL's user.
     agent_secret: str = field(default="", repr=False)
+    agent_token_ttl_s: float = launch.DEFAULT_TOKEN_TTL_S  # PACER_AGENT_TOKEN_TTL_S: how long a pod's token is good for
     # Two instances (pacer.ownership): this instance's name (None: PACER_INSTANCE, else executor-<random>),
     # the per-job lease's TTL (a dead owner's jobs move about this long after its last renewal), and how
     # long start waits to win the jobs of the bucket.
@@ -52,6 +53,7 @@ class ExecutorConfig:
             checkpoint_every=int(env.get("PACER_CHECKPOINT_EVERY", "500")),
             stragglers=_stragglers(env.get("PACER_INJECT_STRAGGLERS", "")),
             agent_secret=env.get("PACER_AGENT_TOKEN_SECRET", ""),
+            agent_token_ttl_s=float(env.get("PACER_AGENT_TOKEN_TTL_S", str(launch.DEFAULT_TOKEN_TTL_S))),
             lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", str(DEFAULT_TTL_S))),
             policy=core.ExecutorPolicy(
                 relaunch_budget=int(env.get("PACER_RELAUNCH_BUDGET", "3")),

@@ -23,11 +23,14 @@ trainer started (:func:`pod_cpu`).
 
 Bus credentials of a pod: with an agent token secret (:attr:`LaunchConfig.agent_secret`,
 the executor's ``PACER_AGENT_TOKEN_SECRET``, shared with the auth callout responder) every pod of job ``j`` gets the user
-``agent-<j>`` and the password :func:`pacer.authjwt.agent_token`, which the auth callout admits
-with job ``j``'s subjects only (:func:`pod_credentials`).  They travel in the pod's environment
+``agent-<j>`` and the password :func:`pacer.authjwt.agent_token` of this job's incarnation (its
+record's submission time), valid ``token_ttl_s`` to 1.5 ``token_ttl_s`` from the pod's creation,
+which the auth callout admits with job ``j``'s subjects only, and only while job ``j`` is that
+incarnation and has not ended (:func:`pod_credentials`).  They travel in the pod's environment
 (``PACER_NATS_USER`` / ``PACER_NATS_PASSWORD``, read by :func:`pacer.security.connect_options`),
 never in an argv, which every local user can read with ``ps``: the URLs in the trainer's and
-the agent's arguments are bare.  Without a secret, the pods get the URL the executor was given.
+the agent's arguments are bare.  (The Kubernetes backend moves the password into a per-job Secret
+that the pod's env references.)  Without a secret, the pods get the URL the executor was given.
 
 A pod's environment is the spec's variables; a local pod also gets the few of the executor's own
 that :func:`pacer_services.pod_executor.backends.pod.pod_base_env` allows (the locale, the
@@ -39,6 +42,8 @@ token, not another service's setting.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from urllib.parse import unquote, urlsplit
 
@@ -55,6 +60,7 @@ from pacer.trainer.worker import WorkerConfig
 POD_DIR = "{pod_dir}"
 IPC = f"{POD_DIR}/trainer.ipc"
 RESULT = f"{POD_DIR}/result.json"
+DEFAULT_TOKEN_TTL_S = 7 * 24 * 3600.0  # a week: longer than a pod usually lives; an ended job's fail at once anyway
 RESULT_PREFIX = '{"node"'  # the chief's last stdout line is its result JSON (pacer.trainer.worker)
 
 
@@ -75,6 +81,10 @@ class LaunchConfig:
     # Per-job agent credentials (see the module docstring); "" = every pod gets nats_url as it is.
     # (ExecutorConfig.agent_secret, from PACER_AGENT_TOKEN_SECRET.)
     agent_secret: str = field(default="", repr=False)
+    # How long a pod's token is good for (PACER_AGENT_TOKEN_TTL_S): a pod that must reconnect after
+    # that is refused, and its agent exits, so the pod is relaunched with a new token.
+    token_ttl_s: float = DEFAULT_TOKEN_TTL_S
+    clock: Callable[[], float] = field(default=time.time, repr=False, compare=False)  # tokens' "now"
 
 
 def pod_nats_url(cfg: LaunchConfig) -> str:
@@ -82,17 +92,19 @@ def pod_nats_url(cfg: LaunchConfig) -> str:
     return ",".join(security.strip_userinfo(u) for u in security.split_servers(cfg.nats_url))
 
 
-def pod_credentials(cfg: LaunchConfig, job: str, stream: str = "") -> dict[str, str]:
-    """The NATS user of job ``job``'s pods, as environment variables (``{}``: none, an open bus).
+def pod_credentials(cfg: LaunchConfig, rec: JobRecord, stream: str = "") -> dict[str, str]:
+    """The NATS user of the pods of job ``rec``, as environment variables (``{}``: none, an open bus).
 
-    With the agents' token secret: ``agent-<job>`` and its token (which also grants reading
-    ``stream``, a streaming job's data: :func:`pacer.authjwt.agent_token`).  Without, the user of the
+    With the agents' token secret: ``agent-<job>`` and a token of this job's incarnation, valid
+    ``cfg.token_ttl_s`` (to 1.5 times that) from now (which also grants reading ``stream``, a
+    streaming job's data: :func:`pacer.authjwt.agent_token`).  Without, the user of the
     executor's ``PACER_POD_NATS_URL`` if it carries one (a stack whose pods share a user: a
     development setup; the credentials still move from the URL into the environment).
     """
     if cfg.agent_secret:
-        return {"PACER_NATS_USER": security.agent_user(job),
-                "PACER_NATS_PASSWORD": authjwt.agent_token(cfg.agent_secret, job, stream)}
+        token = authjwt.agent_token(cfg.agent_secret, rec.job, stream, incarnation=authjwt.incarnation(
+            rec.submitted_at), expires=authjwt.token_expiry(cfg.clock(), cfg.token_ttl_s))
+        return {"PACER_NATS_USER": security.agent_user(rec.job), "PACER_NATS_PASSWORD": token}
     parts = urlsplit(security.split_servers(cfg.nats_url)[0]) if cfg.nats_url else None
     if parts is not None and parts.username:
         return {"PACER_NATS_USER": unquote(parts.username), "PACER_NATS_PASSWORD": unquote(parts.password or "")}
@@ -207,7 +219,7 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
     # parser refuses PACER_* there anyway).
     cpu, throttle = pod_cpu(cfg, node, generation, cpu)
     env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra, **throttle,
-           **pod_credentials(cfg, rec.job, stream_of(rec)), "PACER_NATS_URL": url}
+           **pod_credentials(cfg, rec, stream_of(rec)), "PACER_NATS_URL": url}
     agent: list[str] = []
     if role == "ps":
         command = ["python", "-m", "pacer.trainer.ps", "--cluster", cluster.to_json(), "--index", str(index)]

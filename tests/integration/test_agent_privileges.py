@@ -182,4 +182,5 @@ async def test_a_pod_may_lease_its_own_jobs_shards(callout: EmbeddedNats) -> Non
 
 
 def test_the_token_of_one_job_admits_no_other() -> None:
-    assert not authjwt.token_ok(SECRET, VICTIM, authjwt.agent_token(SECRET, MALLORY))
+    mallorys = authjwt.agent_token(SECRET, MALLORY, incarnation="1", expires=2**40)
+    assert authjwt.token_ok(SECRET, MALLORY, mallorys, 0) and not authjwt.token_ok(SECRET, VICTIM, mallorys, 0)

@@ -75,10 +75,11 @@ def shown(spec: PodSpec) -> str:
 
 async def test_the_api_shows_no_agent_token_of_a_running_jobs_pods(http: Client, peers: QuotingPeers,  # noqa: F811
                                                                    bus: Bus) -> None:
-    token = authjwt.agent_token(SECRET, JOB)
     specs = pods(peers)
+    token = specs[0].env["PACER_NATS_PASSWORD"]
     # The credentials are really there in what is launched (else this test would prove nothing): in the
     # pods' environment, and never in an argv (which every local user reads with `ps`).
+    assert authjwt.token_ok(SECRET, JOB, token, time.time())
     assert all(spec.env["PACER_NATS_PASSWORD"] == token for spec in specs)
     assert all(token not in " ".join([*spec.command, *spec.agent]) for spec in specs)
     url = with_user(specs[0])

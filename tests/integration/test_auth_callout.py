@@ -6,13 +6,17 @@ the responder (services/auth_callout) runs in-process with the ``auth``
 user.  An agent of job A connects as ``agent-A`` with its job token: it may
 use job A's agent, shard-rpc and checkpoint subjects, and the server refuses
 it job B's; a wrong token, another job's token or a user that is no job's
-agent is refused at connect.
+agent is refused at connect, and so is a token of a job that has ended or of
+an earlier job of the same name (the responder reads the job's record in
+``pacer-jobs``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
@@ -23,13 +27,44 @@ from nats.aio.client import Client
 from pacer import authjwt, security, subjects
 from pacer.agent import bucket as agent_bucket
 from pacer.bus import Bus
+from pacer.codec import encode
+from pacer.contracts.jobs import JobRecord, JobState
 from pacer.embedded import EmbeddedNats
+from pacer.jobs.spec import parse_job_spec
 from pacer.runtime import RuntimeConfig, run_service
 from pacer_services.auth_callout import core
 from pacer_services.auth_callout.app import AuthCalloutService
 
 SECRET = "test-secret"
 STATIC = {role: (f"pw-{role}", role) for role in security.ROLES}
+JOB_CACHE_S = 0.1  # the responder's job cache here: an ended job is refused this soon
+# Each job's record's submission time (stored by the fixture; test_agent_privileges' jobs too).
+SUBMITTED = {"job-a": 1_700_000_000.5, "job-b": 1_700_000_100.0, "victim": 1_700_000_200.0,
+             "mallory": 1_700_000_300.0}
+
+
+def job_record(job: str, state: JobState = JobState.RUNNING, submitted_at: float | None = None) -> JobRecord:
+    spec = parse_job_spec(f"name: {job}\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
+    return JobRecord(job, spec, state, SUBMITTED[job] if submitted_at is None else submitted_at,
+                     data_path="/data/train.rec", records=10)
+
+
+def token_of(job: str, stream: str = "", submitted_at: float | None = None, ttl_s: float = 3600.0) -> str:
+    """A token as the executor mints it for the pods of ``job`` (stored with ``submitted_at``)."""
+    return authjwt.agent_token(SECRET, job, stream,
+                               incarnation=authjwt.incarnation(SUBMITTED[job] if submitted_at is None else submitted_at),
+                               expires=authjwt.token_expiry(time.time(), ttl_s))
+
+
+async def store_jobs(url: str, *records: JobRecord) -> None:
+    """Write job records as the job service does (the responder reads them)."""
+    admin = await Bus.connect(url)
+    try:
+        kv = await admin.kv(subjects.JOB_BUCKET)
+        for rec in records:
+            await kv.put(rec.job, encode(rec))
+    finally:
+        await admin.close()
 
 
 @pytest.fixture
@@ -43,9 +78,10 @@ async def callout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
     url = security.with_credentials(srv.url, security.AUTH_SERVICE, STATIC[security.AUTH_SERVICE][0])
 
     async def factory(bus: Bus, rc: RuntimeConfig) -> AuthCalloutService:
-        return AuthCalloutService(bus, core.CalloutKeys(issuer, SECRET))
+        return AuthCalloutService(bus, core.CalloutKeys(issuer, SECRET), job_cache_s=JOB_CACHE_S)
 
     task = asyncio.create_task(run_service(factory, RuntimeConfig(nats_url=url), stop, install_signals=False))
+    await store_jobs(security.with_credentials(srv.url, "admin", "pw-admin"), *map(job_record, SUBMITTED))
     admin = await Bus.connect(security.with_credentials(srv.url, "admin", "pw-admin"))
     try:
         for _ in range(100):  # until the responder listens
@@ -70,7 +106,7 @@ async def agent(srv: EmbeddedNats, job: str, token: str | None = None,
         errors.append(exc)
 
     user = user or security.agent_user(job)
-    nc = await nats.connect(srv.url, user=user, password=token or authjwt.agent_token(SECRET, job),
+    nc = await nats.connect(srv.url, user=user, password=token or token_of(job),
                             error_cb=on_error, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3,
                             inbox_prefix=security.inbox_prefix(user))
     return nc, errors
@@ -140,8 +176,8 @@ async def test_an_agent_uses_its_own_jobs_subjects_and_not_another_jobs(callout:
 async def test_a_wrong_credential_is_refused(callout: EmbeddedNats, case: str) -> None:
     token, user = {
         "wrong token": ("0" * 64, None),
-        "other job's token": (authjwt.agent_token(SECRET, "job-b"), None),
-        "no job user": (authjwt.agent_token(SECRET, "job-a"), "intruder"),
+        "other job's token": (token_of("job-b"), None),
+        "no job user": (token_of("job-a"), "intruder"),
         "static name": ("pw-agent-typo", "agent"),  # no static agent user: the callout refuses a name of no job
     }[case]
     with pytest.raises((nats.errors.Error, OSError)) as info:
@@ -151,7 +187,7 @@ async def test_a_wrong_credential_is_refused(callout: EmbeddedNats, case: str) -
 
 async def test_the_agent_bus_connects_through_the_url(callout: EmbeddedNats) -> None:
     """What a pod does: ``Bus.connect`` with the URL the executor gave it (user and token in it)."""
-    url = security.with_credentials(callout.url, security.agent_user("job-a"), authjwt.agent_token(SECRET, "job-a"))
+    url = security.with_credentials(callout.url, security.agent_user("job-a"), token_of("job-a"))
     bus = await Bus.connect(url, name="agent")
     try:
         admin = await Bus.connect(security.with_credentials(callout.url, "admin", "pw-admin"))
@@ -176,10 +212,12 @@ def test_the_embedded_stack_gives_pods_per_job_users(tmp_path: Path) -> None:
     st = Stack(tmp_path / "stack", services=["auth"]).start(ready_timeout=60)
     try:
         assert st.per_job_agents
+        rec = job_record("job-a")
+        asyncio.run(store_jobs(st.url_as("admin"), rec))  # the job service's part
         executor_env = st._credentials("executor")
         cfg = launch.LaunchConfig(executor_env["PACER_POD_NATS_URL"],
                                   agent_secret=executor_env["PACER_AGENT_TOKEN_SECRET"])
-        creds = launch.pod_credentials(cfg, "job-a")
+        creds = launch.pod_credentials(cfg, rec)
         assert creds["PACER_NATS_USER"] == security.agent_user("job-a") and "agent" not in st.passwords
         url = security.with_credentials(launch.pod_nats_url(cfg), creds["PACER_NATS_USER"],
                                         creds["PACER_NATS_PASSWORD"])
@@ -250,12 +288,12 @@ async def test_a_streaming_jobs_pods_read_their_stream_and_nothing_else(callout:
             await js.add_stream(name=name, subjects=[f"{name}.samples"], allow_direct=True)
             for i in range(5):
                 await js.publish(f"{name}.samples", msgpack.packb({"i": i, "click": i % 2}))
-        kv = await js.create_key_value(bucket="pacer-jobs")
+        kv = await js.key_value("pacer-jobs")  # made by the fixture, with the jobs' records
         await kv.put("victim", b"secret record")
     finally:
         await admin.close()
 
-    token = authjwt.agent_token(SECRET, "job-a", "ADS")
+    token = token_of("job-a", "ADS")
     url = security.with_credentials(callout.url, security.agent_user("job-a"), token)
     src = await asyncio.to_thread(StreamSource, url, "ADS", first_seq=1)
     try:
@@ -274,6 +312,62 @@ async def test_a_streaming_jobs_pods_read_their_stream_and_nothing_else(callout:
     finally:
         await a.close()
     for forged in (token.replace("~ADS", "~OTHER"), token.replace("~ADS", "~KV_pacer-jobs"),
-                   authjwt.agent_token(SECRET, "job-a", "KV_pacer-jobs")):
+                   token_of("job-a", "KV_pacer-jobs")):
         with pytest.raises((nats.errors.Error, OSError)):
             await agent(callout, "job-a", token=forged)
+
+
+async def refused_within(connect: Callable[[], Awaitable[Client]], timeout: float = 10.0) -> None:
+    """Connect until the server refuses (the responder's job cache lets a live view linger a little)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            nc = await connect()
+        except (nats.errors.Error, OSError) as exc:
+            assert "authorization" in str(exc).lower() or isinstance(exc, nats.errors.NoServersError), exc
+            return
+        await nc.close()
+        assert asyncio.get_running_loop().time() < deadline, "still admitted"
+        await asyncio.sleep(JOB_CACHE_S / 2)
+
+
+async def test_a_jobs_token_stops_working_when_the_job_ends(callout: EmbeddedNats) -> None:
+    token = token_of("job-a")
+    a, _ = await agent(callout, "job-a", token=token)  # admitted while the job runs
+    await a.close()
+    await store_jobs(security.with_credentials(callout.url, "admin", "pw-admin"),
+                     job_record("job-a", JobState.COMPLETED))
+    await refused_within(lambda: agent_nc(callout, "job-a", token))
+    # Another job is not affected.
+    b, _ = await agent(callout, "job-b")
+    await b.close()
+
+
+async def test_a_later_job_of_the_same_name_gets_a_new_token_and_the_old_one_is_refused(
+        callout: EmbeddedNats) -> None:
+    from pacer_services.pod_executor import launch
+
+    cfg = launch.LaunchConfig(callout.url, agent_secret=SECRET)
+    first = job_record("job-a")
+    old = launch.pod_credentials(cfg, first)["PACER_NATS_PASSWORD"]
+    nc = await agent_nc(callout, "job-a", old)  # admitted while it is the job's incarnation
+    await nc.close()
+    # The job ended, its record was removed, and a new job of the same name was submitted.
+    second = replace(first, submitted_at=first.submitted_at + 3600.0, state=JobState.SUBMITTED)
+    await store_jobs(security.with_credentials(callout.url, "admin", "pw-admin"), second)
+    new = launch.pod_credentials(cfg, second)["PACER_NATS_PASSWORD"]
+    assert new != old
+    await refused_within(lambda: agent_nc(callout, "job-a", old))
+    nc = await agent_nc(callout, "job-a", new)
+    await nc.close()
+
+
+async def test_an_expired_token_is_refused(callout: EmbeddedNats) -> None:
+    exp = int(time.time())  # expired now
+    stale = authjwt.agent_token(SECRET, "job-a", incarnation=authjwt.incarnation(SUBMITTED["job-a"]), expires=exp)
+    with pytest.raises((nats.errors.Error, OSError)):
+        await agent_nc(callout, "job-a", stale)
+
+
+async def agent_nc(srv: EmbeddedNats, job: str, token: str) -> Client:
+    return (await agent(srv, job, token=token))[0]

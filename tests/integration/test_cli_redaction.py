@@ -14,7 +14,8 @@ from pacer import authjwt, security
 from pacer.contracts.jobs import JobState
 from test_job_cli import Cli, ServiceDouble, cli, double  # noqa: F401
 
-TOKEN = authjwt.agent_token("the-executors-secret", "alpha")
+TOKEN = authjwt.agent_token("the-executors-secret", "alpha", incarnation=authjwt.incarnation(1.7e9),
+                            expires=1_800_000_000)
 URL = security.with_credentials("nats://nats:4222", "agent-alpha", TOKEN)
 
 

@@ -34,7 +34,9 @@ import nats
 import pytest
 from pacer import authjwt, deploy_conf, security
 from pacer import subjects as S
+from pacer.contracts.jobs import JobRecord, JobState
 from pacer.embedded import find_binary, free_port
+from pacer.jobs.spec import parse_job_spec
 
 from .deploy_support import (
     OVERLAYS,
@@ -291,6 +293,18 @@ async def round_trip(url: str, env: dict[str, str]) -> bytes:
         await nc.close()
 
 
+async def store_record(url: str, rec: Any) -> None:
+    """Put a job record into ``pacer-jobs`` as the job service does (``url`` carries its user)."""
+    from pacer.bus import Bus
+    from pacer.codec import encode
+
+    bus = await Bus.connect(url)
+    try:
+        await (await bus.kv(S.JOB_BUCKET)).put(rec.job, encode(rec))
+    finally:
+        await bus.close()
+
+
 async def refused(url: str, env: dict[str, str]) -> str:
     async def quiet(_: Exception) -> None:
         return None
@@ -486,13 +500,17 @@ def test_dev_config_and_the_auth_callout_service_admit_a_jobs_pods_only(tmp_path
             mp.setenv(k, v)
         cfg = executor_config.ExecutorConfig.from_env()
     pod_cfg = launch.LaunchConfig(pod_url, agent_secret=cfg.agent_secret)
-    creds = launch.pod_credentials(pod_cfg, "j1")
+    spec = parse_job_spec("name: j1\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
+    rec = JobRecord("j1", spec, JobState.RUNNING, time.time(), data_path="/data/train.rec", records=10)
+    creds = launch.pod_credentials(pod_cfg, rec)
     assert creds["PACER_NATS_USER"] == security.agent_user("j1")
     j1_url = security.with_credentials(launch.pod_nats_url(pod_cfg), creds["PACER_NATS_USER"],
                                        creds["PACER_NATS_PASSWORD"])
 
     with nats_servers([(conf, nats_env(docs, "nats-0"))], tmp_path):
         wait_for(lambda: monitor(ports["monitor"], "/healthz").get("status") == "ok", "nats-server healthy")
+        # The job service's part: j1's record, which the callout checks the token's incarnation against.
+        asyncio.run(store_record(security.with_credentials(url, "jobs", secret_value("jobs")), rec))
         # Without the callout service no agent gets in (nobody answers the server's request).
         assert "authorization" in asyncio.run(refused(j1_url, {}))
         LOGS.paths.append(tmp_path / "auth.log")
@@ -510,11 +528,15 @@ def test_dev_config_and_the_auth_callout_service_admit_a_jobs_pods_only(tmp_path
             hb, errors = asyncio.run(as_pod(j1_url, "j1", "j2"))
             assert hb == b"hb"
             assert any("permissions violation" in e and S.agent_heartbeat("j2").lower() in e for e in errors), errors
-            token = authjwt.agent_token(TEST_CALLOUT[deploy_conf.AGENT_SECRET_KEY], "j1")
-            assert token in j1_url  # the executor's secret is the callout's
-            wrong = j1_url.replace(token, authjwt.agent_token("another secret", "j1"))
+            token = creds["PACER_NATS_PASSWORD"]
+            claims = authjwt.parse_token(token)
+            assert claims is not None and token in j1_url
+            # the executor's secret is the callout's: a token of the same claims made with another is refused
+            inc, exp = claims.incarnation, claims.expires
+            wrong = j1_url.replace(token, authjwt.agent_token("another secret", "j1", incarnation=inc, expires=exp))
             assert "authorization" in asyncio.run(refused(wrong, {}))
-            j2_token = j1_url.replace(token, authjwt.agent_token(TEST_CALLOUT[deploy_conf.AGENT_SECRET_KEY], "j2"))
+            j2_token = j1_url.replace(token, authjwt.agent_token(
+                TEST_CALLOUT[deploy_conf.AGENT_SECRET_KEY], "j2", incarnation=inc, expires=exp))
             assert "authorization" in asyncio.run(refused(j2_token, {}))
             assert "authorization" in asyncio.run(refused(security.with_credentials(url, "someone", token), {}))
             # A service logs in with its static password, the callout not asked.

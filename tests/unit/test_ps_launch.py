@@ -103,7 +103,26 @@ def test_a_streaming_jobs_pods_get_a_token_for_their_stream_and_its_kinds() -> N
     assert ref.columns == {"click": "int", "price": "float"}
     for pod in (worker, launch.pod_spec(rec, plan, CLUSTER, "ps", 0, 0, 1.0, 1024, 7000, c)):
         token = pod.env["PACER_NATS_PASSWORD"]
-        assert authjwt.token_stream(token) == "ADS" and authjwt.token_ok("s3cret", JOB, token)
-        assert not authjwt.token_ok("s3cret", "j2", token)
+        assert authjwt.token_stream(token) == "ADS" and authjwt.token_ok("s3cret", JOB, token, time.time())
+        assert not authjwt.token_ok("s3cret", "j2", token, time.time())
+        claims = authjwt.parse_token(token)
+        assert claims is not None and claims.incarnation == authjwt.incarnation(rec.submitted_at)
+        assert claims.expires >= time.time() + c.token_ttl_s - 1
     file_rec, _ = record()
-    assert authjwt.token_stream(launch.pod_credentials(c, JOB, launch.stream_of(file_rec))["PACER_NATS_PASSWORD"]) == ""
+    assert authjwt.token_stream(launch.pod_credentials(c, file_rec, launch.stream_of(file_rec))["PACER_NATS_PASSWORD"]) == ""
+
+
+def test_a_later_job_of_the_same_name_gets_other_tokens() -> None:
+    """The token names the job's incarnation (its record's submission time) and an expiry: the pods of a new
+    job called like an old one never hold a password the old one's pods held."""
+    from pacer import authjwt
+
+    old, _ = record()
+    new = replace(old, submitted_at=old.submitted_at + 60.0)
+    c = launch.LaunchConfig("nats://127.0.0.1:4222", agent_secret="s3cret", token_ttl_s=3600.0, clock=lambda: 1e9)
+    a, b = (launch.pod_credentials(c, r)["PACER_NATS_PASSWORD"] for r in (old, new))
+    assert a != b
+    pa, pb = authjwt.parse_token(a), authjwt.parse_token(b)
+    assert pa is not None and pb is not None
+    assert pa.incarnation == authjwt.incarnation(old.submitted_at) != pb.incarnation
+    assert pa.expires == pb.expires == authjwt.token_expiry(1e9, 3600.0)

@@ -7,7 +7,8 @@ import json
 import pytest
 from pacer import authjwt, redact, security
 
-TOKEN = authjwt.agent_token("s3cret-of-the-executor", "j1")
+TOKEN = authjwt.agent_token("s3cret-of-the-executor", "j1", incarnation=authjwt.incarnation(1.7e9),
+                            expires=1_800_000_000)
 
 
 @pytest.mark.parametrize(("shown", "want"), [
