@@ -24,6 +24,12 @@ real HTTP, with the official ``kubernetes`` client.  It implements only:
   1.33: ``.../resize`` is a 404 for every pod and statuses carry no
   ``resources``,
 * ``POST/GET/DELETE /api/v1/namespaces/{ns}/services[/{name}]``,
+* ``POST /api/v1/namespaces/{ns}/secrets`` (create only: what the executor
+  may do; a test reads :attr:`FakeK8s.secrets`, with ``stringData`` moved
+  into base64 ``data`` as the API server does).  The garbage collector is
+  modelled for one case: deleting a Service deletes the Secrets whose
+  ``ownerReferences`` name its uid (the executor's per-job credentials);
+  ``"secrets"`` in :attr:`FakeK8s.forbidden` makes the create a 403,
 * ``GET /api/v1/nodes`` (a ``NodeList`` shaped as the real API returns it:
   labels with ``kubernetes.io/hostname``, ``spec.unschedulable`` and
   ``taints``, ``status.capacity`` / ``allocatable`` quantities and the
@@ -79,6 +85,7 @@ for it; they may be called from any thread.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import datetime as dt
@@ -204,6 +211,7 @@ class FakeK8s:
         self.namespace = namespace  # the helpers' default namespace
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.services: dict[tuple[str, str], dict[str, Any]] = {}
+        self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
         self.nodes: dict[str, dict[str, Any]] = {}
         self.apps: dict[tuple[str, str, str], dict[str, Any]] = {}  # (resource, ns, name) -> Deployment/ReplicaSet
         self.forbidden: set[str] = set()  # resources ("replicasets", "pods/resize", ...) that answer 403 Forbidden
@@ -255,6 +263,7 @@ class FakeK8s:
         app.router.add_get(base + "/services", self._list_services)
         app.router.add_get(base + "/services/{name}", self._get_service)
         app.router.add_delete(base + "/services/{name}", self._delete_service)
+        app.router.add_post(base + "/secrets", self._create_secret)
         app.router.add_get("/api/v1/nodes", self._list_nodes)
         app.router.add_get("/api/v1/pods", self._list_all_pods)
         app.router.add_get("/apis/apps/v1/namespaces/{ns}/{resource:deployments|replicasets}/{name}", self._get_apps)
@@ -676,7 +685,35 @@ class FakeK8s:
         key = (request.match_info["ns"], request.match_info["name"])
         if key not in self.services:
             return _error(404, "NotFound", f'services "{key[1]}" not found')
-        return web.json_response(self.services.pop(key))
+        svc = self.services.pop(key)
+        uid = svc["metadata"]["uid"]
+        for skey in [k for k, s in self.secrets.items() if k[0] == key[0] and any(
+                r.get("uid") == uid for r in s["metadata"].get("ownerReferences") or [])]:
+            del self.secrets[skey]  # the garbage collector, at once: its owner is gone
+        return web.json_response(svc)
+
+    async def _create_secret(self, request: web.Request) -> web.Response:
+        body = await self._record(request)
+        ns = request.match_info["ns"]
+        if "secrets" in self.forbidden:
+            return _error(403, "Forbidden", f'secrets is forbidden: User "system:serviceaccount:{ns}:pod-executor" '
+                                            f'cannot create resource "secrets" in API group "" in the namespace "{ns}"')
+        if (bad := self._validate_meta(body, "Secret")) is not None:
+            return bad
+        name = body["metadata"]["name"]
+        if (ns, name) in self.secrets:
+            return _error(409, "AlreadyExists", f'secrets "{name}" already exists')
+        secret = copy.deepcopy(body)
+        secret.setdefault("apiVersion", "v1")
+        secret.setdefault("kind", "Secret")
+        data = dict(secret.get("data") or {})
+        for k, v in (secret.pop("stringData", None) or {}).items():
+            data[k] = base64.b64encode(str(v).encode()).decode()
+        secret["data"] = data
+        secret["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
+        self._bump(secret)
+        self.secrets[(ns, name)] = secret
+        return web.json_response(secret, status=201)
 
     # -- custom resources ----------------------------------------------------
 

@@ -154,6 +154,9 @@ def claim_under(pod: dict[str, Any], container: dict[str, Any], path: str) -> tu
     return hits[0]
 
 
+AGENT_TOKEN_SECRET = "test-agent-token-secret"  # built_pod's stand-in for the executor's agent token secret
+
+
 def built_pod(docs: list[dict[str, Any]], role: str, job: str = "j") -> dict[str, Any]:
     """The Pod the executor builds for ``role`` of job ``job``: the PodSpec from ``launch.pod_spec`` (with
     its agent, as the executor's LaunchConfig has them by default) through the Kubernetes backend, from the
@@ -178,7 +181,9 @@ def built_pod(docs: list[dict[str, Any]], role: str, job: str = "j") -> dict[str
     plan = ResourcePlan(job, 1, 1, 1.0, 1024, 1.0, 1024, PlanSource.BRAIN)
     rec = JobRecord(job, spec, JobState.RUNNING, time.time(), data_path="/data/train.rec", records=1000)
     cluster = ClusterDesc((f"{job}-ps-0.{job}:2222",), (f"{job}-worker-0.{job}:2222",))
-    cfg = launch.LaunchConfig(env["PACER_POD_NATS_URL"], env.get("PACER_CHECKPOINT_ROOT", ""))
+    # The token secret stands for the executor's PACER_AGENT_TOKEN_SECRET (a Secret's key in its env).
+    cfg = launch.LaunchConfig(env["PACER_POD_NATS_URL"], env.get("PACER_CHECKPOINT_ROOT", ""),
+                              agent_secret=AGENT_TOKEN_SECRET)
     pod: dict[str, Any] = backend.pod_manifest(launch.pod_spec(rec, plan, cluster, role, 0, 0, 1.0, 1024, 2222, cfg))
     return pod
 

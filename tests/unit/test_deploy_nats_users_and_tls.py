@@ -75,15 +75,20 @@ def test_nats_secrets_ship_without_values(overlay: str) -> None:
 def test_every_nats_client_logs_in_as_its_own_user(overlay: str) -> None:
     """Each service as the user of its role (named like its health subject); every password is the Secret's
     key of that user, and the server knows every user.  The training pods get no static credential at all:
-    their job's user and token come in the URL the executor builds (tests/unit/test_deploy_nats.py runs it)."""
+    their job's user, and its token from the job's own Secret, which the executor makes
+    (tests/unit/test_deploy_nats.py runs the token through the callout)."""
     docs = render(overlay)
     users = conf_users(nats_conf_text(docs))
     assert users, "no users in the NATS config"
     seen: dict[str, str] = {}
     for name, (_, c) in nats_clients(docs).items():
-        if name.startswith("training"):
-            for var in ("PACER_NATS_USER", "PACER_NATS_PASSWORD", "PACER_NATS_CREDS"):
-                assert env_source(docs, c, var) is None, f"{name}: {var} would serve every job's pods"
+        if name.startswith("training"):  # built for job j
+            assert env_source(docs, c, "PACER_NATS_CREDS") is None, name
+            assert env_source(docs, c, "PACER_NATS_USER") == ("value", "agent-j"), name
+            kind, (secret, key) = env_source(docs, c, "PACER_NATS_PASSWORD") or ("", ("", ""))
+            assert kind == "secret" and key == "password", name
+            assert secret.startswith("j-agent-"), f"{name}: {secret} would serve every job's pods"
+            assert not any(d["kind"] == "Secret" and d["metadata"]["name"] == secret for d in docs), secret
             continue
         user = env_source(docs, c, "PACER_NATS_USER")
         assert user and user[0] == "value", f"{name}: no PACER_NATS_USER"

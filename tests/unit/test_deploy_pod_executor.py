@@ -78,6 +78,33 @@ def test_pod_executor(overlay: str) -> None:
     assert not any(m.get("readOnly") for m in trainer["volumeMounts"] if m["name"] not in {"data", "nats-ca"})
 
 
+@needs_kubectl
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+@pytest.mark.parametrize("role", ["worker", "ps"])
+def test_a_pods_bus_password_is_a_secret_reference_never_a_literal(overlay: str, role: str) -> None:
+    """The job's agent token reaches its pods through a Secret (``valueFrom.secretKeyRef``): ``kubectl get
+    pod -o yaml`` and anyone who may read pods in the namespace see its name, not the password."""
+    from pacer import authjwt
+
+    docs = render(overlay)
+    pod = built_pod(docs, role, "team-a")
+    refs = set()
+    for c in pod["spec"]["containers"]:
+        by_name = {e["name"]: e for e in c["env"]}
+        assert by_name["PACER_NATS_USER"]["value"] == "agent-team-a"
+        pw = by_name["PACER_NATS_PASSWORD"]
+        assert "value" not in pw, c["name"]
+        ref = pw["valueFrom"]["secretKeyRef"]
+        assert ref["key"] == "password" and not ref.get("optional")
+        refs.add(ref["name"])
+        # Nothing in the container's spec holds a token of the job (env values, command lines).
+        text = json.dumps(c)
+        assert not any(authjwt.parse_token(w) for w in re.findall(r"[0-9a-f.~A-Za-z_-]{40,}", text)), c["name"]
+    (name,) = refs  # trainer and agent share the job's Secret, named after the job
+    assert name.startswith("team-a-agent-")
+    assert built_pod(docs, role, "team-b")["spec"]["containers"][0]["env"] != pod["spec"]["containers"][0]["env"]
+
+
 def chief_checkpoint_dir(trainer: dict[str, Any]) -> str:
     """The checkpoint directory in the chief's WorkerConfig (its ``--config`` argument)."""
     argv = trainer["command"]
@@ -166,7 +193,7 @@ def test_k8s_calls_are_read_from_the_backend() -> None:
     """The parser above sees what kubernetes.py does (or this test would pass vacuously)."""
     assert k8s_calls() >= {
         ("pods", "create"), ("pods", "list"), ("pods", "watch"), ("pods", "delete"),
-        ("pods/log", "get"), ("pods/resize", "patch"), ("services", "create"),
+        ("pods/log", "get"), ("pods/resize", "patch"), ("services", "create"), ("secrets", "create"),
     }
     assert k8s_cluster_calls() == {("nodes", "list"), ("pods", "list")}
 
@@ -195,8 +222,10 @@ def test_pod_executor_rbac(overlay: str) -> None:
     assert POD_VERBS <= grants["pods"] and {"create", "get"} <= grants["services"]
     assert grants["pods/log"] == {"get"}
     assert grants["pods/resize"] == {"patch"}  # in-place memory resize, nothing else of it
-    # ... and nothing outside the few resources it has a reason to touch (no secrets, no wildcards).
-    assert set(grants) <= {"pods", "pods/log", "pods/resize", "events", "services"}
+    # ... and nothing outside the few resources it has a reason to touch (no wildcards).
+    assert set(grants) <= {"pods", "pods/log", "pods/resize", "events", "services", "secrets"}
+    # Secrets: create only (the pods' bus passwords; the Service owns them), never read any.
+    assert grants["secrets"] == {"create"}
     assert not any("*" in verbs for verbs in grants.values())
     binding = one(docs, "RoleBinding", "pod-executor")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-executor"}

@@ -17,6 +17,20 @@ not wait for training pods.  If the lookup fails (no RBAC, not in a cluster)
 the backend logs it once, counts it in
 ``pacer_executor_owner_lookup_failures_total{reason}`` and runs without.
 
+Bus credentials in a Secret: a PodSpec's ``PACER_NATS_PASSWORD`` (the job's
+agent token, :func:`pacer_services.pod_executor.launch.pod_credentials`) is
+never a literal value in the pod: the backend creates a Secret
+``<job>-agent-<hash>`` holding it (key ``password``, immutable) before the pod,
+and the pod's env takes it through ``valueFrom.secretKeyRef``.  The name
+hashes the token, and a token is the same for every pod a job starts within
+half its lifetime (:func:`pacer.authjwt.token_expiry`), so the pods of a job
+share one Secret, a relaunch later gets a fresh one, and a create that finds
+the Secret (409) found the very same content.  Each Secret is owned
+(ownerReference) by the job's headless Service, so deleting the Service when
+the job is torn down (:meth:`KubernetesBackend.release`) makes the garbage
+collector delete the job's Secrets: the executor needs ``create`` on secrets
+and nothing else (no get, list, delete).
+
 Checkpoints, one directory per job: with ``checkpoint_root`` (the
 executor's ``PACER_CHECKPOINT_ROOT``), a template's volume mounted at exactly
 that path (the worker template's ``pacer-checkpoints`` PVC) is mounted with
@@ -63,6 +77,7 @@ import builtins
 import contextlib
 import copy
 import datetime as dt
+import hashlib
 import json
 import logging
 import os
@@ -113,6 +128,8 @@ _Item = tuple[str, Any] | str | BaseException  # a watch event, the last version
 _Watch: Any = k8s_watch.Watch  # type: ignore[attr-defined,unused-ignore]  # untyped in the client
 k8s_config: Any = _k8s_config  # untyped too
 
+PASSWORD_ENV = "PACER_NATS_PASSWORD"  # never a literal in a pod: a secretKeyRef to the job's Secret
+SECRET_KEY = "password"
 CLUSTER_MACHINES = "PACER_CLUSTER_MACHINES"  # "1": list nodes and all pods for the machine report
 OWNER_REFERENCES = "PACER_OWNER_REFERENCES"  # "0" (or false/no/off): no ownerReferences at all
 OWNER_LOOKUP_FAILURES = Counter(
@@ -196,7 +213,8 @@ class KubernetesBackend:
         self.checkpoint_root = checkpoint_root.rstrip("/") if checkpoint_root.strip("/") else ""
         self.watch_timeout_s = watch_timeout_s
         self.retry_s = retry_s
-        self._services: set[str] = set()  # jobs whose headless Service exists
+        self._services: dict[str, str] = {}  # jobs whose headless Service exists -> its uid ("": unknown)
+        self._secrets: set[str] = set()  # credential Secrets created (or found) by this instance
         self._gone: dict[str, PodStatus] = {}  # pods deleted from the API, until forget()
         self._watches: set[Any] = set()  # open kubernetes.watch.Watch objects
         self._closed = False
@@ -213,6 +231,8 @@ class KubernetesBackend:
             await self._find_owner()
         if pod.job not in self._services:
             await self._ensure_service(pod.job)
+        if pod.env.get(PASSWORD_ENV):
+            await self._ensure_secret(pod)
         try:
             body: Any = self.pod_manifest(pod)  # the client takes plain dicts too
             await asyncio.to_thread(self.api.create_namespaced_pod, self.namespace, body)
@@ -364,7 +384,9 @@ class KubernetesBackend:
                 raise _unavailable("delete service " + job, e) from e
         except Exception as e:
             raise _unavailable("delete service " + job, e) from e
-        self._services.discard(job)
+        self._services.pop(job, None)
+        # Its Secrets go with it (the garbage collector: they are owned by the Service).
+        self._secrets -= {n for n in self._secrets if n.startswith(f"{job}-agent-")}
 
     def capacity(self) -> tuple[float, int]:
         """Unknown here (a blocking call could not list nodes): :meth:`machines` tells, asynchronously."""
@@ -431,7 +453,8 @@ class KubernetesBackend:
         if self.owner is not None:
             metadata["ownerReferences"] = [dict(self.owner)]
         mount = {"name": "pod-dir", "mountPath": POD_DIR}
-        env = [{"name": k, "value": _pod_dir(v)} for k, v in pod.env.items()]
+        env = [{"name": k, "valueFrom": {"secretKeyRef": {"name": secret_name(pod.job, v), "key": SECRET_KEY}}}
+               if k == PASSWORD_ENV and v else {"name": k, "value": _pod_dir(v)} for k, v in pod.env.items()]
         by_name = {c.get("name"): c for c in spec.get("containers") or []}
 
         def container(name: str, argv: list[str], resources: dict[str, Any], image: str = "") -> dict[str, Any]:
@@ -470,6 +493,21 @@ class KubernetesBackend:
         if pod.machine:
             _prefer_machine(spec, pod.machine)
         return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+    def secret_manifest(self, pod: PodSpec) -> dict[str, Any]:
+        """The Secret holding the bus password of ``pod`` (shared by the job's pods of that token), owned by
+        the job's Service when its uid is known, else by the executor's owner (if any)."""
+        password = pod.env[PASSWORD_ENV]
+        metadata: dict[str, Any] = {"name": secret_name(pod.job, password),
+                                    "labels": {PART_OF: "pacer", L_JOB: pod.job}}
+        uid = self._services.get(pod.job, "")
+        if uid:
+            metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Service", "name": pod.job, "uid": uid,
+                                            "controller": False, "blockOwnerDeletion": False}]
+        elif self.owner is not None:
+            metadata["ownerReferences"] = [dict(self.owner)]
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque", "immutable": True,
+                "stringData": {SECRET_KEY: password}}
 
     def service_manifest(self, job: str) -> dict[str, Any]:
         """The headless Service that gives each slot of ``job`` its DNS name."""
@@ -519,13 +557,32 @@ class KubernetesBackend:
     async def _ensure_service(self, job: str) -> None:
         try:
             body: Any = self.service_manifest(job)
-            await asyncio.to_thread(self.api.create_namespaced_service, self.namespace, body)
+            obj = await asyncio.to_thread(self.api.create_namespaced_service, self.namespace, body)
         except ApiException as e:
             if e.status != 409:
                 raise _unavailable("create service " + job, e) from e
+            try:  # there already (another instance, or before a restart): its uid owns the job's Secrets
+                obj = await asyncio.to_thread(self.api.read_namespaced_service, job, self.namespace)
+            except Exception as e2:
+                raise _unavailable("get service " + job, e2) from e2
         except Exception as e:
             raise _unavailable("create service " + job, e) from e
-        self._services.add(job)
+        self._services[job] = str(getattr(getattr(obj, "metadata", None), "uid", None) or "")
+
+    async def _ensure_secret(self, pod: PodSpec) -> None:
+        """Create the Secret of ``pod``'s password unless this instance did (a 409: the same content exists)."""
+        body: Any = self.secret_manifest(pod)
+        name = body["metadata"]["name"]
+        if name in self._secrets:
+            return
+        try:
+            await asyncio.to_thread(self.api.create_namespaced_secret, self.namespace, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise _unavailable("create secret " + name, e) from e
+        except Exception as e:
+            raise _unavailable("create secret " + name, e) from e
+        self._secrets.add(name)
 
     def _nodes_and_pods(self) -> tuple[_Json, _Json]:
         """Every node and every live pod of the cluster, as plain JSON (blocking: run in a thread)."""
@@ -865,6 +922,11 @@ def machines_of(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], namespa
             held_cpu={j: round(v[0], 3) for j, v in sorted(jobs.items())},
             held_memory_mb={j: int(v[1] // 2**20) for j, v in sorted(jobs.items())}))
     return sorted(out, key=lambda m: m.name)
+
+
+def secret_name(job: str, password: str) -> str:
+    """The Secret of one password of job ``job``'s pods: ``<job>-agent-<12 hex of its SHA-256>``."""
+    return f"{job}-agent-{hashlib.sha256(password.encode()).hexdigest()[:12]}"
 
 
 def _selector(job: str | None) -> str:
