@@ -130,10 +130,10 @@ class AuthCalloutService:
                 try:
                     job = await self.jobs.view(step.job)
                 except (nats.errors.Error, ValidationError, TimeoutError) as exc:
-                    log.warning("job %s: its record could not be read, connection refused: %r", step.job, exc)
                     self.counters.inc("auth_job_lookup_failures")
-                    job = None
-                verdict = core.conclude(step, self.keys, int(time.time()), job)
+                    verdict = core.refuse(step, self.keys, int(time.time()), f"job record unreadable: {exc!r}")
+                else:
+                    verdict = core.conclude(step, self.keys, int(time.time()), job)
             else:
                 verdict = step
         except Exception:  # a loop boundary: one bad request never stops the responder

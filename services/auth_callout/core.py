@@ -129,6 +129,11 @@ def check(request_jwt: str, keys: CalloutKeys, now: int) -> Verdict | Pending:
     return Pending(user_nkey, server_id, user, job, parsed, perms)
 
 
+def refuse(p: Pending, keys: CalloutKeys, now: int, why: str) -> Verdict:
+    """Refuse ``p`` for a reason of the shell's (its job's record could not be read)."""
+    return _refuse(keys, now, p.user_nkey, p.server_id, p.user, why)
+
+
 def conclude(p: Pending, keys: CalloutKeys, now: int, job: JobView | None) -> Verdict:
     """Admit ``p`` if its job exists, is the token's incarnation and has not ended (``None``: no record)."""
     if job is None:

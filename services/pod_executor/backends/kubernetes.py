@@ -214,7 +214,7 @@ class KubernetesBackend:
         self.watch_timeout_s = watch_timeout_s
         self.retry_s = retry_s
         self._services: dict[str, str] = {}  # jobs whose headless Service exists -> its uid ("": unknown)
-        self._secrets: set[str] = set()  # credential Secrets created (or found) by this instance
+        self._secrets: dict[str, str] = {}  # credential Secrets created (or found) by this instance -> job
         self._gone: dict[str, PodStatus] = {}  # pods deleted from the API, until forget()
         self._watches: set[Any] = set()  # open kubernetes.watch.Watch objects
         self._closed = False
@@ -386,7 +386,8 @@ class KubernetesBackend:
             raise _unavailable("delete service " + job, e) from e
         self._services.pop(job, None)
         # Its Secrets go with it (the garbage collector: they are owned by the Service).
-        self._secrets -= {n for n in self._secrets if n.startswith(f"{job}-agent-")}
+        for name in [n for n, j in self._secrets.items() if j == job]:
+            del self._secrets[name]
 
     def capacity(self) -> tuple[float, int]:
         """Unknown here (a blocking call could not list nodes): :meth:`machines` tells, asynchronously."""
@@ -582,7 +583,7 @@ class KubernetesBackend:
                 raise _unavailable("create secret " + name, e) from e
         except Exception as e:
             raise _unavailable("create secret " + name, e) from e
-        self._secrets.add(name)
+        self._secrets[name] = pod.job
 
     def _nodes_and_pods(self) -> tuple[_Json, _Json]:
         """Every node and every live pod of the cluster, as plain JSON (blocking: run in a thread)."""
