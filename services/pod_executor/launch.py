@@ -61,6 +61,7 @@ POD_DIR = "{pod_dir}"
 IPC = f"{POD_DIR}/trainer.ipc"
 RESULT = f"{POD_DIR}/result.json"
 DEFAULT_TOKEN_TTL_S = 7 * 24 * 3600.0  # a week: longer than a pod usually lives; an ended job's fail at once anyway
+# (a pod older than this that must reconnect is refused: docs/settings.md)
 RESULT_PREFIX = '{"node"'  # the chief's last stdout line is its result JSON (pacer.trainer.worker)
 
 
