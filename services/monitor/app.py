@@ -203,6 +203,9 @@ class MonitorService:
 
     async def _lost(self, job: str) -> None:
         self.counters.inc("jobs_lost")  # publish_once checks ownership at every interval
+        # /metrics shows the jobs this instance publishes: an old owner's last gauges would stay
+        # frozen (a straggler alert that never clears) beside the new owner's.
+        metrics.JOBS.forget(job)
 
     # ================================================================ events
     def _now_of(self, m: Msg) -> float:

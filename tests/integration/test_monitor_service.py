@@ -152,6 +152,24 @@ async def test_straggler_statistics_and_death(bus: Bus, monitor: InProcess[Monit
         await stats(bus, "nosuchjob")
 
 
+async def test_an_instance_that_loses_a_job_stops_exporting_its_gauges(
+        bus: Bus, monitor: InProcess[MonitorService]) -> None:
+    """/metrics of an old owner would keep the job's last numbers (and fire its straggler alert) for good."""
+    from pacer import metrics as prom
+
+    await publish_history(bus)
+    await until(has_history, bus)
+    deadline = time.monotonic() + 30
+    while JOB not in prom.JOBS.latest:  # the owner's next statistics interval sets them
+        assert time.monotonic() < deadline, "the owner never exported the job's gauges"
+        await asyncio.sleep(0.05)
+    svc = monitor.svc
+    assert svc is not None
+    await svc.own.drop(JOB)  # gives the job up as a hand-over would: on_lost, then the lease released
+    assert JOB not in prom.JOBS.latest
+    assert f'pacer_job_stragglers{{job="{JOB}"' not in prom.generate_latest(prom.REGISTRY).decode()
+
+
 async def test_bad_message_is_dead_lettered_and_service_keeps_going(bus: Bus, monitor: InProcess[MonitorService]) -> None:
     dead: asyncio.Queue[Msg] = asyncio.Queue()
 
