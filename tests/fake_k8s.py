@@ -648,23 +648,30 @@ class FakeK8s:
             self.pods[(ns, name)] = pod
         self._run(go)
 
+    def _create_core(self, ns: str, body: Any, kind: str, store: dict[tuple[str, str], dict[str, Any]],
+                     prepare: Callable[[dict[str, Any]], None] | None = None) -> web.Response:
+        """POST of a core/v1 object of ``kind`` into ``store``: 422 for bad metadata, 409 for a taken name."""
+        if (bad := self._validate_meta(body, kind)) is not None:
+            return bad
+        name = body["metadata"]["name"]
+        if (ns, name) in store:
+            return _error(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists')
+        obj = copy.deepcopy(body)
+        obj.setdefault("apiVersion", "v1")
+        obj.setdefault("kind", kind)
+        if prepare is not None:
+            prepare(obj)
+        obj["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
+        self._bump(obj)
+        store[(ns, name)] = obj
+        return web.json_response(obj, status=201)
+
     # -- services ------------------------------------------------------------
 
     async def _create_service(self, request: web.Request) -> web.Response:
         body = await self._record(request)
         ns = request.match_info["ns"]
-        if (bad := self._validate_meta(body, "Service")) is not None:
-            return bad
-        name = body["metadata"]["name"]
-        if (ns, name) in self.services:
-            return _error(409, "AlreadyExists", f'services "{name}" already exists')
-        svc = copy.deepcopy(body)
-        svc.setdefault("apiVersion", "v1")
-        svc.setdefault("kind", "Service")
-        svc["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
-        self._bump(svc)
-        self.services[(ns, name)] = svc
-        return web.json_response(svc, status=201)
+        return self._create_core(ns, body, "Service", self.services)
 
     async def _list_services(self, request: web.Request) -> web.Response:
         await self._record(request)
@@ -698,22 +705,13 @@ class FakeK8s:
         if "secrets" in self.forbidden:
             return _error(403, "Forbidden", f'secrets is forbidden: User "system:serviceaccount:{ns}:pod-executor" '
                                             f'cannot create resource "secrets" in API group "" in the namespace "{ns}"')
-        if (bad := self._validate_meta(body, "Secret")) is not None:
-            return bad
-        name = body["metadata"]["name"]
-        if (ns, name) in self.secrets:
-            return _error(409, "AlreadyExists", f'secrets "{name}" already exists')
-        secret = copy.deepcopy(body)
-        secret.setdefault("apiVersion", "v1")
-        secret.setdefault("kind", "Secret")
-        data = dict(secret.get("data") or {})
-        for k, v in (secret.pop("stringData", None) or {}).items():
-            data[k] = base64.b64encode(str(v).encode()).decode()
-        secret["data"] = data
-        secret["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), creationTimestamp=_now())
-        self._bump(secret)
-        self.secrets[(ns, name)] = secret
-        return web.json_response(secret, status=201)
+        def encode(secret: dict[str, Any]) -> None:  # stringData is written into data, base64, as the API does
+            data = dict(secret.get("data") or {})
+            for k, v in (secret.pop("stringData", None) or {}).items():
+                data[k] = base64.b64encode(str(v).encode()).decode()
+            secret["data"] = data
+
+        return self._create_core(ns, body, "Secret", self.secrets, encode)
 
     # -- custom resources ----------------------------------------------------
 
