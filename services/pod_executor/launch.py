@@ -8,7 +8,10 @@ A job with a ``trainer`` section runs the user's ``command`` (and
 ``ps_command``) instead, with the environment of :func:`trainer_env`
 (the contract of :class:`pacer.trainer.sdk.TrainerEnv`) and the same agent.
 The machine the plan's placement names for the node travels in
-:attr:`~pacer.contracts.executor.PodSpec.machine`.
+:attr:`~pacer.contracts.executor.PodSpec.machine`, the job's ``scheduling``
+section (priority class, Kueue queue, gang scheduler and the gang's size,
+the plan's PS plus workers) in the PodSpec's fields of those names
+(:func:`scheduling_fields`).
 
 Every PS gets an agent too (``--role ps --probe <the PS address>``): it
 reports the PS process's CPU and RSS and the latency of a small TF RPC it
@@ -49,7 +52,7 @@ from urllib.parse import unquote, urlsplit
 
 from pacer import authjwt, security
 from pacer.contracts.executor import PodSpec
-from pacer.contracts.jobs import JobRecord, ResourcePlan
+from pacer.contracts.jobs import GangScheduler, JobRecord, ResourcePlan
 from pacer.data.feed import DataRef, seed_of
 from pacer.data.stream import parse_stream_uri
 from pacer.trainer.cluster import ClusterDesc
@@ -243,10 +246,25 @@ def pod_spec(rec: JobRecord, plan: ResourcePlan, cluster: ClusterDesc, role: str
                      "--ipc", IPC, "--nats", url]
     # The plan's placement (Dike, from the brain) is a preference, never a condition: a node it does
     # not name goes anywhere, and one whose machine is full by now goes elsewhere (the backend's choice).
+    priority_class, queue, gang, gang_size = scheduling_fields(rec, plan)
     return PodSpec(name=pod_name(rec.job, node, generation), job=rec.job, node=node, role=role, index=index,
                    generation=generation, cpu=cpu, memory_mb=memory_mb, command=command, agent=agent,
                    env=env, port=port, machine=plan.placement.get(node, ""),
-                   image=user.image if user is not None else "")
+                   image=user.image if user is not None else "", priority_class=priority_class,
+                   queue=queue, gang=gang, gang_size=gang_size)
+
+
+def scheduling_fields(rec: JobRecord, plan: ResourcePlan) -> tuple[str, str, str, int]:
+    """The job's ``scheduling`` section as the PodSpec's ``priority_class``, ``queue``, ``gang`` and
+    ``gang_size``: every pod of the job carries the same.
+
+    A gang's size is the plan's PS plus workers at the time the pod is created.
+    """
+    sched = rec.spec.scheduling
+    if sched is None:
+        return "", "", "", 0
+    gang = "" if sched.gang is GangScheduler.NONE else sched.gang.value
+    return sched.priority_class, sched.queue, gang, plan.ps + plan.workers if gang else 0
 
 
 def parse_result(log_tail: str) -> dict[str, object]:

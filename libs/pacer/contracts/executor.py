@@ -63,6 +63,13 @@ class PodSpec:
     image: str = field(default="", metadata=doc(
         "the trainer container's image (a job's trainer.image; \"\": the executor's trainer image); "
         "Kubernetes only, the agent keeps the executor's image"))
+    priority_class: str = field(default="", metadata=doc(
+        "the job's scheduling.priority_class (\"\": none); Kubernetes: spec.priorityClassName"))
+    queue: str = field(default="", metadata=doc("the job's Kueue LocalQueue (\"\": none)"))
+    gang: str = field(default="", metadata=doc(
+        "the job's gang scheduler: kueue | volcano (\"\": none); Kubernetes only"))
+    gang_size: int = field(default=0, metadata=doc(
+        "pods the gang admits together: the plan's PS plus workers (0: no gang)"))
 
 
 @message("executor.PodStatus")

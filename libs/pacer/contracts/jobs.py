@@ -66,6 +66,14 @@ class TrainingMode(str, enum.Enum):
     BSP = "bsp"  # synchronous: a barrier per step (optionally with backup workers)
 
 
+class GangScheduler(str, enum.Enum):
+    """Who admits a job's pods all at once on Kubernetes (``SchedulingConfig.gang``)."""
+
+    NONE = "none"  # each pod is scheduled on its own (the default scheduler)
+    KUEUE = "kueue"  # Kueue's plain-pod integration: one pod group, admitted whole from a LocalQueue
+    VOLCANO = "volcano"  # the Volcano scheduler with a PodGroup of minMember = every pod of the job
+
+
 class PlanSource(str, enum.Enum):
     """Who decided a resource plan."""
 
@@ -175,6 +183,19 @@ class TrainerConfig:
         "extra environment; names starting with PACER_ and TF_CONFIG are Pacer's and refused"))
 
 
+@message("job.SchedulingConfig")
+@dataclass(frozen=True, slots=True)
+class SchedulingConfig:
+    """How a job's pods are queued and admitted on Kubernetes (ignored by the local backend)."""
+
+    priority_class: str = field(default="", metadata=doc(
+        "a PriorityClass name (DNS-1123 subdomain) set as every pod's priorityClassName (\"\": none)"))
+    queue: str = field(default="", metadata=doc(
+        "the Kueue LocalQueue the job is submitted to (DNS-1123 label); required with gang kueue"))
+    gang: GangScheduler = field(default=GangScheduler.NONE, metadata=doc(
+        "none | kueue | volcano: admit every PS and worker of the job at once (docs/kubernetes.md)"))
+
+
 @message("job.JobSpec")
 @dataclass(frozen=True, slots=True)
 class JobSpec:
@@ -198,6 +219,8 @@ class JobSpec:
     trainer: TrainerConfig | None = field(default=None, metadata=doc(
         "the user's own training program (absent: Pacer's built-in trainer for ``model``)"))
     export: ExportConfig | None = field(default=None, metadata=doc("SavedModel export (absent: none)"))
+    scheduling: SchedulingConfig | None = field(default=None, metadata=doc(
+        "Kubernetes priority class, queue and gang scheduling (absent: none)"))
 
 
 @message("job.ResourcePlan")

@@ -51,6 +51,13 @@ Defaults (a field left out)
                         (no ``PACER_*`` or ``TF_CONFIG`` names), or a bare
                         argv list.  With a trainer ``model`` may be left out
                         (its ``learning_rate`` still reaches the trainer).
+``scheduling``          none: pods go to the default scheduler one by one.
+                        Kubernetes only (docs/kubernetes.md, "Gang
+                        scheduling and priorities"): ``priority_class`` (a
+                        PriorityClass, DNS-1123 subdomain), ``queue`` (a
+                        Kueue LocalQueue, DNS-1123 label) and ``gang``:
+                        ``none`` (default), ``kueue`` (needs ``queue``) or
+                        ``volcano``
 ======================  =====================================================
 
 The job's name
@@ -118,6 +125,7 @@ from pacer.contracts.jobs import (
     DataFormat,
     DatasetConfig,
     ExportConfig,
+    GangScheduler,
     JobSpec,
     ModelConfig,
     ModelName,
@@ -126,6 +134,7 @@ from pacer.contracts.jobs import (
     ResourceLimits,
     ResourcePlan,
     ResourceRequest,
+    SchedulingConfig,
     TrainerConfig,
     TrainingMode,
 )
@@ -355,7 +364,7 @@ def _brief(v: Any) -> str:
 # -------------------------------------------------------------------- fields
 
 TOP_LEVEL = ("name", "model", "dataset", "epochs", "batch_size", "mode", "backup_workers",
-             "policies", "resources", "limits", "trainer", "export")
+             "policies", "resources", "limits", "trainer", "export", "scheduling")
 MODEL_FIELDS = ("name", "hash_buckets", "embed_dim", "hidden", "cross_layers", "cin_layers",
                 "learning_rate", "optimizer")
 DATASET_FIELDS = ("path", "format", "records", "test_path", "name", "schema", "options")
@@ -368,6 +377,11 @@ MAX_POLICY_PARAMS = 32  # a policy's knobs, not a data channel
 RESOURCE_FIELDS = ("workers", "ps", "worker_cpu", "worker_memory_mb", "ps_cpu", "ps_memory_mb")
 LIMIT_FIELDS = ("max_workers", "max_ps", "max_cpu", "max_memory_mb")
 TRAINER_FIELDS = ("command", "ps_command", "image", "env")
+SCHEDULING_FIELDS = ("priority_class", "queue", "gang")
+# Kubernetes' name rules (k8s.io/apimachinery validation): a DNS-1123 label (a LocalQueue's name is one)
+# and a DNS-1123 subdomain, dot-separated labels of at most 253 characters (a PriorityClass's name).
+_DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS_SUBDOMAIN_MAX_LEN = 253
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -532,6 +546,38 @@ def _export(c: _Checker, raw: Any) -> ExportConfig | None:
     if d.get("every_s") not in (None, 0):  # 0: at the end only
         every = c.number(d, "every_s", "export", 0.0) or 0.0
     return ExportConfig(path=path, every_s=every)
+
+
+def is_dns_label(value: str) -> bool:
+    """Whether ``value`` is a DNS-1123 label: at most 63 lowercase letters, digits or '-', alphanumeric at both ends."""
+    return len(value) <= DNS_LABEL_MAX_LEN and _DNS_1123_LABEL.fullmatch(value) is not None
+
+
+def is_dns_subdomain(value: str) -> bool:
+    """Whether ``value`` is a DNS-1123 subdomain: DNS-1123 labels joined by '.', at most 253 characters."""
+    return 0 < len(value) <= DNS_SUBDOMAIN_MAX_LEN and all(
+        _DNS_1123_LABEL.fullmatch(part) for part in value.split("."))
+
+
+def _scheduling(c: _Checker, raw: Any) -> SchedulingConfig | None:
+    if raw is None:
+        return None
+    d = c.section(raw, "scheduling", SCHEDULING_FIELDS)
+    if d is None:
+        return None
+    priority = c.text(d, "priority_class", "scheduling", required=False)
+    if priority and not is_dns_subdomain(priority):
+        c.bad("scheduling.priority_class", "must be a DNS-1123 subdomain (a PriorityClass name: lowercase "
+                                           f"letters, digits, '-' and '.', at most {DNS_SUBDOMAIN_MAX_LEN}), "
+                                           f"got {_brief(priority)}")
+    queue = c.text(d, "queue", "scheduling", required=False)
+    if queue and not is_dns_label(queue):
+        c.bad("scheduling.queue", f"must be a DNS-1123 label (a LocalQueue name: at most {DNS_LABEL_MAX_LEN} "
+                                  f"lowercase letters, digits or '-', alphanumeric at both ends), got {_brief(queue)}")
+    gang = c.choice(d, "gang", "scheduling", GangScheduler, GangScheduler.NONE)
+    if gang is GangScheduler.KUEUE and not queue:
+        c.bad("scheduling.queue", "required with gang kueue (the LocalQueue that admits the job)")
+    return SchedulingConfig(priority_class=priority, queue=queue, gang=gang)
 
 
 def _data_path(c: _Checker, d: Mapping[str, Any], key: str, required: bool) -> str:
@@ -718,11 +764,12 @@ def validate_job_spec(data: Any) -> JobSpec:
     resources = _resources(c, top.get("resources"))
     limits = _limits(c, top.get("limits"))
     export = _export(c, top.get("export"))
+    scheduling = _scheduling(c, top.get("scheduling"))
     if c.problems or name is None or model is None or dataset is None:
         raise JobSpecError(c.problems)
     spec = JobSpec(name=name, model=model, dataset=dataset, epochs=epochs, batch_size=batch_size,
                    mode=mode, backup_workers=backup, policies=policies, resources=resources,
-                   limits=limits, trainer=trainer, export=export)
+                   limits=limits, trainer=trainer, export=export, scheduling=scheduling)
     _cross_checks(c, spec)
     if c.problems:
         raise JobSpecError(c.problems)
