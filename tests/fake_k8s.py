@@ -64,6 +64,11 @@ real HTTP, with the official ``kubernetes`` client.  It implements only:
   fields the schema does not know, CEL rules, defaulting, server-side apply.
   :meth:`FakeK8s.store_unchecked` stores an object past the schema (what an
   API server may hold from an older CRD).
+  Volcano's PodGroups (``scheduling.volcano.sh/v1beta1``, created by the
+  executor for a job with ``gang: volcano``) are served this way once a test
+  calls :meth:`FakeK8s.install_volcano_podgroups` (a minimal CRD:
+  ``spec.minMember`` an integer >= 0, ``spec.priorityClassName`` a string;
+  no Volcano scheduler acts on them).
 
 It is a fake: nothing is scheduled (``spec.nodeName`` is whatever a test
 sets), no admission, no RBAC.  It validates what a real API server would reject first (missing or
@@ -723,6 +728,15 @@ class FakeK8s:
         served = _Crd(spec["group"], version["name"], spec["names"]["plural"], spec["names"]["kind"],
                       version["schema"]["openAPIV3Schema"], "status" in (version.get("subresources") or {}))
         self._run(lambda: self.crds.__setitem__((served.group, served.version, served.plural), served))
+
+    def install_volcano_podgroups(self) -> None:
+        """Serve Volcano's PodGroups (what a cluster with Volcano installed has), checked by a minimal schema."""
+        schema = {"type": "object", "properties": {"spec": {"type": "object", "required": ["minMember"], "properties": {
+            "minMember": {"type": "integer", "minimum": 0}, "priorityClassName": {"type": "string"}}}}}
+        self.install_crd({"spec": {"group": "scheduling.volcano.sh", "scope": "Namespaced",
+                                   "names": {"plural": "podgroups", "kind": "PodGroup"},
+                                   "versions": [{"name": "v1beta1", "schema": {"openAPIV3Schema": schema},
+                                                 "subresources": {"status": {}}}]}})
 
     def _crd(self, request: web.Request) -> _Crd | None:
         m = request.match_info

@@ -189,6 +189,18 @@ def k8s_apps_calls() -> set[tuple[str, str]]:
         EXECUTOR_K8S.read_text())}
 
 
+def k8s_custom_calls() -> dict[str, set[tuple[str, str]]]:
+    """API group -> (resource, verb) of every CustomObjectsApi call of the backend (its PodGroup constants)."""
+    src = EXECUTOR_K8S.read_text()
+    group = re.search(r'PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL = "([^"]+)", "[^"]+", "([^"]+)"', src)
+    assert group, "the PodGroup's API group and plural are no longer where this test reads them"
+    calls: dict[str, set[tuple[str, str]]] = {}
+    for verb in re.findall(r"self\.custom\.(create|get|list|delete|patch|replace)_namespaced_custom_object\b", src):
+        verb = {"replace": "update"}.get(verb, verb)
+        calls.setdefault(group.group(1), set()).add((group.group(2), verb))
+    return calls
+
+
 def test_k8s_calls_are_read_from_the_backend() -> None:
     """The parser above sees what kubernetes.py does (or this test would pass vacuously)."""
     assert k8s_calls() >= {
@@ -196,6 +208,7 @@ def test_k8s_calls_are_read_from_the_backend() -> None:
         ("pods/log", "get"), ("pods/resize", "patch"), ("services", "create"), ("secrets", "create"),
     }
     assert k8s_cluster_calls() == {("nodes", "list"), ("pods", "list")}
+    assert k8s_custom_calls() == {"scheduling.volcano.sh": {("podgroups", "create")}}
 
 
 @needs_kubectl
@@ -206,8 +219,13 @@ def test_pod_executor_rbac(overlay: str) -> None:
     role = one(docs, "Role", "pod-executor")
     grants: dict[str, set[str]] = {}
     apps: dict[str, set[str]] = {}
+    custom: dict[str, set[tuple[str, str]]] = {}  # API group -> (resource, verb): Volcano's PodGroups
     for rule in role["rules"]:
-        assert rule["apiGroups"] in ([""], ["apps"]), rule
+        if rule["apiGroups"] not in ([""], ["apps"]):
+            assert len(rule["apiGroups"]) == 1, rule
+            custom.setdefault(rule["apiGroups"][0], set()).update(
+                (res, verb) for res in rule["resources"] for verb in rule["verbs"])
+            continue
         into = grants if rule["apiGroups"] == [""] else apps
         for res in rule["resources"]:
             assert res not in into, f"{res} granted twice"
@@ -227,6 +245,8 @@ def test_pod_executor_rbac(overlay: str) -> None:
     # Secrets: create only (the pods' bus passwords; the Service owns them), never read any.
     assert grants["secrets"] == {"create"}
     assert not any("*" in verbs for verbs in grants.values())
+    # Custom resources: exactly what the backend calls (create PodGroups), nothing more.
+    assert custom == k8s_custom_calls()
     binding = one(docs, "RoleBinding", "pod-executor")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-executor"}
     ns = NAMESPACES[overlay]

@@ -47,6 +47,22 @@ node affinity on ``kubernetes.io/hostname``; with ``cluster_machines``
 what is free on each.  Without it the backend never lists anything outside
 its namespace: the machines are unknown (``[]``) and the brain places nothing.
 
+Gang scheduling and priorities (a job's ``scheduling`` section, carried by
+every PodSpec of the job; docs/kubernetes.md): ``priority_class`` becomes
+the pod's ``spec.priorityClassName``.  Gang ``kueue`` (Kueue's plain-pod
+integration) labels every pod with the job's LocalQueue
+(``kueue.x-k8s.io/queue-name``) and a pod group named after the job
+(``kueue.x-k8s.io/pod-group-name``), annotated with the group's size
+(``kueue.x-k8s.io/pod-group-total-count``: the plan's PS plus workers when
+the pod is created), so Kueue admits the job whole and gates its pods until
+then.  Gang ``volcano`` sets ``spec.schedulerName: volcano`` and the
+annotation ``scheduling.k8s.io/group-name: <job>``, and the backend creates
+the job's PodGroup (``scheduling.volcano.sh/v1beta1``, ``minMember`` = the
+gang's size, the priority class) before the job's first pod, owned by the
+job's Service as its Secrets are; the executor needs ``create`` on
+``podgroups`` and nothing else.  The PodGroup's ``minMember`` is not
+updated when a later plan changes the job's size.
+
 In-place memory resize (:meth:`KubernetesBackend.resize`): Kubernetes >= 1.33,
 where in-place pod vertical scaling is on by default (1.32 with its
 ``InPlacePodVerticalScaling`` feature gate).  A strategic merge PATCH of the
@@ -130,6 +146,14 @@ k8s_config: Any = _k8s_config  # untyped too
 
 PASSWORD_ENV = "PACER_NATS_PASSWORD"  # never a literal in a pod: a secretKeyRef to the job's Secret
 SECRET_KEY = "password"
+# Gang scheduling (a PodSpec's gang): Kueue's plain-pod integration admits a pod group whole ...
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # label: the LocalQueue
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"  # label: the group (the job)
+KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"  # annotation: pods of the group
+# ... Volcano schedules the pods of one PodGroup (minMember of them at once).
+VOLCANO_SCHEDULER = "volcano"
+VOLCANO_GROUP = "scheduling.k8s.io/group-name"  # annotation: the PodGroup of the pod
+PODGROUP_GROUP, PODGROUP_VERSION, PODGROUP_PLURAL = "scheduling.volcano.sh", "v1beta1", "podgroups"
 CLUSTER_MACHINES = "PACER_CLUSTER_MACHINES"  # "1": list nodes and all pods for the machine report
 OWNER_REFERENCES = "PACER_OWNER_REFERENCES"  # "0" (or false/no/off): no ownerReferences at all
 OWNER_LOOKUP_FAILURES = Counter(
@@ -199,6 +223,7 @@ class KubernetesBackend:
         if owner is not None and not {"apiVersion", "kind", "name", "uid"} <= owner.keys():
             raise ValueError("owner needs apiVersion, kind, name and uid")
         self.api = k8s.CoreV1Api(api_client)
+        self.custom = k8s.CustomObjectsApi(api_client)  # Volcano PodGroups
         self._api_client = api_client  # the owner lookup reads through AppsV1Api too
         self.namespace = namespace
         self.image = image
@@ -215,6 +240,7 @@ class KubernetesBackend:
         self.retry_s = retry_s
         self._services: dict[str, str] = {}  # jobs whose headless Service exists -> its uid ("": unknown)
         self._secrets: dict[str, str] = {}  # credential Secrets created (or found) by this instance -> job
+        self._podgroups: set[str] = set()  # jobs whose Volcano PodGroup this instance created (or found)
         self._gone: dict[str, PodStatus] = {}  # pods deleted from the API, until forget()
         self._watches: set[Any] = set()  # open kubernetes.watch.Watch objects
         self._closed = False
@@ -233,6 +259,8 @@ class KubernetesBackend:
             await self._ensure_service(pod.job)
         if pod.env.get(PASSWORD_ENV):
             await self._ensure_secret(pod)
+        if pod.gang == VOLCANO_SCHEDULER and pod.job not in self._podgroups:
+            await self._ensure_podgroup(pod)
         try:
             body: Any = self.pod_manifest(pod)  # the client takes plain dicts too
             await asyncio.to_thread(self.api.create_namespaced_pod, self.namespace, body)
@@ -385,9 +413,10 @@ class KubernetesBackend:
         except Exception as e:
             raise _unavailable("delete service " + job, e) from e
         self._services.pop(job, None)
-        # Its Secrets go with it (the garbage collector: they are owned by the Service).
+        # Its Secrets and PodGroup go with it (the garbage collector: they are owned by the Service).
         for name in [n for n, j in self._secrets.items() if j == job]:
             del self._secrets[name]
+        self._podgroups.discard(job)
 
     def capacity(self) -> tuple[float, int]:
         """Unknown here (a blocking call could not list nodes): :meth:`machines` tells, asynchronously."""
@@ -449,8 +478,14 @@ class KubernetesBackend:
         labels = dict(meta.get("labels") or {})
         labels.update(_labels(pod))
         metadata: dict[str, Any] = {"name": pod.name, "labels": labels}
-        if meta.get("annotations"):
-            metadata["annotations"] = meta["annotations"]
+        annotations = dict(meta.get("annotations") or {})
+        if pod.gang == "kueue":  # one pod group per job, admitted whole from the job's LocalQueue
+            labels.update({KUEUE_QUEUE: pod.queue, KUEUE_GROUP: pod.job})
+            annotations[KUEUE_TOTAL] = str(pod.gang_size)
+        elif pod.gang == VOLCANO_SCHEDULER:
+            annotations[VOLCANO_GROUP] = pod.job
+        if annotations:
+            metadata["annotations"] = annotations
         if self.owner is not None:
             metadata["ownerReferences"] = [dict(self.owner)]
         mount = {"name": "pod-dir", "mountPath": POD_DIR}
@@ -491,6 +526,10 @@ class KubernetesBackend:
         )
         if self.service_account:
             spec["serviceAccountName"] = self.service_account
+        if pod.priority_class:
+            spec["priorityClassName"] = pod.priority_class
+        if pod.gang == VOLCANO_SCHEDULER:
+            spec["schedulerName"] = VOLCANO_SCHEDULER
         if pod.machine:
             _prefer_machine(spec, pod.machine)
         return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
@@ -509,6 +548,25 @@ class KubernetesBackend:
             metadata["ownerReferences"] = [dict(self.owner)]
         return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque", "immutable": True,
                 "stringData": {SECRET_KEY: password}}
+
+    def podgroup_manifest(self, pod: PodSpec) -> dict[str, Any]:
+        """The Volcano PodGroup of ``pod``'s job: its pods are scheduled once ``minMember`` of them fit.
+
+        Owned like the job's Secrets: by the job's Service when its uid is known (deleting the Service at
+        teardown lets the garbage collector delete the group), else by the executor's owner (if any).
+        """
+        metadata: dict[str, Any] = {"name": pod.job, "labels": {PART_OF: "pacer", L_JOB: pod.job}}
+        uid = self._services.get(pod.job, "")
+        if uid:
+            metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Service", "name": pod.job, "uid": uid,
+                                            "controller": False, "blockOwnerDeletion": False}]
+        elif self.owner is not None:
+            metadata["ownerReferences"] = [dict(self.owner)]
+        spec: dict[str, Any] = {"minMember": pod.gang_size}
+        if pod.priority_class:
+            spec["priorityClassName"] = pod.priority_class
+        return {"apiVersion": f"{PODGROUP_GROUP}/{PODGROUP_VERSION}", "kind": "PodGroup", "metadata": metadata,
+                "spec": spec}
 
     def service_manifest(self, job: str) -> dict[str, Any]:
         """The headless Service that gives each slot of ``job`` its DNS name."""
@@ -584,6 +642,19 @@ class KubernetesBackend:
         except Exception as e:
             raise _unavailable("create secret " + name, e) from e
         self._secrets[name] = pod.job
+
+    async def _ensure_podgroup(self, pod: PodSpec) -> None:
+        """Create the job's PodGroup before its first pod (a 409: it exists, from another instance or run)."""
+        body: Any = self.podgroup_manifest(pod)
+        try:
+            await asyncio.to_thread(self.custom.create_namespaced_custom_object, PODGROUP_GROUP, PODGROUP_VERSION,
+                                    self.namespace, PODGROUP_PLURAL, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise _unavailable("create podgroup " + pod.job, e) from e
+        except Exception as e:
+            raise _unavailable("create podgroup " + pod.job, e) from e
+        self._podgroups.add(pod.job)
 
     def _nodes_and_pods(self) -> tuple[_Json, _Json]:
         """Every node and every live pod of the cluster, as plain JSON (blocking: run in a thread)."""
