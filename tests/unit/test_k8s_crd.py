@@ -194,6 +194,15 @@ def test_the_example_validates_against_the_crd_and_parses_as_a_job_spec() -> Non
     assert parsed.model.name.value == "wide_deep" and parsed.epochs == 2 and parsed.limits is not None
 
 
+def test_the_gang_scheduling_example_validates_and_parses() -> None:
+    obj: dict[str, Any] = yaml.safe_load((EXAMPLE.parent / "pacerjob-gang.yaml").read_text())
+    assert problems(obj) == []
+    parsed = jobspec.parse_job_spec({**obj["spec"], "name": obj["metadata"]["name"]})
+    assert parsed.scheduling is not None and parsed.scheduling.gang.value == "kueue"
+    obj["spec"]["scheduling"]["gang"] = "slurm"
+    assert any("spec.scheduling.gang" in p for p in problems(obj))
+
+
 @pytest.mark.parametrize(("change", "where"), [
     (lambda s: s.update(model="dcn"), "spec.model"),  # a file's shorthand: a map here
     (lambda s: s.update(epochs="two"), "spec.epochs"),
