@@ -21,7 +21,7 @@ HMAC-SHA256(secret, ``agent:<j>:<incarnation>:<expires>``); the responder,
 holding the same secret, admits the user with the permissions of that job
 only (:func:`pacer.security.agent_job_permissions`), and only while the token
 has not expired and job ``j`` is still that incarnation (:func:`incarnation`
-of its record's submission time) and has not ended: a later job of the same
+of its record's submission time) and has not ended and been torn down: a later job of the same
 name gets other tokens, and the tokens of an ended job stop working.
 """
 

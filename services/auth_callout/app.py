@@ -107,7 +107,9 @@ class JobViews:
             rec = decode(JobRecord, entry.value)
         except Exception as exc:  # a record this version cannot read: no admission on it
             raise ValidationError(f"job {job!r}: unreadable record: {exc!r}") from exc
-        return core.JobView(authjwt.incarnation(rec.submitted_at), rec.state in TERMINAL)
+        # Ended means torn down: a completed job's pods still finish (the chief's result, a last report)
+        # and may need a new connection until the executor has removed them.
+        return core.JobView(authjwt.incarnation(rec.submitted_at), rec.state in TERMINAL and rec.torn_down)
 
 
 class AuthCalloutService:

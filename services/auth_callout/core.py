@@ -10,7 +10,7 @@ issuer account, carrying either a user JWT (the permissions) or an error:
 
 * user ``agent-<job>`` with a password :func:`pacer.authjwt.agent_token` of
   that job that has not expired, whose incarnation is the job's record's and
-  whose job has not ended: a user JWT with
+  whose job has not ended and been torn down: a user JWT with
   :func:`pacer.security.agent_job_permissions` (the job's agent, shard-rpc
   and checkpoint subjects only, its own reply inbox, replies through
   ``resp``), placed in the global account;
@@ -74,7 +74,7 @@ class JobView:
     """What the callout needs of a job's record: its incarnation and whether it has ended."""
 
     incarnation: str
-    ended: bool
+    ended: bool  # in a terminal state and torn down (every pod gone): nothing of the job may still connect
 
 
 @dataclass(frozen=True, slots=True)

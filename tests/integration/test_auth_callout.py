@@ -335,8 +335,14 @@ async def test_a_jobs_token_stops_working_when_the_job_ends(callout: EmbeddedNat
     token = token_of("job-a")
     a, _ = await agent(callout, "job-a", token=token)  # admitted while the job runs
     await a.close()
-    await store_jobs(security.with_credentials(callout.url, "admin", "pw-admin"),
-                     job_record("job-a", JobState.COMPLETED))
+    admin = security.with_credentials(callout.url, "admin", "pw-admin")
+    # Completed, its pods still finishing (the chief's result): they may still connect.
+    await store_jobs(admin, job_record("job-a", JobState.COMPLETED))
+    await asyncio.sleep(2 * JOB_CACHE_S)  # past the responder's cache of the running record
+    a, _ = await agent(callout, "job-a", token=token)
+    await a.close()
+    # Torn down: every pod is gone, nothing of the job may connect any more.
+    await store_jobs(admin, replace(job_record("job-a", JobState.COMPLETED), torn_down=True))
     await refused_within(lambda: agent_nc(callout, "job-a", token))
     # Another job is not affected.
     b, _ = await agent(callout, "job-b")

@@ -34,9 +34,10 @@ class SlowKV:
         return SimpleNamespace(value=self.records[key])
 
 
-def record(job: str, state: JobState, submitted_at: float) -> bytes:
+def record(job: str, state: JobState, submitted_at: float, torn_down: bool = False) -> bytes:
     spec = parse_job_spec(f"name: {job}\nmodel: wide_deep\ndataset:\n  path: /data/train.rec\n")
-    return encode(JobRecord(job, spec, state, submitted_at, data_path="/data/train.rec", records=1))
+    return encode(JobRecord(job, spec, state, submitted_at, data_path="/data/train.rec", records=1,
+                            torn_down=torn_down))
 
 
 def views(kv: SlowKV, now: list[float]) -> JobViews:
@@ -46,7 +47,8 @@ def views(kv: SlowKV, now: list[float]) -> JobViews:
 
 
 async def test_concurrent_lookups_share_one_read_and_it_is_kept_for_the_ttl() -> None:
-    kv = SlowKV({"a": record("a", JobState.RUNNING, 100.0), "b": record("b", JobState.COMPLETED, 200.0)})
+    kv = SlowKV({"a": record("a", JobState.RUNNING, 100.0), "b": record("b", JobState.COMPLETED, 200.0, True),
+                 "c": record("c", JobState.COMPLETED, 300.0)})
     now = [0.0]
     jv = views(kv, now)
     pending = [asyncio.create_task(jv.view("a")) for _ in range(20)]
@@ -56,14 +58,16 @@ async def test_concurrent_lookups_share_one_read_and_it_is_kept_for_the_ttl() ->
     got = await asyncio.gather(*pending)
     assert got == [core.JobView(authjwt.incarnation(100.0), ended=False)] * 20 and kv.reads == ["a"]
     assert await jv.view("b") == core.JobView(authjwt.incarnation(200.0), ended=True)
+    # Completed but its pods not all gone yet (they may still connect to finish): not ended.
+    assert await jv.view("c") == core.JobView(authjwt.incarnation(300.0), ended=False)
     assert await jv.view("nobody") is None
     now[0] = 1.5  # within the TTL: no new read, even of a missing job
     assert await jv.view("a") is not None and await jv.view("nobody") is None
-    assert kv.reads == ["a", "b", "nobody"]
-    kv.records["a"] = record("a", JobState.STOPPED, 100.0)
+    assert kv.reads == ["a", "b", "c", "nobody"]
+    kv.records["a"] = record("a", JobState.STOPPED, 100.0, True)
     now[0] = 2.5  # past it: read again, and the job has ended since
     assert await jv.view("a") == core.JobView(authjwt.incarnation(100.0), ended=True)
-    assert kv.reads == ["a", "b", "nobody", "a"]
+    assert kv.reads == ["a", "b", "c", "nobody", "a"]
 
 
 async def test_a_failed_read_is_raised_to_every_waiter_and_not_kept() -> None:
