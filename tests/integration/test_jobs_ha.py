@@ -183,7 +183,10 @@ async def test_a_name_is_accepted_once_and_either_instance_answers_with_the_late
     other = b if creator is a else a
     stopped = await ask(cbus, other, "ha-1", JobOp.STOP, StopRequest("ha-1", "enough"), JobRecord)
     assert stopped.state is JobState.STOPPED and stopped.result == {"note": "written elsewhere"}
-    assert (await ask(cbus, creator, "ha-1", JobOp.GET, JobQuery("ha-1"), JobRecord)) == stopped
+    got = await ask(cbus, creator, "ha-1", JobOp.GET, JobQuery("ha-1"), JobRecord)
+    # The same record, give or take shard progress taken in since (the dataset's first progress event
+    # may land after the stop: one CI run beside a CPU burner saw it between the two requests).
+    assert replace(got, progress=stopped.progress, updated_at=stopped.updated_at) == stopped
 
     # Bad input still gets a clear error from either instance, which keeps serving.
     for svc in (a, b):
