@@ -18,7 +18,6 @@ the operator observes comes from the job service's records and events.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -338,8 +337,12 @@ async def test_the_operator_may_do_only_what_it_needs_on_the_bus(secure_nats: Em
         errors.clear()
         await bus.nc.subscribe(subjects.events_of("job"))
         await bus.nc.publish(subjects.job_rpc("j1", subjects.JobOp.GET), b"{}")
+        # A forbidden publish after them: the server answers in order, so once its violation is here, one
+        # for the allowed operations above would be too.
+        sentinel = subjects.executor_rpc("j2", subjects.ExecutorOp.COMMAND)
+        await bus.nc.publish(sentinel, b"{}")
         await bus.nc.flush()
-        await asyncio.sleep(0.3)  # a violation would arrive within this (nothing else to wait for)
-        assert not errors, errors
+        await eventually(lambda: len(errors) >= 1, 5.0, lambda: f"errors: {errors}")
+        assert len(errors) == 1 and sentinel.lower() in str(errors[0]).lower(), errors
     finally:
         await bus.close()

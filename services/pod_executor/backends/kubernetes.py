@@ -534,18 +534,24 @@ class KubernetesBackend:
             _prefer_machine(spec, pod.machine)
         return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
+    def _job_object_metadata(self, job: str, name: str) -> dict[str, Any]:
+        """Metadata of an object that lives as long as ``job``'s pods (its Secrets, its PodGroup): owned by
+        the job's Service when its uid is known, so the teardown's delete of the Service lets the garbage
+        collector delete it; else by the executor's owner (if any)."""
+        metadata: dict[str, Any] = {"name": name, "labels": {PART_OF: "pacer", L_JOB: job}}
+        uid = self._services.get(job, "")
+        if uid:
+            metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Service", "name": job, "uid": uid,
+                                            "controller": False, "blockOwnerDeletion": False}]
+        elif self.owner is not None:
+            metadata["ownerReferences"] = [dict(self.owner)]
+        return metadata
+
     def secret_manifest(self, pod: PodSpec) -> dict[str, Any]:
         """The Secret holding the bus password of ``pod`` (shared by the job's pods of that token), owned by
         the job's Service when its uid is known, else by the executor's owner (if any)."""
         password = pod.env[PASSWORD_ENV]
-        metadata: dict[str, Any] = {"name": secret_name(pod.job, password),
-                                    "labels": {PART_OF: "pacer", L_JOB: pod.job}}
-        uid = self._services.get(pod.job, "")
-        if uid:
-            metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Service", "name": pod.job, "uid": uid,
-                                            "controller": False, "blockOwnerDeletion": False}]
-        elif self.owner is not None:
-            metadata["ownerReferences"] = [dict(self.owner)]
+        metadata = self._job_object_metadata(pod.job, secret_name(pod.job, password))
         return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": "Opaque", "immutable": True,
                 "stringData": {SECRET_KEY: password}}
 
@@ -555,13 +561,7 @@ class KubernetesBackend:
         Owned like the job's Secrets: by the job's Service when its uid is known (deleting the Service at
         teardown lets the garbage collector delete the group), else by the executor's owner (if any).
         """
-        metadata: dict[str, Any] = {"name": pod.job, "labels": {PART_OF: "pacer", L_JOB: pod.job}}
-        uid = self._services.get(pod.job, "")
-        if uid:
-            metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Service", "name": pod.job, "uid": uid,
-                                            "controller": False, "blockOwnerDeletion": False}]
-        elif self.owner is not None:
-            metadata["ownerReferences"] = [dict(self.owner)]
+        metadata = self._job_object_metadata(pod.job, pod.job)
         spec: dict[str, Any] = {"minMember": pod.gang_size}
         if pod.priority_class:
             spec["priorityClassName"] = pod.priority_class
