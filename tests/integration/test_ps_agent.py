@@ -271,14 +271,17 @@ async def test_a_delayed_cpu_straggler_throttles_the_pod_from_start_s_on(
 @pytest.mark.timeout(900)
 async def test_a_throttled_ps_is_detected_and_migrated_and_antdt_nd_beats_none(
         stack: Stack, client: JobClient, data: Path) -> None:
+    # The same job without a policy races antdt-nd, side by side on the same machine (one after the other
+    # took twice as long, and each job then had the machine to itself, a fairer race for neither): once
+    # antdt-nd has ended, and "none" has run at least as long as antdt-nd's JCT from its own start, it must
+    # not have finished.  It is not run to its end: throttled to 5 % of a core its PS takes 5-10 minutes for
+    # the rest, which measures the machine, not Pacer (two runs of a 400-s wait for it failed on a slower
+    # machine).
     await client.submit("psslow-nd", spec("psslow-nd", data, "antdt-nd"))
+    await client.submit("psslow-none", spec("psslow-none", data, "none"))
     nd = await run_to_end(client, "psslow-nd")
     assert nd.state is JobState.COMPLETED, nd.reason
     assert nd.progress.records_done == ROWS
-    # The same job without a policy, raced against antdt-nd's JCT: it must not have finished by then.  It is
-    # not run to its end: throttled to 5 % of a core its PS takes 5-10 minutes for the rest, which measures
-    # the machine, not Pacer (two runs of a 400-s wait for it failed on a slower machine).
-    await client.submit("psslow-none", spec("psslow-none", data, "none"))
     none_at = await run_for(client, "psslow-none", jct(nd))
     await client.stop("psslow-none", "the race with antdt-nd is decided")
     none = await run_to_end(client, "psslow-none")
