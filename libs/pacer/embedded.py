@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -66,11 +67,44 @@ def find_binary() -> str:
     )
 
 
+# Ports handed out for servers that bind them later come from below the kernel's ephemeral range.
+# A port from bind(0) lies inside it, and every outgoing connection takes its local port from there
+# too: a TensorFlow PS or worker that binds its port seconds after it was picked (or a relaunched
+# one, minutes after) found it taken by some client's connection ("Could not start gRPC server",
+# seen beside a loaded test run).  Below the range only another bind can take it.
+LISTEN_PORTS_FROM = 20000
+
+
+def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))  # TensorFlow's servers bind every address
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
+    """A TCP port free now, for a server that binds it later: a random one below the ephemeral range
+    (:data:`LISTEN_PORTS_FROM` up), else (no room there) one from the kernel."""
+    high = _ephemeral_low()
+    rng = random.SystemRandom()
+    if high - LISTEN_PORTS_FROM >= 1000:
+        for _ in range(100):
+            port = rng.randrange(LISTEN_PORTS_FROM, high)
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        port_: int = s.getsockname()[1]
+        return port_
 
 
 @dataclass

@@ -20,10 +20,12 @@ class ClusterDesc:
 
     @classmethod
     def local(cls, num_ps: int, max_workers: int) -> ClusterDesc:
-        return cls(
-            tuple(f"127.0.0.1:{free_port()}" for _ in range(num_ps)),
-            tuple(f"127.0.0.1:{free_port()}" for _ in range(max_workers)),
-        )
+        ports: list[int] = []
+        while len(ports) < num_ps + max_workers:  # distinct: a port picked twice is bound by neither yet
+            if (port := free_port()) not in ports:
+                ports.append(port)
+        addrs = tuple(f"127.0.0.1:{p}" for p in ports)
+        return cls(addrs[:num_ps], addrs[num_ps:])
 
     def as_tf(self) -> dict[str, list[str]]:
         return {"ps": list(self.ps), "worker": list(self.workers)}
