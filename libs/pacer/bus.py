@@ -27,6 +27,8 @@ import contextlib
 import logging
 import os
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -95,10 +97,17 @@ class _Client(Client):
     worker's connection closed for ever and the job failed).  Treated as a
     lost connection, the client reconnects again, as it would after a
     server crash; a credential that stays refused is retried and reported
-    on every attempt.  The first connect still fails on it at once.
+    on every attempt.  (nats-py retries a refused first connect the same way,
+    with ``max_reconnect_attempts=-1``.)
+
+    ``refused_since`` is when the present run of refusals began (monotonic
+    seconds; None while connected): how :meth:`Bus.connect`'s ``give_up_refused_s``
+    tells a refusal for good (a torn-down job's pod, an expired token) from
+    a callout that is briefly away.
     """
 
     connected_once = False
+    refused_since: float | None = None
 
     async def _process_err(self, err_msg: str) -> None:
         if self.connected_once and AUTHORIZATION_VIOLATION in err_msg.lower() and not self.is_closed:
@@ -124,23 +133,47 @@ class Bus:
 
     @classmethod
     async def connect(
-        cls, url: str = DEFAULT_URL, name: str = "pacer", replicas: int = 1, connect_timeout: float = 5.0
+        cls, url: str = DEFAULT_URL, name: str = "pacer", replicas: int = 1, connect_timeout: float = 5.0, *,
+        give_up_refused_s: float = 0.0, on_give_up: Callable[[], object] | None = None,
     ) -> Bus:
+        """Connect to ``url``.  A lost connection is retried for ever, an authorization refusal too, when
+        connecting as when reconnecting (:class:`_Client`), unless ``give_up_refused_s`` > 0: when every
+        attempt for that long was refused, the client closes for good and ``on_give_up`` is called (once),
+        or, before it ever connected, this raises :class:`nats.errors.AuthorizationError`."""
+        nc = _Client()
+        giving_up: list[asyncio.Task[None]] = []
+        refused_first = asyncio.Event()
+
+        async def give_up() -> None:
+            if not nc.connected_once:
+                refused_first.set()  # connect below stops waiting, cancels nats-py's loop and raises
+                return
+            await nc.close()
+            if on_give_up is not None:
+                on_give_up()
+
         async def on_error(exc: Exception) -> None:
             log.warning("nats error: %s", exc)
-
-        holder: list[Client] = []
+            if not (isinstance(exc, nats.errors.AuthorizationError) or AUTHORIZATION_VIOLATION in str(exc).lower()):
+                return
+            now = time.monotonic()
+            if nc.refused_since is None:
+                nc.refused_since = now
+            if 0 < give_up_refused_s <= now - nc.refused_since and not giving_up:
+                log.error("nats refused this client's credentials for %.0f s: giving up", now - nc.refused_since)
+                # Its own task: this callback runs inside nats-py's reconnect task, which close() cancels.
+                giving_up.append(asyncio.get_running_loop().create_task(give_up()))
 
         async def on_disconnect() -> None:
             # nats-py also calls this on an intentional close: only a real loss is worth a warning.
-            if holder and not (holder[0].is_closed or holder[0].is_draining):
+            if nc.connected_once and not (nc.is_closed or nc.is_draining):
                 log.warning("nats disconnected")
 
         async def on_reconnect() -> None:
+            nc.refused_since = None
             log.info("nats reconnected")
 
-        nc = _Client()
-        await nc.connect(
+        connecting = asyncio.ensure_future(nc.connect(
             name=name,
             connect_timeout=connect_timeout,  # type: ignore[arg-type]  # typed int, used as seconds (float)
             reconnect_time_wait=0.2,  # type: ignore[arg-type]
@@ -152,8 +185,20 @@ class Bus:
             pending_size=64 * 1024 * 1024,
             # servers (url may list several: nats://a:1,nats://b:2), credentials, CA and the user's inbox prefix
             **connect_options(url, os.environ),  # type: ignore[arg-type]
-        )
-        holder.append(nc)
+        ))
+        refused = asyncio.ensure_future(refused_first.wait())
+        try:
+            await asyncio.wait({connecting, refused}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            refused.cancel()
+            if not connecting.done():
+                connecting.cancel()
+        if not connecting.done() or connecting.cancelled():
+            with contextlib.suppress(nats.errors.Error):
+                await nc.close()
+            raise nats.errors.AuthorizationError()
+        connecting.result()  # its error, if it failed
+        nc.refused_since = None
         nc.connected_once = True
         return cls(nc, nc.jetstream(timeout=5.0), replicas)
 

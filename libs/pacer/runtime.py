@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import nats.errors
 from aiohttp import web
 from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind
@@ -61,6 +62,13 @@ class RuntimeConfig:
     replicas: int = field(default_factory=lambda: int(os.environ.get("PACER_REPLICAS", "1")))
     drain_s: float = 10.0
     instance: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    # > 0: when the bus has refused this process's credentials for this long (every attempt, connecting or
+    # reconnecting), the service stops and run_service raises Refused (a pod's agent: EXIT_REFUSED).
+    give_up_refused_s: float = 0.0
+
+
+class Refused(Exception):
+    """The bus refused this process's credentials for ``RuntimeConfig.give_up_refused_s``."""
 
 
 async def guard(name: str, loop: Callable[[], Awaitable[None]], pause: float = 1.0) -> None:
@@ -156,7 +164,13 @@ async def run_service(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         not_dumpable()
-    bus = await Bus.connect(cfg.nats_url, name=cfg.instance, replicas=cfg.replicas)
+    refused = asyncio.Event()
+
+    def on_give_up() -> None:
+        refused.set()
+        stop.set()
+
+    bus = await _connect(cfg, on_give_up)
     uptime = telemetry.Stopwatch()
     status = "starting"
     svc: Service | None = None
@@ -183,10 +197,12 @@ async def run_service(
             status = "draining"
             log.info("service draining", extra={"fields": {"service": svc.name}})
             try:
-                await asyncio.wait_for(svc.drain(), cfg.drain_s)
+                if not refused.is_set():  # a bus that refused us for good is closed: nothing to drain into
+                    await asyncio.wait_for(svc.drain(), cfg.drain_s)
             except TimeoutError:
                 log.warning("drain deadline passed; cancelling in-flight work")
-            await health_sub.unsubscribe()
+            if not bus.nc.is_closed:
+                await health_sub.unsubscribe()
             await _cancel_service_tasks(owner)
     finally:
         _OWNER.reset(token)
@@ -196,6 +212,17 @@ async def run_service(
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+    if refused.is_set():
+        raise Refused(f"the bus refused {cfg.instance}'s credentials for {cfg.give_up_refused_s:g} s")
+
+
+async def _connect(cfg: RuntimeConfig, on_give_up: Callable[[], None]) -> Bus:
+    """The service's bus; :class:`Refused` when its first connect was refused for ``cfg.give_up_refused_s``."""
+    try:
+        return await Bus.connect(cfg.nats_url, name=cfg.instance, replicas=cfg.replicas,
+                                 give_up_refused_s=cfg.give_up_refused_s, on_give_up=on_give_up)
+    except nats.errors.AuthorizationError as exc:
+        raise Refused(f"the bus refused {cfg.instance}'s credentials for {cfg.give_up_refused_s:g} s") from exc
 
 
 # Which run_service created a task (directly or from one of its tasks: a task's context is copied at

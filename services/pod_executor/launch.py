@@ -86,7 +86,7 @@ class LaunchConfig:
     # (ExecutorConfig.agent_secret, from PACER_AGENT_TOKEN_SECRET.)
     agent_secret: str = field(default="", repr=False)
     # How long a pod's token is good for (PACER_AGENT_TOKEN_TTL_S): a pod that must reconnect after
-    # that is refused (that its agent then exits and the pod is relaunched is not tested yet).
+    # that is refused, ends (its agent gives up: EXIT_REFUSED) and is relaunched with a new token.
     token_ttl_s: float = DEFAULT_TOKEN_TTL_S
     clock: Callable[[], float] = field(default=time.time, repr=False, compare=False)  # tokens' "now"
 

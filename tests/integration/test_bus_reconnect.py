@@ -7,6 +7,10 @@ a service or trainer whose connection closes never talks again.  Here the
 server's config is reloaded with the user's password changed (the server
 drops the client with that error and refuses its reconnects), then changed
 back: the bus must reconnect by itself.
+
+A pod's process gives up instead once it has been refused for long enough
+(``give_up_refused_s``: its job was torn down, its token expired): its
+service stops and it exits with ``EXIT_REFUSED``.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ import asyncio
 import signal
 import subprocess
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from nats.aio.msg import Msg
 from pacer.bus import Bus
 from pacer.embedded import find_binary, free_port, http_json
+from pacer.runtime import Refused, RuntimeConfig, run_service
+from pacer.telemetry import Counters
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,7 +53,10 @@ async def test_a_connection_refused_on_reconnect_reconnects_once_its_credentials
                                                   stderr=subprocess.STDOUT)
     try:
         await wait_for(lambda: http_json(f"http://127.0.0.1:{monitor}/healthz")[0] == 200, 20, "server not up")
-        bus = await Bus.connect(f"nats://svc:right@127.0.0.1:{port}", name="reconnect-test")
+        # A limit longer than the refusals: they are not given up on.
+        gave_up: list[bool] = []
+        bus = await Bus.connect(f"nats://svc:right@127.0.0.1:{port}", name="reconnect-test",
+                                give_up_refused_s=60, on_give_up=lambda: gave_up.append(True))
         try:
             async def echo(msg: Msg) -> None:
                 await msg.respond(msg.data)
@@ -66,8 +76,81 @@ async def test_a_connection_refused_on_reconnect_reconnects_once_its_credentials
             server.send_signal(signal.SIGHUP)
             await wait_for(lambda: bus.nc.is_connected, 20, "the bus did not reconnect")
             assert (await bus.nc.request("echo", b"2", timeout=5)).data == b"2"
+            assert not gave_up
         finally:
             await bus.close()
     finally:
         server.terminate()
         await asyncio.wait_for(server.wait(), 10)
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[tuple[int, Path, asyncio.subprocess.Process]]:
+    """A nats-server that accepts the user ``svc`` with the password "right": (port, config, process)."""
+    port, monitor = free_port(), free_port()
+    path = tmp_path / "nats.conf"
+    path.write_text(conf(port, monitor, "right"))
+    proc = await asyncio.create_subprocess_exec(find_binary(), "-c", str(path), stdout=subprocess.DEVNULL,
+                                                stderr=subprocess.STDOUT)
+    try:
+        await wait_for(lambda: http_json(f"http://127.0.0.1:{monitor}/healthz")[0] == 200, 20, "server not up")
+        yield port, path, proc
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 10)
+
+
+class Idle:
+    """A service that does nothing: run_service's own behaviour is under test."""
+
+    name = "idle"
+
+    def __init__(self) -> None:
+        self.counters = Counters("idle")
+        self.started = asyncio.Event()
+
+    async def start(self, tg: asyncio.TaskGroup) -> None:
+        self.started.set()
+
+    async def drain(self) -> None:
+        pass
+
+
+async def test_a_service_refused_for_its_give_up_time_after_connecting_stops_and_raises_refused(
+        server: tuple[int, Path, asyncio.subprocess.Process]) -> None:
+    port, path, proc = server
+    svc = Idle()
+    buses: list[Bus] = []
+
+    async def factory(bus: Bus, _: RuntimeConfig) -> Idle:
+        buses.append(bus)
+        return svc
+
+    cfg = RuntimeConfig(nats_url=f"nats://svc:right@127.0.0.1:{port}", instance="pod-x", give_up_refused_s=2.0)
+    run = asyncio.create_task(run_service(factory, cfg, install_signals=False))
+    await asyncio.wait_for(svc.started.wait(), 20)
+    path.write_text(conf(port, monitor_of(path), "changed"))  # the pod's job is gone: refused from now on
+    proc.send_signal(signal.SIGHUP)
+    with pytest.raises(Refused):
+        await asyncio.wait_for(run, 30)
+    assert buses[0].nc.is_closed
+    assert buses[0].nc.refused_since is not None
+
+
+async def test_a_refused_first_connect_is_tried_again_until_the_give_up_time_then_refused(
+        server: tuple[int, Path, asyncio.subprocess.Process]) -> None:
+    port, _, _ = server
+    started = time.monotonic()
+    cfg = RuntimeConfig(nats_url=f"nats://svc:wrong@127.0.0.1:{port}", instance="pod-y", give_up_refused_s=2.0)
+    with pytest.raises(Refused):
+        await asyncio.wait_for(run_service(lambda bus, _: _never(), cfg, install_signals=False), 30)
+    assert time.monotonic() - started >= 2.0  # it tried for its give-up time, not once
+
+
+async def _never() -> Idle:
+    raise AssertionError("a refused connection reached the service's factory")
+
+
+def monitor_of(path: Path) -> int:
+    """The monitoring port written in the config at ``path``."""
+    return int(path.read_text().split("http: 127.0.0.1:")[1].split()[0])

@@ -12,14 +12,17 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from pacer.contracts.executor import PodPhase, PodSpec, PodStatus
+from pacer.contracts.executor import EXIT_REFUSED, PodPhase, PodSpec, PodStatus
+from pacer.embedded import find_binary, free_port, http_json
 from pacer.errors import Conflict, NotFound
 from pacer_services.pod_executor.backends import Backend
 from pacer_services.pod_executor.backends.local import LocalBackend
@@ -358,6 +361,38 @@ async def test_pod_dir_substitution_and_the_agent(backend: LocalBackend) -> None
     assert (d / "agent.txt").read_text() == "stopped"  # by SIGTERM, not SIGKILL
     assert await backend.logs("sidecar") == "agent is up\n"
     assert await backend.logs("sidecar", container="agent") == ""
+
+
+@pytest.fixture
+def bus_of_one_user(tmp_path: Path) -> Iterator[int]:
+    """A nats-server (its port) that admits only the user ``agent-j`` with the password "current"."""
+    port, monitor = free_port(), free_port()
+    conf = tmp_path / "nats.conf"
+    conf.write_text(f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n"
+                    'authorization { users = [ { user: "agent-j", password: "current" } ] }\n')
+    server = subprocess.Popen([find_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while http_json(f"http://127.0.0.1:{monitor}/healthz")[0] != 200:
+            assert time.monotonic() < deadline, "nats-server not up"
+            time.sleep(0.05)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+async def test_a_pod_whose_agent_the_bus_refuses_for_good_ends_with_exit_refused(
+        backend: LocalBackend, bus_of_one_user: int) -> None:
+    """A torn-down job's pod or an expired token: the real agent gives up after --give-up-refused and the
+    pod stops its trainer (which would wait for the bus for ever) and ends with EXIT_REFUSED."""
+    agent = [sys.executable, "-m", "pacer.agent.main", "--job", JOB, "--node", "worker-0",
+             "--ipc", "{pod_dir}/trainer.ipc", "--nats", f"nats://agent-j:expired@127.0.0.1:{bus_of_one_user}",
+             "--give-up-refused", "2"]
+    await backend.create(spec("refused", "import time; time.sleep(120)", agent=agent))
+    st = await wait_exit(backend, "refused", timeout=60)
+    assert st.exit_code == EXIT_REFUSED and classify(info(st)) is ExitReason.REFUSED, st
+    assert f"exiting with {EXIT_REFUSED}" in await backend.logs("refused", container="agent")
 
 
 async def test_unstartable_command_is_a_config_error(backend: LocalBackend) -> None:

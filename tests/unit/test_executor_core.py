@@ -77,6 +77,8 @@ W0 = Node(NodeSpec("worker", 0, cpu=1.0, memory_mb=1024), state="running")
         (ExitInfo(2), ExitReason.CONFIG_ERROR),
         (ExitInfo(None, k8s_reason="ImagePullBackOff"), ExitReason.CONFIG_ERROR),
         (ExitInfo(1), ExitReason.USER_ERROR),
+        (ExitInfo(77), ExitReason.REFUSED),
+        (ExitInfo(77, network_error=True), ExitReason.REFUSED),  # a refused trainer's log names the connection
     ],
 )
 def test_exits_are_classified_as_antdt_v_d(info: ExitInfo, reason: ExitReason) -> None:
@@ -100,6 +102,18 @@ def test_retryable_failures_relaunch_until_the_budget_is_spent() -> None:
         node = Node(d.relaunch, restarts=node.restarts + 1)
     d = on_exit(node, ExitInfo(None, signal=9), policy)
     assert d.fail_job and d.relaunch is None and "budget" in d.detail
+
+
+def test_a_pod_refused_by_the_bus_is_relaunched_while_its_job_runs_and_not_once_it_ended() -> None:
+    # The relaunch mints the new pod a fresh token (an expired one is the usual cause); it spends budget,
+    # so credentials refused for another reason cannot relaunch a node for ever.
+    running = answer_exit(W0, ExitInfo(77))
+    assert running.outcome is ExitOutcome.RELAUNCH and running.relaunch == W0.spec and not running.requested
+    assert running.reason == "refused"
+    ended = answer_exit(W0, ExitInfo(77), active=False)
+    assert ended.outcome is ExitOutcome.NOTHING
+    spent = on_exit(Node(W0.spec, restarts=3), ExitInfo(77), ExecutorPolicy(relaunch_budget=3))
+    assert spent.fail_job and "budget" in spent.detail
 
 
 def test_kill_restart_is_not_a_failure_and_spends_no_budget() -> None:

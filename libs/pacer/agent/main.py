@@ -7,8 +7,10 @@ A PS's agent (``--role ps``) times a small TF RPC to ``--probe`` every
 ``--probe-every`` s and reports every ``--report-every`` s (see
 :mod:`pacer.agent.agent`, "Servers").
 
-Runs until SIGTERM/SIGINT.  The trainer beside it attaches to the same
-``--ipc`` file (:class:`pacer.agent.ipc.TrainerIPC`; the launcher usually
+Runs until SIGTERM/SIGINT, or until the bus has refused the pod's credentials
+for ``--give-up-refused`` seconds: it then exits with 77
+(:data:`pacer.contracts.executor.EXIT_REFUSED`), and the pod with it.  The
+trainer beside it attaches to the same ``--ipc`` file (:class:`pacer.agent.ipc.TrainerIPC`; the launcher usually
 passes it as ``$PACER_AGENT_IPC``); the agent waits for the file to appear.
 """
 
@@ -25,7 +27,12 @@ from pacer import telemetry
 from pacer.agent.agent import AgentConfig, AgentService
 from pacer.agent.ipc import default_path
 from pacer.bus import DEFAULT_URL, Bus
-from pacer.runtime import RuntimeConfig, run_service
+from pacer.contracts.executor import EXIT_REFUSED
+from pacer.runtime import Refused, RuntimeConfig, run_service
+
+# Refused this long, the pod's credentials are refused for good (its job was torn down, its token expired),
+# not by an auth callout that is briefly away (a callout's server restarting takes seconds).
+GIVE_UP_REFUSED_S = 120.0
 
 
 def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig]:
@@ -52,6 +59,11 @@ def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig
                    help="role ps: seconds between probes ($PACER_AGENT_PROBE_EVERY_S)")
     p.add_argument("--report-every", type=float, default=os.environ.get("PACER_AGENT_REPORT_EVERY_S", "2"),
                    help="role ps: seconds between metrics reports ($PACER_AGENT_REPORT_EVERY_S)")
+    p.add_argument("--give-up-refused", type=float,
+                   default=os.environ.get("PACER_AGENT_GIVE_UP_REFUSED_S", str(GIVE_UP_REFUSED_S)),
+                   help="exit with 77 (the pod ends with it) once the bus has refused this pod's credentials "
+                        "for this many seconds: its job was torn down or its token expired; 0 = never "
+                        "($PACER_AGENT_GIVE_UP_REFUSED_S)")
     a = p.parse_args(argv)
     try:
         cfg = AgentConfig(
@@ -72,7 +84,7 @@ def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig
         )
     except Exception as exc:  # ids and ranges: a usage error, not a traceback
         p.error(str(exc))
-    rc = RuntimeConfig(nats_url=a.nats, instance=cfg.instance)
+    rc = RuntimeConfig(nats_url=a.nats, instance=cfg.instance, give_up_refused_s=a.give_up_refused)
     return cfg, rc
 
 
@@ -86,9 +98,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        asyncio.run(run_service(factory, rc))
+        run = asyncio.run
     else:
-        uvloop.run(run_service(factory, rc))
+        run = uvloop.run
+    try:
+        run(run_service(factory, rc))
+    except Refused as exc:
+        print(f"agent: {exc}: exiting with {EXIT_REFUSED}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_REFUSED)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,11 @@ from dataclasses import dataclass, field
 from pacer.codec import doc, message
 from pacer.contracts.jobs import ResourcePlan
 
+#: A pod's exit code when its bus credentials were refused for good (sysexits' EX_NOPERM): its job ended
+#: and was torn down, or its token expired.  The agent exits with it after
+#: ``pacer.runtime.RuntimeConfig.give_up_refused_s``; the pod then stops its trainer and ends with it too.
+EXIT_REFUSED = 77
+
 
 class PodPhase(str, enum.Enum):
     """Where a pod is: created but not running yet, running, or ended."""

@@ -64,7 +64,7 @@ from typing import Any
 
 import psutil
 from pacer.codec import from_dict, to_dict
-from pacer.contracts.executor import PodPhase, PodSpec, PodStatus
+from pacer.contracts.executor import EXIT_REFUSED, PodPhase, PodSpec, PodStatus
 
 THROTTLE_ENV = "PACER_POD_CPU_THROTTLE"  # {"cpu": c, "start_s": t}: an injected CPU straggler
 POD_FILE = "pod.json"
@@ -399,11 +399,17 @@ class Supervisor:
         throttle = self._throttle()
         throttle_at = period_start + throttle[1] if throttle is not None else None
         tree.cpu_used()
+        refused = False  # the agent exited EXIT_REFUSED: the pod's credentials are refused for good
         while True:
             rc = trainer.poll()
             if rc is not None:
-                return rc, oom, peak
+                return (EXIT_REFUSED if refused and rc != 0 else rc), oom, peak
             now = time.monotonic()
+            if not refused and self.agent is not None and self.agent.poll() == EXIT_REFUSED:
+                # The trainer's own connection is refused as well: it would wait for the bus for ever.
+                print("pod: the agent's bus credentials were refused for good: stopping the trainer",
+                      file=sys.stderr, flush=True)
+                refused = True
             if throttle is not None and throttle_at is not None and now >= throttle_at and kill_at is None:
                 throttle_at = None  # once: the machine has turned slow
                 if quota is None:
@@ -412,7 +418,7 @@ class Supervisor:
                     tree.cpu_used()
                     period_start = now
                 quota.cpu = min(quota.cpu, throttle[0])
-            if self.term_requested and kill_at is None:
+            if (self.term_requested or refused) and kill_at is None:
                 kill_at = now + self._grace_s()
                 if quota is not None:  # no throttling during the grace: let it shut down
                     quota.release(now)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+from pacer.contracts import executor
 from pacer.contracts.common import Role
 from pacer.contracts.executor import NodeIntent
 from pacer_services.pod_executor.core.model import DEFAULT_POLICY, ExecutorPolicy, Node, NodeSpec
@@ -28,6 +29,7 @@ from pacer_services.pod_executor.core.resize import relaunch_resized
 EXIT_OK = 0
 EXIT_RESTART = 75  # the trainer asks to be relaunched (KILL_RESTART); see pacer.trainer.worker
 EXIT_USAGE = 2  # argparse and most CLIs: bad arguments / configuration
+EXIT_REFUSED = executor.EXIT_REFUSED  # the bus refused the pod's credentials for good (its agent gave up)
 SIGKILL = 9
 SIGTERM = 15
 
@@ -44,6 +46,7 @@ class ExitReason(str, enum.Enum):
     NETWORK = "network"  # the trainer reported a lost PS / connection failure
     USER_ERROR = "user_error"  # the user's code raised (non-zero exit, not one of the above)
     CONFIG_ERROR = "config_error"  # bad arguments or configuration (exit 2, image/config errors)
+    REFUSED = "refused"  # the bus refused the pod's credentials for good (exit 77): an expired token, most likely
 
 
 # AntDT §V-D: which reasons may be retried by relaunching the node.
@@ -54,6 +57,7 @@ RETRYABLE: frozenset[ExitReason] = frozenset({
     ExitReason.EVICTED,
     ExitReason.PREEMPTED,
     ExitReason.NETWORK,
+    ExitReason.REFUSED,  # a new pod of a running job gets a fresh token; an ended job's is not relaunched
 })
 
 # Kubernetes container/pod reasons -> ours.
@@ -96,6 +100,8 @@ def classify(info: ExitInfo) -> ExitReason:
         return ExitReason.RESTART_REQUESTED
     if info.signal in (SIGKILL, SIGTERM) or info.code in (128 + SIGKILL, 128 + SIGTERM, -SIGKILL, -SIGTERM):
         return ExitReason.KILLED
+    if info.code == EXIT_REFUSED:
+        return ExitReason.REFUSED
     if info.code == EXIT_USAGE:  # the trainer said its configuration is wrong: words in its log do not retry it
         return ExitReason.CONFIG_ERROR
     if info.network_error:
