@@ -28,7 +28,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -62,6 +62,16 @@ log = logging.getLogger("pacer.bus")
 T = TypeVar("T")
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
+# A pod's processes (agent, trainer) give up once the bus has refused their credentials this long
+# (``Bus.connect(give_up_refused_s=...)``): their job was torn down or their token expired, not an auth
+# callout briefly away (its server restarting takes seconds).  $PACER_AGENT_GIVE_UP_REFUSED_S overrides it.
+GIVE_UP_REFUSED_ENV = "PACER_AGENT_GIVE_UP_REFUSED_S"
+DEFAULT_GIVE_UP_REFUSED_S = 120.0
+
+
+def give_up_refused_s(env: Mapping[str, str] = os.environ) -> float:
+    """A pod process's give-up time: :data:`GIVE_UP_REFUSED_ENV`, else :data:`DEFAULT_GIVE_UP_REFUSED_S`."""
+    return float(env.get(GIVE_UP_REFUSED_ENV, DEFAULT_GIVE_UP_REFUSED_S))
 #: JetStream's "no suitable peers for placement": a cluster that cannot place the replicas now (a peer offline).
 NO_PEERS_FOR_PLACEMENT = 10005
 

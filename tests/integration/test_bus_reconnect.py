@@ -16,15 +16,18 @@ service stops and it exits with ``EXIT_REFUSED``.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from nats.aio.msg import Msg
-from pacer.bus import Bus
+from pacer.bus import GIVE_UP_REFUSED_ENV, Bus
+from pacer.contracts.executor import EXIT_REFUSED
 from pacer.embedded import find_binary, free_port, http_json
 from pacer.runtime import Refused, RuntimeConfig, run_service
 from pacer.telemetry import Counters
@@ -154,3 +157,40 @@ async def _never() -> Idle:
 def monitor_of(path: Path) -> int:
     """The monitoring port written in the config at ``path``."""
     return int(path.read_text().split("http: 127.0.0.1:")[1].split()[0])
+
+
+TRAINER = """
+import sys, time
+from pacer.shards.client import BlockingShardClient
+BlockingShardClient(sys.argv[1], "j", "train", "worker-0")
+print("connected", flush=True)
+time.sleep(120)
+"""
+
+
+async def trainer(url: str) -> asyncio.subprocess.Process:
+    """A trainer's shard client in its own process, giving up after 1 s of refusals."""
+    env = {**os.environ, GIVE_UP_REFUSED_ENV: "1"}
+    return await asyncio.create_subprocess_exec(sys.executable, "-c", TRAINER, url, env=env,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+async def test_a_trainer_refused_for_good_after_connecting_exits_with_exit_refused(
+        server: tuple[int, Path, asyncio.subprocess.Process]) -> None:
+    """On Kubernetes no pod supervisor stops a trainer whose agent gave up: its own shard client must."""
+    port, path, proc = server
+    t = await trainer(f"nats://svc:right@127.0.0.1:{port}")
+    assert t.stdout is not None and t.stderr is not None
+    assert await asyncio.wait_for(t.stdout.readline(), 30) == b"connected\n"
+    path.write_text(conf(port, monitor_of(path), "changed"))
+    proc.send_signal(signal.SIGHUP)
+    assert await asyncio.wait_for(t.wait(), 30) == EXIT_REFUSED, (await t.stderr.read()).decode()[-2000:]
+
+
+async def test_a_trainer_refused_from_its_first_connect_exits_with_exit_refused(
+        server: tuple[int, Path, asyncio.subprocess.Process]) -> None:
+    port, _, _ = server
+    t = await trainer(f"nats://svc:wrong@127.0.0.1:{port}")
+    assert t.stdout is not None and t.stderr is not None
+    assert await asyncio.wait_for(t.wait(), 30) == EXIT_REFUSED, (await t.stderr.read()).decode()[-2000:]
+    assert await t.stdout.read() == b""  # it never got a client

@@ -26,13 +26,9 @@ from pathlib import Path
 from pacer import telemetry
 from pacer.agent.agent import AgentConfig, AgentService
 from pacer.agent.ipc import default_path
-from pacer.bus import DEFAULT_URL, Bus
+from pacer.bus import DEFAULT_GIVE_UP_REFUSED_S, DEFAULT_URL, GIVE_UP_REFUSED_ENV, Bus
 from pacer.contracts.executor import EXIT_REFUSED
 from pacer.runtime import Refused, RuntimeConfig, run_service
-
-# Refused this long, the pod's credentials are refused for good (its job was torn down, its token expired),
-# not by an auth callout that is briefly away (a callout's server restarting takes seconds).
-GIVE_UP_REFUSED_S = 120.0
 
 
 def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig]:
@@ -60,7 +56,7 @@ def parse(argv: Sequence[str] | None = None) -> tuple[AgentConfig, RuntimeConfig
     p.add_argument("--report-every", type=float, default=os.environ.get("PACER_AGENT_REPORT_EVERY_S", "2"),
                    help="role ps: seconds between metrics reports ($PACER_AGENT_REPORT_EVERY_S)")
     p.add_argument("--give-up-refused", type=float,
-                   default=os.environ.get("PACER_AGENT_GIVE_UP_REFUSED_S", str(GIVE_UP_REFUSED_S)),
+                   default=os.environ.get(GIVE_UP_REFUSED_ENV, str(DEFAULT_GIVE_UP_REFUSED_S)),
                    help="exit with 77 (the pod ends with it) once the bus has refused this pod's credentials "
                         "for this many seconds: its job was torn down or its token expired; 0 = never "
                         "($PACER_AGENT_GIVE_UP_REFUSED_S)")

@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -54,8 +55,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import nats.errors
+
 from pacer import subjects
 from pacer.bus import DEFAULT_RETRY, Bus, RetryPolicy
+from pacer.bus import give_up_refused_s as bus_give_up_refused_s
+from pacer.contracts.executor import EXIT_REFUSED
 from pacer.contracts.shards import (
     REPORTS_PER_LEASE,
     AppendRequest,
@@ -383,16 +388,37 @@ class ShardClient:
             self._ready = deque(new if r.shard == s.shard else r for r in self._ready)
 
 
-class BlockingShardClient:
-    """The :class:`ShardClient` API for threads: a private loop runs the async client."""
+def exit_refused() -> None:
+    """A pod's trainer whose bus credentials were refused for good exits with EXIT_REFUSED, and its pod
+    with it (the executor relaunches the node with a fresh token while the job runs)."""
+    log.error("the bus refused this pod's credentials for good: exiting with %d", EXIT_REFUSED)
+    logging.shutdown()
+    os._exit(EXIT_REFUSED)  # from the client's thread: TensorFlow's would wait for shards for ever
 
-    def __init__(self, nats_url: str, job: str, dataset: str, node: str, **kwargs: Any) -> None:
+
+class BlockingShardClient:
+    """The :class:`ShardClient` API for threads: a private loop runs the async client.
+
+    Its bus gives up once it has refused the pod's credentials for ``give_up_refused_s`` (default
+    :func:`pacer.bus.give_up_refused_s`; 0: never) and calls ``on_refused``, which by default ends the
+    process with EXIT_REFUSED: a trainer whose job was torn down or whose token expired would otherwise
+    wait for the bus for ever, on Kubernetes too, where no pod supervisor stops it.
+    """
+
+    def __init__(self, nats_url: str, job: str, dataset: str, node: str, *, give_up_refused_s: float | None = None,
+                 on_refused: Callable[[], None] = exit_refused, **kwargs: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"pacer-shards-{node}", daemon=True)
         self._thread.start()
+        give_up = bus_give_up_refused_s() if give_up_refused_s is None else give_up_refused_s
 
         async def make() -> tuple[Bus, ShardClient]:
-            bus = await Bus.connect(nats_url, name=f"shard-client-{node}")
+            try:
+                bus = await Bus.connect(nats_url, name=f"shard-client-{node}", give_up_refused_s=give_up,
+                                        on_give_up=on_refused)
+            except nats.errors.AuthorizationError:  # refused for give_up s before it ever connected
+                on_refused()
+                raise
             client = ShardClient(bus, job, dataset, node, **kwargs)
             await client.start()
             return bus, client
