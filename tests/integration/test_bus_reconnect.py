@@ -47,46 +47,6 @@ async def wait_for(check: object, within: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_a_connection_refused_on_reconnect_reconnects_once_its_credentials_are_accepted_again(
-        tmp_path: Path) -> None:
-    port, monitor = free_port(), free_port()
-    path = tmp_path / "nats.conf"
-    path.write_text(conf(port, monitor, "right"))
-    server = await asyncio.create_subprocess_exec(find_binary(), "-c", str(path), stdout=subprocess.DEVNULL,
-                                                  stderr=subprocess.STDOUT)
-    try:
-        await wait_for(lambda: http_json(f"http://127.0.0.1:{monitor}/healthz")[0] == 200, 20, "server not up")
-        # A limit longer than the refusals: they are not given up on.
-        gave_up: list[bool] = []
-        bus = await Bus.connect(f"nats://svc:right@127.0.0.1:{port}", name="reconnect-test",
-                                give_up_refused_s=60, on_give_up=lambda: gave_up.append(True))
-        try:
-            async def echo(msg: Msg) -> None:
-                await msg.respond(msg.data)
-
-            await bus.nc.subscribe("echo", cb=echo)
-            assert (await bus.nc.request("echo", b"1", timeout=2)).data == b"1"
-
-            # The server now refuses the user: it drops the connection with an authorization violation.
-            path.write_text(conf(port, monitor, "changed"))
-            server.send_signal(signal.SIGHUP)
-            await wait_for(lambda: not bus.nc.is_connected, 15, "the server did not drop the client")
-            await asyncio.sleep(1.0)  # a few refused reconnects
-            assert not bus.nc.is_closed, "the connection was closed for good on an authorization violation"
-
-            # Accepted again: the same connection is back, with its subscription.
-            path.write_text(conf(port, monitor, "right"))
-            server.send_signal(signal.SIGHUP)
-            await wait_for(lambda: bus.nc.is_connected, 20, "the bus did not reconnect")
-            assert (await bus.nc.request("echo", b"2", timeout=5)).data == b"2"
-            assert not gave_up
-        finally:
-            await bus.close()
-    finally:
-        server.terminate()
-        await asyncio.wait_for(server.wait(), 10)
-
-
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[tuple[int, Path, asyncio.subprocess.Process]]:
     """A nats-server that accepts the user ``svc`` with the password "right": (port, config, process)."""
@@ -101,6 +61,37 @@ async def server(tmp_path: Path) -> AsyncIterator[tuple[int, Path, asyncio.subpr
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 10)
+
+
+async def test_a_connection_refused_on_reconnect_reconnects_once_its_credentials_are_accepted_again(
+        server: tuple[int, Path, asyncio.subprocess.Process]) -> None:
+    port, path, proc = server
+    # A limit longer than the refusals: they are not given up on.
+    gave_up: list[bool] = []
+    bus = await Bus.connect(f"nats://svc:right@127.0.0.1:{port}", name="reconnect-test",
+                            give_up_refused_s=60, on_give_up=lambda: gave_up.append(True))
+    try:
+        async def echo(msg: Msg) -> None:
+            await msg.respond(msg.data)
+
+        await bus.nc.subscribe("echo", cb=echo)
+        assert (await bus.nc.request("echo", b"1", timeout=2)).data == b"1"
+
+        # The server now refuses the user: it drops the connection with an authorization violation.
+        path.write_text(conf(port, monitor_of(path), "changed"))
+        proc.send_signal(signal.SIGHUP)
+        await wait_for(lambda: not bus.nc.is_connected, 15, "the server did not drop the client")
+        await wait_for(lambda: bus.nc.refused_since is not None, 15, "no refused reconnect")
+        assert not bus.nc.is_closed, "the connection was closed for good on an authorization violation"
+
+        # Accepted again: the same connection is back, with its subscription.
+        path.write_text(conf(port, monitor_of(path), "right"))
+        proc.send_signal(signal.SIGHUP)
+        await wait_for(lambda: bus.nc.is_connected, 20, "the bus did not reconnect")
+        assert (await bus.nc.request("echo", b"2", timeout=5)).data == b"2"
+        assert not gave_up and bus.nc.refused_since is None
+    finally:
+        await bus.close()
 
 
 class Idle:
