@@ -52,6 +52,12 @@ class StaleRevision(Conflict):
     """A compare-and-set write lost: the KV key changed since the writer read it (re-read, re-apply)."""
 
 
+class Forbidden(PacerError):
+    """The caller is known but its role or namespaces do not allow this (the API's HTTP 403)."""
+
+    code = "forbidden"
+
+
 class Unavailable(PacerError):
     """The service cannot answer now (starting, rebuilding, bus down); retry."""
 
@@ -79,7 +85,8 @@ class RemoteError(PacerError):
 
 def remote_error(code: str, message: str, temporary: bool) -> PacerError:
     """Rebuild the most specific local error class for a wire error."""
-    for cls in (DecodeError, ValidationError, NotFound, Conflict, Unavailable, LimitExceeded, ReplyTooLarge):
+    for cls in (DecodeError, ValidationError, NotFound, Conflict, Forbidden, Unavailable, LimitExceeded,
+                ReplyTooLarge):
         if cls.code == code:
             return cls(message, temporary=temporary)
     return RemoteError(message, code=code, temporary=temporary)

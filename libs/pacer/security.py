@@ -166,7 +166,8 @@ def _table() -> dict[str, Permissions]:
             publish=[_events("node"), _events(S.EXECUTOR_SERVICE), _events("cluster"), kv(S.EXECUTOR_BUCKET),
                      _AGENT_RPC, _SHARD_RPC, _rpc(S.JOB_SERVICE), _LEASES, S.ownership_forward(S.EXECUTOR_SERVICE)],
             subscribe=[_rpc(S.EXECUTOR_SERVICE), S.EVENTS_SUBJECTS, S.ownership_forward(S.EXECUTOR_SERVICE)]),
-        "api": _service("api", publish=readers, subscribe=[S.EVENTS_SUBJECTS]),  # submits, stops, reads
+        # submits, stops, reads; its audit log
+        "api": _service("api", publish=[*readers, _events("api")], subscribe=[S.EVENTS_SUBJECTS]),
         S.CONTROLLER_SERVICE: _service(
             S.CONTROLLER_SERVICE,
             publish=[_events(S.CONTROLLER_SERVICE), _policies(), _EXECUTOR_ALL, _AGENT_RPC, _SHARD_RPC,

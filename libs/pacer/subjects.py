@@ -307,7 +307,16 @@ def monitor_inputs() -> list[str]:
 # ------------------------------------------------------------------ which events are stored
 #: Every event domain (``pacer.events.<domain>.<job>.<kind>``).  A publish permission under
 #: ``pacer.events`` outside these is refused by tests/unit/test_event_storage.py.
-EVENT_DOMAINS = ("agent", "brain", "cluster", "controller", "executor", "job", MONITOR_SERVICE, "node", "shard")
+EVENT_DOMAINS = ("agent", "api", "brain", "cluster", "controller", "executor", "job", MONITOR_SERVICE, "node",
+                 "shard")
+
+#: The job token of an audit record whose request named no readable job.
+NO_JOB = "_none"
+
+
+def api_audit(job: str) -> str:
+    """``pacer.events.api.<job>.audit``: the audit log of mutating API requests (contracts.jobs.AuditRecord)."""
+    return event("api", job or NO_JOB, "audit")
 
 #: Events that are live only: delivered to whoever subscribes, never stored in PACER_EVENTS.  Each
 #: agent's heartbeat, every second, is two thirds of all events at scale and a liveness ping that the

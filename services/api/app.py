@@ -3,8 +3,8 @@
 Routes (JSON unless said otherwise; errors are ``{"error": {"code", "message"}}``
 with the HTTP status of the :class:`~pacer.errors.PacerError` code, see
 :data:`STATUS`).  Every ``/api/`` route wants ``Authorization: Bearer <token>``
-(``PACER_API_TOKEN``; 401 otherwise; a token in the URL, ``?access_token=``,
-is refused with 401 too: URLs end up in logs, proxies and browser history),
+(``PACER_API_TOKEN``, or one of ``PACER_API_TOKENS_FILE``'s; 401 otherwise; a token in the URL,
+``?access_token=``, is refused with 401 too: URLs end up in logs, proxies and browser history),
 and every mutating one ``Content-Type: application/json`` (415 otherwise, so
 that no cross-site form can stop a job):
 
@@ -24,6 +24,14 @@ that no cross-site form can stop a job):
   themselves) gets only what came after that id.  The token goes in the header here too: the
   dashboard reads the stream with ``fetch()``, since ``EventSource`` cannot set headers.
 * ``GET  /api/v1/openapi.json``          this list as an OpenAPI 3.1 document (no token needed)
+
+Identities (:mod:`.identity`): each token has a role (viewer, submitter, admin) and the namespaces
+(teams) it may act in.  A viewer may not submit or stop (403 ``forbidden``); another team's job
+answers 404 ``not_found`` on every route, the event stream included, as a job that does not exist
+would; the list shows the caller's namespaces only.  A submission goes to ``?namespace=``, else the
+caller's only namespace, else ``default`` (403 outside the caller's).  Every mutating request, refused
+or not, is audited: an :class:`~pacer.contracts.jobs.AuditRecord` on ``pacer.events.api.<job>.audit``
+and a line in the API's log.
 * ``GET  /healthz``                        ``{"status": "ok" | "degraded", ...}`` (503 without NATS)
 * ``GET  /`` and ``GET /jobs/{job}``       the dashboard (one page, ``static/``, relative URLs only)
 
@@ -68,7 +76,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import math
@@ -93,18 +100,18 @@ from pacer.bus import Bus, RetryPolicy
 from pacer.contracts.agent import ActionResult, AgentMetrics, Heartbeat
 from pacer.contracts.brain import BrainDecision
 from pacer.contracts.executor import ExecutorEvent
-from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
+from pacer.contracts.jobs import AuditRecord, JobEvent, JobRecord, JobState, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.policy import ControllerDecision
 from pacer.contracts.shards import ProgressEvent, ShardEvent
-from pacer.errors import DecodeError, PacerError, Unavailable, ValidationError
-from pacer.ids import is_token
+from pacer.errors import DecodeError, Forbidden, NotFound, PacerError, Unavailable, ValidationError
+from pacer.ids import is_namespace, is_token
 from pacer.jobs.client import JobClient
 from pacer.jobs.spec import MAX_SPEC_DEPTH, load_spec_document, validate_job_spec
 from pacer.runtime import RuntimeConfig
 from pacer.telemetry import Counters
-from pacer_services.api import openapi
+from pacer_services.api import identity, openapi
 
 log = logging.getLogger("pacer.api")
 
@@ -117,6 +124,7 @@ STATUS: dict[str, int] = {
     "invalid": 400,
     "bad_message": 400,
     "not_found": 404,
+    "forbidden": 403,
     "conflict": 409,
     "unavailable": 503,
 }
@@ -130,11 +138,13 @@ OPEN_PATHS = frozenset({f"{API}/openapi.json"})
 #: Methods that change something: their body must be JSON (see ``_json_only``).
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
-#: The shortest bearer token accepted (``secrets.token_urlsafe(32)`` gives 43 characters).
-MIN_TOKEN_LEN = 16
-
 #: The query parameter of RFC 6750 §2.3, refused on every route: a token in a URL leaks into logs.
 TOKEN_QUERY = "access_token"
+
+#: Request keys: the caller (set by ``_auth``), and what a handler learnt for the audit record.
+IDENTITY = web.RequestKey("identity", identity.Identity)
+AUDIT_JOB = web.RequestKey("audit_job", str)
+AUDIT_NAMESPACE = web.RequestKey("audit_namespace", str)
 
 #: The largest request body (aiohttp answers 413 beyond it).
 MAX_BODY_BYTES = 1 << 20
@@ -181,26 +191,31 @@ class ApiConfig:
     queue_size: int = 10_000  # live events buffered per SSE client
     rpc_timeout_s: float = 5.0  # job service requests
     part_timeout_s: float = 1.5  # executor / monitor parts of GET /api/jobs/{job} (optional)
-    token: str = ""  # the bearer token every /api request must carry (PACER_API_TOKEN)
+    token: str = ""  # the shared bearer token, an admin of every namespace (PACER_API_TOKEN)
+    tokens_file: str = ""  # tokens with roles and namespaces (PACER_API_TOKENS_FILE; see .identity)
     parse_workers: int = 2  # threads reading request bodies: what a flood of bodies can take of the CPU
     parse_timeout_s: float = 10.0  # a body not read by then is given up (a backstop: reads are linear)
 
     @classmethod
     def from_env(cls) -> ApiConfig:
-        """``PACER_API_HOST`` (default 127.0.0.1), ``PACER_API_PORT`` (default 8750), ``PACER_API_TOKEN``.
+        """``PACER_API_HOST`` (default 127.0.0.1), ``PACER_API_PORT`` (default 8750), ``PACER_API_TOKEN``,
+        ``PACER_API_TOKENS_FILE``.
 
-        The token is required: an API without one would let anything that
+        A token is required: an API without one would let anything that
         reaches the port stop jobs.  ``pacer up`` generates one; in Kubernetes
-        it comes from the ``pacer-api-token`` Secret.
+        it comes from the ``pacer-api-token`` Secret, the tokens file from a
+        Secret mounted as a file.
         """
         env = os.environ
         token = env.get("PACER_API_TOKEN", "").strip()
-        if len(token) < MIN_TOKEN_LEN:
+        tokens_file = env.get("PACER_API_TOKENS_FILE", "").strip()
+        if len(token) < identity.MIN_TOKEN_LEN and not (tokens_file and not token):
             raise ValidationError(
-                f"PACER_API_TOKEN: unset or shorter than {MIN_TOKEN_LEN} characters; "
-                "generate one, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+                f"PACER_API_TOKEN: unset or shorter than {identity.MIN_TOKEN_LEN} characters (or set "
+                "PACER_API_TOKENS_FILE alone); generate one, e.g. "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
         return cls(host=env.get("PACER_API_HOST", cls.host), port=int(env.get("PACER_API_PORT", str(cls.port))),
-                   token=token)
+                   token=token, tokens_file=tokens_file)
 
 
 # ------------------------------------------------------------------ pure helpers
@@ -346,11 +361,10 @@ class ApiService:
     name = "api"
 
     def __init__(self, bus: Bus, cfg: ApiConfig) -> None:
-        if len(cfg.token) < MIN_TOKEN_LEN:
-            raise ValidationError(f"api token: shorter than {MIN_TOKEN_LEN} characters")
+        tokens = identity.load_tokens_file(Path(cfg.tokens_file)) if cfg.tokens_file else None
+        self._ids = identity.identities(cfg.token, tokens)  # ValidationError: no token, or a bad one
         self.bus = bus
         self.cfg = cfg
-        self._token = cfg.token.encode()
         self.counters = Counters(self.name)
         self.jobs = JobClient(bus, timeout=self.cfg.rpc_timeout_s, retry=RetryPolicy(attempts=3))
         # Optional parts of the job page: one quick try, the page works without them.
@@ -364,7 +378,7 @@ class ApiService:
 
     # ================================================================ lifecycle
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._traced, self._errors, self._auth, self._json_only],
+        app = web.Application(middlewares=[self._traced, self._audit, self._errors, self._auth, self._json_only],
                               client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_get("/healthz", self.healthz)
@@ -475,12 +489,41 @@ class ApiService:
         scheme, _, cred = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer":
             given = cred.strip()
-        if not hmac.compare_digest(given.encode(), self._token):  # constant time in the token's content
+        who = self._ids.find(given)  # by the token's hash: no early exit on a matching prefix
+        if who is None:
             self.counters.inc("errors", code="unauthorized")
             message = "missing bearer token" if not given else "wrong bearer token"
             return web.json_response(error_body("unauthorized", f"{message}: send Authorization: Bearer <token>"),
                                      status=401, headers={"WWW-Authenticate": 'Bearer realm="pacer"'})
+        request[IDENTITY] = who
         return await handler(request)
+
+    @web.middleware
+    async def _audit(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Every mutating ``/api/`` request, refused or not: an AuditRecord event and a log line (who,
+        what, from where, outcome).  Outside ``_auth`` and ``_errors``: refused callers and failed
+        requests are audited too."""
+        if request.method not in MUTATING or not request.path.startswith("/api/"):
+            return await handler(request)
+        resp = await handler(request)
+        who: identity.Identity | None = request.get(IDENTITY)
+        outcome = "ok" if resp.status < 400 else _error_code(resp)
+        job = request.get(AUDIT_JOB) or request.match_info.get("job", "")
+        record = AuditRecord(
+            ts=time.time(), who=who.name if who else "", role=who.role.label if who else "",
+            action=f"{request.method} {_route_label(request) or request.path}"[:200],
+            job=job if is_token(job) else "", namespace=request.get(AUDIT_NAMESPACE, ""),
+            remote=request.remote or "", status=resp.status, outcome=outcome)
+        log.info("audit", extra={"fields": codec.to_dict(record)})
+        self.counters.inc("audited", outcome=outcome)
+        try:
+            await self.bus.publish_durable(subjects.api_audit(record.job), record)
+        except (PacerError, nats.errors.Error) as exc:  # the log line above stays; the request is answered
+            self.counters.inc("audit_lost")
+            log.error("audit event not stored: %s", exc)
+        return resp
 
     @web.middleware
     async def _json_only(
@@ -511,15 +554,25 @@ class ApiService:
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         limit = _int_param(request, "limit", 100, 1, 1000)
-        jobs = await self.jobs.list(limit, _state_param(request))
+        jobs = await self.jobs.list(limit, _state_param(request), _caller(request).listed())
         self.counters.inc("requests", op="list")
         return web.json_response(to_json(jobs))
 
     async def submit(self, request: web.Request) -> web.Response:
         """The body is the spec as a JSON object, or ``{"spec": "<YAML text>"}`` (:func:`read_submission`)."""
+        who = _caller(request)
+        namespace = who.submit_namespace(request.query.get("namespace", ""))
+        request[AUDIT_NAMESPACE] = namespace
+        if not who.may(identity.Role.SUBMITTER):
+            raise Forbidden(f"{who.name} is a {who.role.label}: submitting takes the submitter role")
+        if not is_namespace(namespace):
+            raise ValidationError(f"namespace: {namespace[:70]!r} is not a namespace name (1-63 of [a-z0-9-])")
+        if not who.sees(namespace):
+            raise Forbidden(f"{who.name} may not act in namespace {namespace!r}")
         raw = await request.read()
         name, text = await self._parse(lambda: read_submission(raw))
-        record = await self.jobs.submit(name, text)
+        request[AUDIT_JOB] = name
+        record = await self.jobs.submit(name, text, namespace)
         self.counters.inc("requests", op="submit")
         return web.json_response(to_json(record), status=201)
 
@@ -529,7 +582,7 @@ class ApiService:
         nodes_t = asyncio.ensure_future(self.parts.nodes(job))
         stats_t = asyncio.ensure_future(self.parts.statistics(job))
         try:
-            record = await record_t
+            record = _visible(request, await record_t)
         finally:
             await asyncio.gather(nodes_t, stats_t, return_exceptions=True)
         body: dict[str, Any] = {"job": to_json(record), "nodes": None, "statistics": None, "unavailable": {}}
@@ -544,6 +597,9 @@ class ApiService:
 
     async def stop_job(self, request: web.Request) -> web.Response:
         job = _job(request)
+        who = _caller(request)
+        if not who.may(identity.Role.SUBMITTER):
+            raise Forbidden(f"{who.name} is a {who.role.label}: stopping takes the submitter role")
         reason = "stopped by the user"
         if request.can_read_body:
             raw = await request.read()
@@ -551,6 +607,7 @@ class ApiService:
             if not isinstance(payload, dict) or not isinstance(payload.get("reason", ""), str):
                 raise ValidationError("reason: expected a string")
             reason = payload.get("reason") or reason
+        request[AUDIT_NAMESPACE] = (await self._readable(request, job)).namespace
         record: JobRecord = await self.jobs.stop(job, reason)
         self.counters.inc("requests", op="stop")
         return web.json_response(to_json(record))
@@ -564,9 +621,14 @@ class ApiService:
         container = request.query.get("container", "trainer")
         if container not in ("trainer", "agent"):
             raise ValidationError(f"container: {container!r}; one of trainer, agent")
+        await self._readable(request, job)
         reply = await self.jobs.logs(job, node, tail, container)
         self.counters.inc("requests", op="logs")
         return web.json_response(to_json(reply))
+
+    async def _readable(self, request: web.Request, job: str) -> JobRecord:
+        """``job``'s record if the caller may see it; else not_found, as for a job that does not exist."""
+        return _visible(request, await self.jobs.get(job))
 
     async def _parse(self, read: Callable[[], T]) -> T:
         """``read()`` in a parser thread, given up after ``parse_timeout_s`` (module docstring).
@@ -608,6 +670,8 @@ class ApiService:
         job = request.query.get("job", "")
         if not is_token(job):
             raise ValidationError(f"job: {job!r} is not a job id; use {API}/events?job=<job>")
+        if _caller(request).listed():  # a team's caller: only its own jobs' events (an admin of all: any)
+            await self._readable(request, job)
         replay = request.query.get("replay", "1") not in ("0", "false", "no")
         resume = _last_event_id(request)
         queue: asyncio.Queue[Msg] = asyncio.Queue(self.cfg.queue_size)
@@ -722,6 +786,28 @@ class ApiService:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         return sorted([*timeline, *series])
+
+
+def _caller(request: web.Request) -> identity.Identity:
+    return request[IDENTITY]  # set by _auth for every /api/ route that needs a token
+
+
+def _visible(request: web.Request, record: JobRecord) -> JobRecord:
+    """``record`` if the caller's namespaces hold it; else not_found with the job service's own words."""
+    if not _caller(request).sees(record.namespace):
+        raise NotFound(f"no job named {record.job!r}")
+    return record
+
+
+def _error_code(resp: web.StreamResponse) -> str:
+    """The ``error.code`` of a JSON error response, else ``http_<status>``."""
+    body = getattr(resp, "body", None)
+    if isinstance(body, bytes | bytearray):
+        with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+            code = json.loads(body)["error"]["code"]
+            if isinstance(code, str):
+                return code[:40]
+    return f"http_{resp.status}"
 
 
 def _route_label(request: web.Request) -> str:

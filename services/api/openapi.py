@@ -96,7 +96,8 @@ def _json(name: str, description: str) -> dict[str, Any]:
 def _errors(*statuses: int) -> dict[str, Any]:
     why = {400: "invalid request (the message names the field)",
            401: "missing or wrong bearer token, or a token in the URL (`?access_token=` is refused)",
-           404: "no such job", 409: "conflict (exists, or already finished)", 413: "body larger than 1 MiB",
+           403: "the caller's role or namespaces do not allow it (a viewer submitting or stopping)",
+           404: "no such job (or another team's: the same answer)", 409: "conflict (exists, or already finished)", 413: "body larger than 1 MiB",
            415: "mutating requests take application/json", 503: "the service behind it does not answer"}
     return {str(s): _json("Error", why[s]) for s in statuses}
 
@@ -118,8 +119,10 @@ def document(version: str = "1") -> dict[str, Any]:
             "title": "Pacer HTTP API",
             "version": version,
             "description": "Jobs, their live events and logs.  Every /api route wants `Authorization: Bearer "
-                           "<PACER_API_TOKEN>`, the event stream too; a token in the URL (`?access_token=`) "
-                           "is refused (401).  POST bodies are application/json (415 otherwise).",
+                           "<token>`, the event stream too; a token in the URL (`?access_token=`) "
+                           "is refused (401).  POST bodies are application/json (415 otherwise).  A token has a "
+                           "role (viewer, submitter, admin) and namespaces: a caller sees its namespaces' jobs "
+                           "only (another team's job is a 404) and a viewer may not submit or stop (403).",
         },
         "servers": [{"url": ".", "description": "relative: works behind a path prefix"}],
         "security": [{"bearer": []}],
@@ -135,9 +138,11 @@ def document(version: str = "1") -> dict[str, Any]:
                 },
                 "post": {
                     "operationId": "submitJob", "summary": "Submit a job",
+                    "parameters": [_query("namespace", {"type": "string", "pattern": "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"},
+                                          "the job's team (default: the caller's only namespace, else `default`)")],
                     "requestBody": json_body,
                     "responses": {"201": _json("job.JobRecord", "the job, submitted"),
-                                  **_errors(400, 401, 409, 413, 415, 503)},
+                                  **_errors(400, 401, 403, 409, 413, 415, 503)},
                 },
             },
             f"{API}/jobs/{{job}}": {
@@ -154,7 +159,7 @@ def document(version: str = "1") -> dict[str, Any]:
                     "requestBody": {"required": False,
                                     "content": {"application/json": {"schema": _ref("StopBody")}}},
                     "responses": {"200": _json("job.JobRecord", "the job, stopped"),
-                                  **_errors(400, 401, 404, 409, 413, 415, 503)},
+                                  **_errors(400, 401, 403, 404, 409, 413, 415, 503)},
                 },
             },
             f"{API}/jobs/{{job}}/logs": {

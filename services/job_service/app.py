@@ -123,6 +123,7 @@ from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.shards import DatasetMode, DatasetSpec, ProgressEvent, ShardEvent
 from pacer.data.stream import parse_stream_uri
 from pacer.errors import Conflict, NotFound, PacerError, StaleRevision, Unavailable, ValidationError
+from pacer.ids import is_namespace
 from pacer.jobs.lifecycle import JobLifecycle, JobTrigger
 from pacer.jobs.spec import MAX_SPEC_BYTES, default_plan, parse_job_spec
 from pacer.lease import Lease
@@ -425,6 +426,8 @@ class JobService:
 
     async def _submit(self, job: str, msg: Msg) -> None:
         req = decode(SubmitRequest, msg.data)
+        if not is_namespace(req.namespace):
+            raise ValidationError(f"namespace: {req.namespace!r} is not a namespace name (1-63 of [a-z0-9-])")
         if len(req.spec.encode()) > self.cfg.max_spec_bytes:
             raise ValidationError(f"spec: larger than {self.cfg.max_spec_bytes} bytes")
         # JobSpecError: one line per bad field.  A thread: 256 KiB of YAML takes a while to read.
@@ -470,7 +473,7 @@ class JobService:
                 self.lifecycles[job] = lc
                 self.records[job] = JobRecord(job, spec, JobState.SUBMITTED, now, plan=plan, data_path=data_path,
                                               eval_path=eval_path, records=records, columns=columns,
-                                              index_dir=str(self.datasets.index_dir()))
+                                              index_dir=str(self.datasets.index_dir()), namespace=req.namespace)
                 accepted = f"plan: {plan.source.value} ({plan.reason})" if plan.reason else f"plan: {plan.source.value}"
                 try:  # a creation: refused if another writer stored the job meanwhile
                     rec = await self._commit(job, core.submitted(first, now, accepted),
@@ -544,6 +547,8 @@ class JobService:
         recs.sort(key=lambda r: r.submitted_at, reverse=True)
         if req.state is not None:
             recs = [r for r in recs if r.state is req.state]
+        if req.namespaces:
+            recs = [r for r in recs if r.namespace in req.namespaces]
         await self.bus.respond(msg, JobList(recs[: req.limit]))
 
     async def _stop(self, job: str, msg: Msg) -> None:

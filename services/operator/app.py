@@ -311,7 +311,7 @@ class OperatorService:
     async def _submit(self, res: core.Resource, job: str, text: str) -> JobRecord | None:
         """The job's record once submitted (or found submitted); None when the job service refused it."""
         try:
-            rec = await self.jobs.submit(job, text)
+            rec = await self.jobs.submit(job, text, res.namespace)  # the team is the resource's namespace
         except ValidationError as exc:  # the job service's own checks (its dataset): as final as a bad spec
             problems = exc.message.splitlines()
             if await self._write_status(res, core.invalid_status(res, problems, self.clock(), reason="Rejected")):

@@ -102,12 +102,12 @@ class PeerDouble:
         for sub in self.subs:
             await sub.unsubscribe()
 
-    def add_running(self, name: str, now: float | None = None) -> JobRecord:
+    def add_running(self, name: str, now: float | None = None, namespace: str = "default") -> JobRecord:
         """A running job with the default plan (what the job service holds once started)."""
         now = now or time.time()
         spec = parse_job_spec(SPEC_YAML.format(name=name))
         rec = JobRecord(job=name, spec=spec, state=JobState.RUNNING, submitted_at=now - 60, updated_at=now - 30,
-                        started_at=now - 30, plan=default_plan(spec))
+                        started_at=now - 30, plan=default_plan(spec), namespace=namespace)
         self.records[name] = rec
         return rec
 
@@ -119,7 +119,8 @@ class PeerDouble:
         if job in self.records:
             raise Conflict(f"job {job!r} exists")
         now = time.time()
-        self.records[job] = JobRecord(job=job, spec=spec, state=JobState.SUBMITTED, submitted_at=now, updated_at=now)
+        self.records[job] = JobRecord(job=job, spec=spec, state=JobState.SUBMITTED, submitted_at=now, updated_at=now,
+                                      namespace=req.namespace)
         await self.bus.respond(msg, self.records[job])
 
     async def _get(self, job: str, msg: Msg) -> None:
@@ -128,7 +129,8 @@ class PeerDouble:
 
     async def _list(self, job: str, msg: Msg) -> None:
         req = codec.decode(ListRequest, msg.data)
-        jobs = [r for r in self.records.values() if not req.state or r.state.value == req.state]
+        jobs = [r for r in self.records.values() if (not req.state or r.state.value == req.state)
+                and (not req.namespaces or r.namespace in req.namespaces)]
         jobs.sort(key=lambda r: -r.submitted_at)
         await self.bus.respond(msg, JobList(jobs[: req.limit]))
 

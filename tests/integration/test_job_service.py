@@ -20,7 +20,7 @@ from pacer.codec import decode, encode
 from pacer.contracts.jobs import JobEvent, JobRecord, JobState
 from pacer.data.criteo import generate
 from pacer.embedded import EmbeddedNats
-from pacer.errors import Conflict, StaleRevision
+from pacer.errors import Conflict, StaleRevision, ValidationError
 from pacer.jobs.client import JobClient
 from pacer_services.job_service.app import JobService, JobServiceConfig
 
@@ -162,6 +162,21 @@ async def test_a_second_submission_of_a_name_is_a_conflict_naming_its_state(
     await client.submit("cas-5", spec("cas-5", data))
     with pytest.raises(Conflict, match=r"a job named 'cas-5' exists \(planning\)"):
         await client.submit("cas-5", spec("cas-5", data))
+
+
+async def test_a_job_keeps_the_namespace_it_was_submitted_to_and_the_list_filters_by_it(
+        bus: Bus, jobs: InProcess[JobService], data: Path) -> None:
+    client = JobClient(bus, timeout=10.0)
+    a = await client.submit("ns-a", spec("ns-a", data), "team-a")
+    b = await client.submit("ns-b", spec("ns-b", data), "team-b")
+    plain = await client.submit("ns-default", spec("ns-default", data))
+    assert (a.namespace, b.namespace, plain.namespace) == ("team-a", "team-b", "default")
+    assert (await client.get("ns-a")).namespace == "team-a"  # stored, not only answered
+    assert [r.job for r in (await client.list(namespaces=["team-a"])).jobs] == ["ns-a"]
+    assert {r.job for r in (await client.list(namespaces=["team-a", "team-b"])).jobs} == {"ns-a", "ns-b"}
+    assert {r.job for r in (await client.list()).jobs} == {"ns-a", "ns-b", "ns-default"}
+    with pytest.raises(ValidationError, match="namespace"):
+        await client.submit("ns-bad", spec("ns-bad", data), "Team_A")
 
 
 async def test_events_a_dead_writer_left_in_a_record_are_published_by_a_restarted_service(

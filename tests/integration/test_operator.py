@@ -180,11 +180,13 @@ async def test_a_pacerjob_runs_reports_and_stops_when_deleted(
     assert obj is not None and obj["metadata"]["finalizers"] == [k8s_crd.FINALIZER]
     rec = await get(admin, job)
     assert rec is not None and rec.spec.name == job and rec.spec.epochs == 2  # the resource's spec, named for it
+    assert rec.namespace == "team-a"  # the team's: its API callers see it, other teams' do not
 
     # The same name in another namespace is another job.
     await kubectl.create("team-b", "ctr", spec(data))
     other = await eventually(lambda: status(fake, "ctr", "team-b").get("jobName"), WAIT)
-    assert other != job and await eventually(lambda: get(admin, other), WAIT)
+    assert other != job and (other_rec := await eventually(lambda: get(admin, other), WAIT))
+    assert other_rec.namespace == "team-b"
 
     await applied(admin, job)
     running = await eventually(lambda: (s := status(fake, "ctr")).get("phase") == "Running"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pacer.codec import doc, message
+from pacer.ids import DEFAULT_NAMESPACE
 
 
 class JobState(str, enum.Enum):
@@ -254,6 +255,25 @@ class JobEvent:
     previous: JobState | None = field(default=None, metadata=doc("the state left; none for the first event"))
 
 
+@message("job.AuditRecord")
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """``pacer.events.api.<job>.audit``: one mutating API request (submit, stop), whatever came of it.
+
+    The job token is ``_none`` when the request named no readable job (a body that is not a spec).
+    """
+
+    ts: float
+    who: str = field(metadata=doc("the caller's identity (its tokens-file name; \"\" when no token matched)"))
+    role: str = field(metadata=doc("viewer | submitter | admin (\"\": unknown caller)"))
+    action: str = field(metadata=doc("the route: \"POST /api/v1/jobs\", \"POST /api/v1/jobs/{job}/stop\""))
+    job: str = field(metadata=doc("the job acted on (\"\" when the request named none)"))
+    namespace: str = field(default="", metadata=doc("the job's namespace, when known"))
+    remote: str = field(default="", metadata=doc("where the request came from (the peer address)"))
+    status: int = field(default=0, metadata=doc("the HTTP status answered"))
+    outcome: str = field(default="", metadata=doc("ok, or the error code: unauthorized, forbidden, invalid, ..."))
+
+
 # ------------------------------------------------------------ job service rpc
 
 
@@ -268,6 +288,8 @@ class SubmitRequest:
     """
 
     spec: str = field(metadata=doc("the job spec as YAML or JSON text"))
+    namespace: str = field(default=DEFAULT_NAMESPACE, metadata=doc(
+        "the team the job belongs to (a Kubernetes namespace name): who may see and stop it through the API"))
 
 
 @message("job.JobQuery")
@@ -294,6 +316,7 @@ class ListRequest:
 
     limit: int = field(default=100, metadata=doc("at most this many jobs, 1..1000"))
     state: JobState | None = field(default=None, metadata=doc("only jobs in this state (absent: all)"))
+    namespaces: list[str] = field(default_factory=list, metadata=doc("only jobs of these namespaces (empty: all)"))
 
 
 @message("job.JobProgress")
@@ -352,6 +375,7 @@ class JobRecord:
     exported: str = field(default="", metadata=doc("the newest SavedModel the chief exported (\"\": none yet)"))
     records: int = field(default=0, metadata=doc("records in the training dataset"))
     torn_down: bool = field(default=False, metadata=doc("every pod of the job is gone"))
+    namespace: str = field(default=DEFAULT_NAMESPACE, metadata=doc("the job's team (SubmitRequest.namespace)"))
     outbox: list[OutboxEntry] = field(default_factory=list, metadata=doc(
         "events of a stored change not yet known to be published (a writer that died before publishing "
         "leaves them here; any instance publishes them)"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pacer import subjects
 from pacer.bus import Bus, RetryPolicy
 from pacer.contracts.executor import ExecutorStatus, LogsQuery, LogsReply
@@ -16,6 +18,7 @@ from pacer.contracts.jobs import (
     SubmitRequest,
 )
 from pacer.contracts.monitor import JobStatistics, StatsQuery
+from pacer.ids import DEFAULT_NAMESPACE
 from pacer.subjects import ExecutorOp, JobOp
 
 
@@ -27,17 +30,20 @@ class JobClient:
         self.timeout = timeout
         self.retry = retry or RetryPolicy(attempts=5)
 
-    async def submit(self, name: str, spec_text: str) -> JobRecord:
-        """Submit a spec document (YAML/JSON); ``name`` must be the spec's ``name``."""
-        return await self.bus.request(subjects.job_rpc(name, JobOp.SUBMIT), SubmitRequest(spec_text), JobRecord,
-                                      timeout=max(self.timeout, 60.0), retry=self.retry)
+    async def submit(self, name: str, spec_text: str, namespace: str = DEFAULT_NAMESPACE) -> JobRecord:
+        """Submit a spec document (YAML/JSON) for the team ``namespace``; ``name`` must be the spec's ``name``."""
+        return await self.bus.request(subjects.job_rpc(name, JobOp.SUBMIT), SubmitRequest(spec_text, namespace),
+                                      JobRecord, timeout=max(self.timeout, 60.0), retry=self.retry)
 
     async def get(self, job: str) -> JobRecord:
         return await self.bus.request(subjects.job_rpc(job, JobOp.GET), JobQuery(job), JobRecord,
                                       timeout=self.timeout, retry=self.retry)
 
-    async def list(self, limit: int = 100, state: JobState | None = None) -> JobList:
-        return await self.bus.request(subjects.job_rpc(subjects.ALL_JOBS, JobOp.LIST), ListRequest(limit, state),
+    async def list(self, limit: int = 100, state: JobState | None = None,
+                   namespaces: Sequence[str] = ()) -> JobList:
+        """The newest ``limit`` jobs (in ``state``, of ``namespaces``: empty = every one)."""
+        return await self.bus.request(subjects.job_rpc(subjects.ALL_JOBS, JobOp.LIST),
+                                      ListRequest(limit, state, list(namespaces)),
                                       JobList, timeout=self.timeout, retry=self.retry)
 
     async def stop(self, job: str, reason: str = "stopped by the user") -> JobRecord:
