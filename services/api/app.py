@@ -111,7 +111,7 @@ from pacer.jobs.client import JobClient
 from pacer.jobs.spec import MAX_SPEC_DEPTH, load_spec_document, validate_job_spec
 from pacer.runtime import RuntimeConfig
 from pacer.telemetry import Counters
-from pacer_services.api import identity, openapi
+from pacer_services.api import identity, oidc, openapi
 
 log = logging.getLogger("pacer.api")
 
@@ -193,6 +193,7 @@ class ApiConfig:
     part_timeout_s: float = 1.5  # executor / monitor parts of GET /api/jobs/{job} (optional)
     token: str = ""  # the shared bearer token, an admin of every namespace (PACER_API_TOKEN)
     tokens_file: str = ""  # tokens with roles and namespaces (PACER_API_TOKENS_FILE; see .identity)
+    oidc: oidc.OidcConfig | None = None  # JWTs of an OIDC issuer (PACER_API_OIDC_*; see .oidc)
     parse_workers: int = 2  # threads reading request bodies: what a flood of bodies can take of the CPU
     parse_timeout_s: float = 10.0  # a body not read by then is given up (a backstop: reads are linear)
 
@@ -209,13 +210,17 @@ class ApiConfig:
         env = os.environ
         token = env.get("PACER_API_TOKEN", "").strip()
         tokens_file = env.get("PACER_API_TOKENS_FILE", "").strip()
-        if len(token) < identity.MIN_TOKEN_LEN and not (tokens_file and not token):
+        try:
+            oidc_cfg = oidc.OidcConfig.from_env(env)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+        if len(token) < identity.MIN_TOKEN_LEN and not ((tokens_file or oidc_cfg) and not token):
             raise ValidationError(
                 f"PACER_API_TOKEN: unset or shorter than {identity.MIN_TOKEN_LEN} characters (or set "
-                "PACER_API_TOKENS_FILE alone); generate one, e.g. "
+                "PACER_API_TOKENS_FILE or PACER_API_OIDC_ISSUER alone); generate one, e.g. "
                 "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
         return cls(host=env.get("PACER_API_HOST", cls.host), port=int(env.get("PACER_API_PORT", str(cls.port))),
-                   token=token, tokens_file=tokens_file)
+                   token=token, tokens_file=tokens_file, oidc=oidc_cfg)
 
 
 # ------------------------------------------------------------------ pure helpers
@@ -362,7 +367,9 @@ class ApiService:
 
     def __init__(self, bus: Bus, cfg: ApiConfig) -> None:
         tokens = identity.load_tokens_file(Path(cfg.tokens_file)) if cfg.tokens_file else None
-        self._ids = identity.identities(cfg.token, tokens)  # ValidationError: no token, or a bad one
+        # ValidationError: no token (and no issuer), or a bad one
+        self._ids = identity.identities(cfg.token, tokens, others=cfg.oidc is not None)
+        self._oidc = oidc.OidcVerifier(cfg.oidc) if cfg.oidc is not None else None
         self.bus = bus
         self.cfg = cfg
         self.counters = Counters(self.name)
@@ -410,6 +417,8 @@ class ApiService:
             await self._runner.cleanup()
             self._runner = None
         self._parser.shutdown(wait=False, cancel_futures=True)  # a read still running ends on its own
+        if self._oidc is not None:
+            await self._oidc.close()
 
     # ================================================================ middleware
     @web.middleware
@@ -490,9 +499,14 @@ class ApiService:
         if scheme.lower() == "bearer":
             given = cred.strip()
         who = self._ids.find(given)  # by the token's hash: no early exit on a matching prefix
+        message = "missing bearer token" if not given else "wrong bearer token"
+        if who is None and self._oidc is not None and oidc.looks_like_jwt(given):
+            try:
+                who = await self._oidc.identify(given)
+            except oidc.TokenRefused as exc:
+                message = f"token refused: {exc}"
         if who is None:
             self.counters.inc("errors", code="unauthorized")
-            message = "missing bearer token" if not given else "wrong bearer token"
             return web.json_response(error_body("unauthorized", f"{message}: send Authorization: Bearer <token>"),
                                      status=401, headers={"WWW-Authenticate": 'Bearer realm="pacer"'})
         request[IDENTITY] = who

@@ -140,15 +140,18 @@ def parse_tokens(data: Any, where: str = "tokens file") -> dict[str, Identity]:
     return out
 
 
-def identities(shared_token: str = "", tokens: Mapping[str, Identity] | None = None) -> Identities:
-    """The API's identities: the shared token's (an admin of every namespace) and the tokens file's."""
+def identities(shared_token: str = "", tokens: Mapping[str, Identity] | None = None, *,
+               others: bool = False) -> Identities:
+    """The API's identities: the shared token's (an admin of every namespace) and the tokens file's.
+    ``others``: callers are also known another way (an OIDC issuer), so none here is no error."""
     out = dict(tokens or {})
     if shared_token:
         if len(shared_token) < MIN_TOKEN_LEN:
             raise ValidationError(f"api token: shorter than {MIN_TOKEN_LEN} characters")
         out[token_hash(shared_token)] = Identity(SHARED_NAME, Role.ADMIN, frozenset({ALL}))
-    if not out:
-        raise ValidationError("the API has no token: set PACER_API_TOKEN or PACER_API_TOKENS_FILE")
+    if not out and not others:
+        raise ValidationError("the API has no token: set PACER_API_TOKEN, PACER_API_TOKENS_FILE or "
+                              "PACER_API_OIDC_ISSUER")
     return Identities(out)
 
 
