@@ -201,7 +201,7 @@ JSON = {"Content-Type": "application/json"}
 
 
 def api_config() -> ApiConfig:
-    return ApiConfig(host="127.0.0.1", port=0, keepalive_s=0.5, poll_s=0.1, rpc_timeout_s=2.0, part_timeout_s=0.5,
+    return ApiConfig(host="127.0.0.1", port=0, keepalive_s=0.5, poll_s=0.1, rpc_timeout_s=5.0, part_timeout_s=5.0,
                      token=TOKEN)
 
 
