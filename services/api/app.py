@@ -100,18 +100,28 @@ from pacer.bus import Bus, RetryPolicy
 from pacer.contracts.agent import ActionResult, AgentMetrics, Heartbeat
 from pacer.contracts.brain import BrainDecision
 from pacer.contracts.executor import ExecutorEvent
-from pacer.contracts.jobs import AuditRecord, JobEvent, JobRecord, JobState, ResourcePlan
+from pacer.contracts.jobs import JobEvent, JobRecord, JobState, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
 from pacer.contracts.policy import ControllerDecision
 from pacer.contracts.shards import ProgressEvent, ShardEvent
-from pacer.errors import DecodeError, Forbidden, NotFound, PacerError, Unavailable, ValidationError
+from pacer.errors import DecodeError, Forbidden, PacerError, Unavailable, ValidationError
 from pacer.ids import is_namespace, is_token
 from pacer.jobs.client import JobClient
 from pacer.jobs.spec import MAX_SPEC_DEPTH, load_spec_document, validate_job_spec
 from pacer.runtime import RuntimeConfig
 from pacer.telemetry import Counters
 from pacer_services.api import identity, oidc, openapi
+from pacer_services.api.access import (
+    AUDIT_JOB,
+    AUDIT_NAMESPACE,
+    MUTATING,
+    Access,
+    caller,
+    error_body,
+    route_label,
+    visible,
+)
 
 log = logging.getLogger("pacer.api")
 
@@ -131,20 +141,6 @@ STATUS: dict[str, int] = {
 
 #: The prefix of every API route: a breaking change gets ``/api/v2`` beside it.
 API = openapi.API
-
-#: API paths without the token: they hold no job data.
-OPEN_PATHS = frozenset({f"{API}/openapi.json"})
-
-#: Methods that change something: their body must be JSON (see ``_json_only``).
-MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-#: The query parameter of RFC 6750 §2.3, refused on every route: a token in a URL leaks into logs.
-TOKEN_QUERY = "access_token"
-
-#: Request keys: the caller (set by ``_auth``), and what a handler learnt for the audit record.
-IDENTITY = web.RequestKey("identity", identity.Identity)
-AUDIT_JOB = web.RequestKey("audit_job", str)
-AUDIT_NAMESPACE = web.RequestKey("audit_namespace", str)
 
 #: The largest request body (aiohttp answers 413 beyond it).
 MAX_BODY_BYTES = 1 << 20
@@ -353,10 +349,6 @@ def spec_name(text: str) -> str:
     raise ValidationError("name: missing or not an id token")
 
 
-def error_body(code: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": redact.text(message)}}
-
-
 # ------------------------------------------------------------------ the service
 
 
@@ -366,13 +358,11 @@ class ApiService:
     name = "api"
 
     def __init__(self, bus: Bus, cfg: ApiConfig) -> None:
-        tokens = identity.load_tokens_file(Path(cfg.tokens_file)) if cfg.tokens_file else None
-        # ValidationError: no token (and no issuer), or a bad one
-        self._ids = identity.identities(cfg.token, tokens, others=cfg.oidc is not None)
-        self._oidc = oidc.OidcVerifier(cfg.oidc) if cfg.oidc is not None else None
         self.bus = bus
         self.cfg = cfg
         self.counters = Counters(self.name)
+        # ValidationError: no token (and no issuer), or a bad one
+        self.access = Access(bus, self.counters, cfg.token, cfg.tokens_file, cfg.oidc)
         self.jobs = JobClient(bus, timeout=self.cfg.rpc_timeout_s, retry=RetryPolicy(attempts=3))
         # Optional parts of the job page: one quick try, the page works without them.
         self.parts = JobClient(bus, timeout=self.cfg.part_timeout_s, retry=RetryPolicy(attempts=1))
@@ -385,7 +375,7 @@ class ApiService:
 
     # ================================================================ lifecycle
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._traced, self._audit, self._errors, self._auth, self._json_only],
+        app = web.Application(middlewares=[self._traced, self.access.audit, self._errors, self.access.auth, self._json_only],
                               client_max_size=MAX_BODY_BYTES)
         r = app.router
         r.add_get("/healthz", self.healthz)
@@ -417,8 +407,7 @@ class ApiService:
             await self._runner.cleanup()
             self._runner = None
         self._parser.shutdown(wait=False, cancel_futures=True)  # a read still running ends on its own
-        if self._oidc is not None:
-            await self._oidc.close()
+        await self.access.close()
 
     # ================================================================ middleware
     @web.middleware
@@ -428,7 +417,7 @@ class ApiService:
         """The request's ``SERVER`` span (module docstring), with the HTTP semantic-convention attributes."""
         if request.path == "/healthz" or request.path.startswith("/static/"):
             return await handler(request)  # probes and files: no trace worth keeping
-        route = _route_label(request)
+        route = route_label(request)
         attrs: dict[str, Any] = {"http.request.method": request.method, "url.path": request.path,
                                  "url.scheme": request.scheme}
         if route:
@@ -473,73 +462,6 @@ class ApiService:
             return web.json_response(error_body("internal", f"internal error: {type(exc).__name__}"), status=500)
 
     @web.middleware
-    async def _auth(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        """Every ``/api/`` request carries ``Authorization: Bearer <token>`` (401 otherwise).
-
-        A token in the URL (``?access_token=``, RFC 6750 §2.3) is refused
-        whatever the header says: URLs are written to access logs, proxies
-        and browser history, so a client that puts one there must be told,
-        not served.  The dashboard's static files and ``/healthz`` (the
-        readiness probe; it reveals no job) are open.
-        """
-        if not request.path.startswith("/api/"):
-            return await handler(request)
-        if TOKEN_QUERY in request.query:
-            self.counters.inc("errors", code="unauthorized")
-            return web.json_response(
-                error_body("unauthorized", f"?{TOKEN_QUERY}= is refused: a token in a URL leaks into logs; "
-                                           "send Authorization: Bearer <token>"),
-                status=401, headers={"WWW-Authenticate": 'Bearer realm="pacer"'})
-        if request.path in OPEN_PATHS:
-            return await handler(request)
-        given = ""
-        scheme, _, cred = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer":
-            given = cred.strip()
-        who = self._ids.find(given)  # by the token's hash: no early exit on a matching prefix
-        message = "missing bearer token" if not given else "wrong bearer token"
-        if who is None and self._oidc is not None and oidc.looks_like_jwt(given):
-            try:
-                who = await self._oidc.identify(given)
-            except oidc.TokenRefused as exc:
-                message = f"token refused: {exc}"
-        if who is None:
-            self.counters.inc("errors", code="unauthorized")
-            return web.json_response(error_body("unauthorized", f"{message}: send Authorization: Bearer <token>"),
-                                     status=401, headers={"WWW-Authenticate": 'Bearer realm="pacer"'})
-        request[IDENTITY] = who
-        return await handler(request)
-
-    @web.middleware
-    async def _audit(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        """Every mutating ``/api/`` request, refused or not: an AuditRecord event and a log line (who,
-        what, from where, outcome).  Outside ``_auth`` and ``_errors``: refused callers and failed
-        requests are audited too."""
-        if request.method not in MUTATING or not request.path.startswith("/api/"):
-            return await handler(request)
-        resp = await handler(request)
-        who: identity.Identity | None = request.get(IDENTITY)
-        outcome = "ok" if resp.status < 400 else _error_code(resp)
-        job = request.get(AUDIT_JOB) or request.match_info.get("job", "")
-        record = AuditRecord(
-            ts=time.time(), who=who.name if who else "", role=who.role.label if who else "",
-            action=f"{request.method} {_route_label(request) or request.path}"[:200],
-            job=job if is_token(job) else "", namespace=request.get(AUDIT_NAMESPACE, ""),
-            remote=request.remote or "", status=resp.status, outcome=outcome)
-        log.info("audit", extra={"fields": codec.to_dict(record)})
-        self.counters.inc("audited", outcome=outcome)
-        try:
-            await self.bus.publish_durable(subjects.api_audit(record.job), record)
-        except (PacerError, nats.errors.Error) as exc:  # the log line above stays; the request is answered
-            self.counters.inc("audit_lost")
-            log.error("audit event not stored: %s", exc)
-        return resp
-
-    @web.middleware
     async def _json_only(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
@@ -568,13 +490,13 @@ class ApiService:
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         limit = _int_param(request, "limit", 100, 1, 1000)
-        jobs = await self.jobs.list(limit, _state_param(request), _caller(request).listed())
+        jobs = await self.jobs.list(limit, _state_param(request), caller(request).listed())
         self.counters.inc("requests", op="list")
         return web.json_response(to_json(jobs))
 
     async def submit(self, request: web.Request) -> web.Response:
         """The body is the spec as a JSON object, or ``{"spec": "<YAML text>"}`` (:func:`read_submission`)."""
-        who = _caller(request)
+        who = caller(request)
         namespace = who.submit_namespace(request.query.get("namespace", ""))
         request[AUDIT_NAMESPACE] = namespace
         if not who.may(identity.Role.SUBMITTER):
@@ -596,7 +518,7 @@ class ApiService:
         nodes_t = asyncio.ensure_future(self.parts.nodes(job))
         stats_t = asyncio.ensure_future(self.parts.statistics(job))
         try:
-            record = _visible(request, await record_t)
+            record = visible(request, await record_t)
         finally:
             await asyncio.gather(nodes_t, stats_t, return_exceptions=True)
         body: dict[str, Any] = {"job": to_json(record), "nodes": None, "statistics": None, "unavailable": {}}
@@ -611,7 +533,7 @@ class ApiService:
 
     async def stop_job(self, request: web.Request) -> web.Response:
         job = _job(request)
-        who = _caller(request)
+        who = caller(request)
         if not who.may(identity.Role.SUBMITTER):
             raise Forbidden(f"{who.name} is a {who.role.label}: stopping takes the submitter role")
         reason = "stopped by the user"
@@ -642,7 +564,8 @@ class ApiService:
 
     async def _readable(self, request: web.Request, job: str) -> JobRecord:
         """``job``'s record if the caller may see it; else not_found, as for a job that does not exist."""
-        return _visible(request, await self.jobs.get(job))
+        record: JobRecord = visible(request, await self.jobs.get(job))
+        return record
 
     async def _parse(self, read: Callable[[], T]) -> T:
         """``read()`` in a parser thread, given up after ``parse_timeout_s`` (module docstring).
@@ -684,7 +607,7 @@ class ApiService:
         job = request.query.get("job", "")
         if not is_token(job):
             raise ValidationError(f"job: {job!r} is not a job id; use {API}/events?job=<job>")
-        if _caller(request).listed():  # a team's caller: only its own jobs' events (an admin of all: any)
+        if caller(request).listed():  # a team's caller: only its own jobs' events (an admin of all: any)
             await self._readable(request, job)
         replay = request.query.get("replay", "1") not in ("0", "false", "no")
         resume = _last_event_id(request)
@@ -800,34 +723,6 @@ class ApiService:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         return sorted([*timeline, *series])
-
-
-def _caller(request: web.Request) -> identity.Identity:
-    return request[IDENTITY]  # set by _auth for every /api/ route that needs a token
-
-
-def _visible(request: web.Request, record: JobRecord) -> JobRecord:
-    """``record`` if the caller's namespaces hold it; else not_found with the job service's own words."""
-    if not _caller(request).sees(record.namespace):
-        raise NotFound(f"no job named {record.job!r}")
-    return record
-
-
-def _error_code(resp: web.StreamResponse) -> str:
-    """The ``error.code`` of a JSON error response, else ``http_<status>``."""
-    body = getattr(resp, "body", None)
-    if isinstance(body, bytes | bytearray):
-        with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
-            code = json.loads(body)["error"]["code"]
-            if isinstance(code, str):
-                return code[:40]
-    return f"http_{resp.status}"
-
-
-def _route_label(request: web.Request) -> str:
-    """The matched route's template (``/api/v1/jobs/{job}``), "" when none matched (a 404)."""
-    resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else ""
 
 
 def _last_event_id(request: web.Request) -> int | None:
