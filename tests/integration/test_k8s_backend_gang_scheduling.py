@@ -76,6 +76,30 @@ async def test_a_volcano_podgroup_another_instance_created_is_used_as_it_is(
     assert fake.pods[(NS, f"{JOB}-worker-0-g0")]["spec"]["schedulerName"] == "volcano"
 
 
+async def test_a_plan_of_another_size_patches_the_podgroups_min_member_once(
+        fake: FakeK8s, backend: KubernetesBackend) -> None:
+    """Scaled from 5 to 7 nodes: the first pod of the new plan gives the group minMember 7 (one merge patch);
+    its other pods send nothing more.  A group another instance created at another size is patched too."""
+    fake.install_volcano_podgroups()
+    for pod in gang_pods(gang="volcano", gang_size=5):
+        await backend.create(pod)
+    assert fake.requests_to("PATCH", f"/podgroups/{JOB}") == []
+    for node in ("worker-3", "worker-4"):
+        await backend.create(replace(spec(node), gang="volcano", gang_size=7))
+    group = fake.custom_object("podgroups", JOB, group="scheduling.volcano.sh")
+    assert group is not None and group["spec"]["minMember"] == 7, group
+    assert len(fake.requests_to("PATCH", f"/podgroups/{JOB}")) == 1
+
+    other = k8s_backend_support.new_backend(fake)  # knows nothing of the group: its create is a 409
+    try:
+        await other.create(replace(spec("worker-5"), gang="volcano", gang_size=8))
+    finally:
+        await other.close()
+        other.api.api_client.close()
+    group = fake.custom_object("podgroups", JOB, group="scheduling.volcano.sh")
+    assert group is not None and group["spec"] == {"minMember": 8}, group
+
+
 async def test_a_priority_class_lands_on_every_pod(fake: FakeK8s, backend: KubernetesBackend) -> None:
     for pod in gang_pods(priority_class="team-a.high"):
         await backend.create(pod)

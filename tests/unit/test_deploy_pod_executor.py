@@ -208,7 +208,7 @@ def test_k8s_calls_are_read_from_the_backend() -> None:
         ("pods/log", "get"), ("pods/resize", "patch"), ("services", "create"), ("secrets", "create"),
     }
     assert k8s_cluster_calls() == {("nodes", "list"), ("pods", "list")}
-    assert k8s_custom_calls() == {"scheduling.volcano.sh": {("podgroups", "create")}}
+    assert k8s_custom_calls() == {"scheduling.volcano.sh": {("podgroups", "create"), ("podgroups", "patch")}}
 
 
 @needs_kubectl

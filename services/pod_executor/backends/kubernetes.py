@@ -59,9 +59,11 @@ then.  Gang ``volcano`` sets ``spec.schedulerName: volcano`` and the
 annotation ``scheduling.k8s.io/group-name: <job>``, and the backend creates
 the job's PodGroup (``scheduling.volcano.sh/v1beta1``, ``minMember`` = the
 gang's size, the priority class) before the job's first pod, owned by the
-job's Service as its Secrets are; the executor needs ``create`` on
-``podgroups`` and nothing else.  The PodGroup's ``minMember`` is not
-updated when a later plan changes the job's size.
+job's Service as its Secrets are; the executor needs ``create`` and
+``patch`` on ``podgroups`` and nothing else.  A later plan of another size
+patches ``minMember`` when its first pod is created (a merge patch of
+``spec.minMember``; also when the group existed already, from another
+instance or run).
 
 In-place memory resize (:meth:`KubernetesBackend.resize`): Kubernetes >= 1.33,
 where in-place pod vertical scaling is on by default (1.32 with its
@@ -240,7 +242,7 @@ class KubernetesBackend:
         self.retry_s = retry_s
         self._services: dict[str, str] = {}  # jobs whose headless Service exists -> its uid ("": unknown)
         self._secrets: dict[str, str] = {}  # credential Secrets created (or found) by this instance -> job
-        self._podgroups: set[str] = set()  # jobs whose Volcano PodGroup this instance created (or found)
+        self._podgroups: dict[str, int] = {}  # job -> the minMember this instance gave its Volcano PodGroup
         self._gone: dict[str, PodStatus] = {}  # pods deleted from the API, until forget()
         self._watches: set[Any] = set()  # open kubernetes.watch.Watch objects
         self._closed = False
@@ -259,7 +261,7 @@ class KubernetesBackend:
             await self._ensure_service(pod.job)
         if pod.env.get(PASSWORD_ENV):
             await self._ensure_secret(pod)
-        if pod.gang == VOLCANO_SCHEDULER and pod.job not in self._podgroups:
+        if pod.gang == VOLCANO_SCHEDULER and self._podgroups.get(pod.job) != pod.gang_size:
             await self._ensure_podgroup(pod)
         try:
             body: Any = self.pod_manifest(pod)  # the client takes plain dicts too
@@ -416,7 +418,7 @@ class KubernetesBackend:
         # Its Secrets and PodGroup go with it (the garbage collector: they are owned by the Service).
         for name in [n for n, j in self._secrets.items() if j == job]:
             del self._secrets[name]
-        self._podgroups.discard(job)
+        self._podgroups.pop(job, None)
 
     def capacity(self) -> tuple[float, int]:
         """Unknown here (a blocking call could not list nodes): :meth:`machines` tells, asynchronously."""
@@ -644,17 +646,28 @@ class KubernetesBackend:
         self._secrets[name] = pod.job
 
     async def _ensure_podgroup(self, pod: PodSpec) -> None:
-        """Create the job's PodGroup before its first pod (a 409: it exists, from another instance or run)."""
-        body: Any = self.podgroup_manifest(pod)
-        try:
-            await asyncio.to_thread(self.custom.create_namespaced_custom_object, PODGROUP_GROUP, PODGROUP_VERSION,
-                                    self.namespace, PODGROUP_PLURAL, body)
-        except ApiException as e:
-            if e.status != 409:
+        """Create the job's PodGroup before its first pod, or give it the pod's ``minMember`` (a plan of
+        another size; a group another instance or run created, a 409)."""
+        exists = pod.job in self._podgroups
+        if not exists:
+            body: Any = self.podgroup_manifest(pod)
+            try:
+                await asyncio.to_thread(self.custom.create_namespaced_custom_object, PODGROUP_GROUP,
+                                        PODGROUP_VERSION, self.namespace, PODGROUP_PLURAL, body)
+            except ApiException as e:
+                if e.status != 409:
+                    raise _unavailable("create podgroup " + pod.job, e) from e
+                exists = True
+            except Exception as e:
                 raise _unavailable("create podgroup " + pod.job, e) from e
-        except Exception as e:
-            raise _unavailable("create podgroup " + pod.job, e) from e
-        self._podgroups.add(pod.job)
+        if exists:
+            patch: Any = {"spec": {"minMember": pod.gang_size}}
+            try:
+                await asyncio.to_thread(self.custom.patch_namespaced_custom_object, PODGROUP_GROUP,
+                                        PODGROUP_VERSION, self.namespace, PODGROUP_PLURAL, pod.job, patch)
+            except Exception as e:
+                raise _unavailable("patch podgroup " + pod.job, e) from e
+        self._podgroups[pod.job] = pod.gang_size
 
     def _nodes_and_pods(self) -> tuple[_Json, _Json]:
         """Every node and every live pod of the cluster, as plain JSON (blocking: run in a thread)."""
