@@ -21,6 +21,7 @@ Measured, per N (each on a fresh stack):
   ``samples_total``) is received;
 * ``straggler_to_action_p99_s``: the straggler's onset -> the job's primary
   agent receives the controller's global action;
+* ``lease_grants_total``: shard requests that granted shards over the whole run, in or out of the window;
 * ``lease_p50_ms`` / ``lease_p99_ms``: shard requests that granted shards;
 * ``cpu_s_per_1k_reports``: each service process's CPU seconds (children
   included) per 1,000 node reports (heartbeats + metrics) in the measured
@@ -314,6 +315,7 @@ async def run_size(nodes: int, jobs: int, args: argparse.Namespace, two: bool,
         "straggler_to_action_p99_s": round(pct(to_action, 0.99), 2) if not unacted else float("inf"),
         "stragglers": len(onsets), "stragglers_unacted": len(unacted),
         "lease_p50_ms": round(1000 * pct(grants, 0.5), 2), "lease_p99_ms": round(1000 * pct(grants, 0.99), 2),
+        "lease_grants_total": sum(1 for res in results for t in res["lease_timings"] if t[2] > 0),
         "node_reports_per_s": round(rate_reports, 1),
         "cpu_s_per_1k_reports": {k: round((cpu_b[k] - cpu_a[k]) / per_1k, 4) for k in cpu_a},
         "cpu_cores": {k: round((cpu_b[k] - cpu_a[k]) / window, 3) for k in cpu_a},

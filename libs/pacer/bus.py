@@ -158,9 +158,10 @@ class Bus:
             if not nc.connected_once:
                 refused_first.set()  # connect below stops waiting, cancels nats-py's loop and raises
                 return
-            await nc.close()
-            if on_give_up is not None:
+            if on_give_up is not None:  # first: it may end the process, and a close can take a while
                 on_give_up()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.close(), 5.0)
 
         async def on_error(exc: Exception) -> None:
             log.warning("nats error: %s", exc)

@@ -159,29 +159,44 @@ time.sleep(120)
 """
 
 
-async def trainer(url: str) -> asyncio.subprocess.Process:
-    """A trainer's shard client in its own process, giving up after 1 s of refusals."""
+async def trainer(url: str, log: Path) -> asyncio.subprocess.Process:
+    """A trainer's shard client in its own process, giving up after 1 s of refusals.  Its stderr goes to
+    ``log``: a pipe nobody reads fills with the refusals it logs, and the process then blocks writing."""
     env = {**os.environ, GIVE_UP_REFUSED_ENV: "1"}
-    return await asyncio.create_subprocess_exec(sys.executable, "-c", TRAINER, url, env=env,
-                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        return await asyncio.create_subprocess_exec(sys.executable, "-c", TRAINER, url, env=env,
+                                                    stdout=subprocess.PIPE, stderr=fd)
+    finally:
+        os.close(fd)  # the child has its own copy
 
 
 async def test_a_trainer_refused_for_good_after_connecting_exits_with_exit_refused(
-        server: tuple[int, Path, asyncio.subprocess.Process]) -> None:
+        server: tuple[int, Path, asyncio.subprocess.Process], tmp_path: Path) -> None:
     """On Kubernetes no pod supervisor stops a trainer whose agent gave up: its own shard client must."""
     port, path, proc = server
-    t = await trainer(f"nats://svc:right@127.0.0.1:{port}")
-    assert t.stdout is not None and t.stderr is not None
+    t = await trainer(f"nats://svc:right@127.0.0.1:{port}", tmp_path / "trainer.log")
+    assert t.stdout is not None
     assert await asyncio.wait_for(t.stdout.readline(), 30) == b"connected\n"
     path.write_text(conf(port, monitor_of(path), "changed"))
     proc.send_signal(signal.SIGHUP)
-    assert await asyncio.wait_for(t.wait(), 30) == EXIT_REFUSED, (await t.stderr.read()).decode()[-2000:]
+    try:
+        code = await asyncio.wait_for(t.wait(), 30)
+    finally:
+        if t.returncode is None:
+            t.kill()
+    assert code == EXIT_REFUSED, (tmp_path / "trainer.log").read_text()[-2000:]
 
 
 async def test_a_trainer_refused_from_its_first_connect_exits_with_exit_refused(
-        server: tuple[int, Path, asyncio.subprocess.Process]) -> None:
+        server: tuple[int, Path, asyncio.subprocess.Process], tmp_path: Path) -> None:
     port, _, _ = server
-    t = await trainer(f"nats://svc:wrong@127.0.0.1:{port}")
-    assert t.stdout is not None and t.stderr is not None
-    assert await asyncio.wait_for(t.wait(), 30) == EXIT_REFUSED, (await t.stderr.read()).decode()[-2000:]
+    t = await trainer(f"nats://svc:wrong@127.0.0.1:{port}", tmp_path / "trainer.log")
+    assert t.stdout is not None
+    try:
+        code = await asyncio.wait_for(t.wait(), 30)
+    finally:
+        if t.returncode is None:
+            t.kill()
+    assert code == EXIT_REFUSED, (tmp_path / "trainer.log").read_text()[-2000:]
     assert await t.stdout.read() == b""  # it never got a client
