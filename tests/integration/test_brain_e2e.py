@@ -29,7 +29,8 @@ from pacer.errors import PacerError
 from pacer.jobs.client import JobClient
 from pacer_services.cli.stack import Stack
 
-pytestmark = pytest.mark.slow
+# the test's own deadline for the job is 420 s; the timeout is a hang guard above it
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROWS = 96_000
 

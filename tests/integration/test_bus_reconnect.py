@@ -171,6 +171,16 @@ async def trainer(url: str, log: Path) -> asyncio.subprocess.Process:
         os.close(fd)  # the child has its own copy
 
 
+async def exit_code(t: asyncio.subprocess.Process, within: float = 30.0) -> int:
+    """The trainer's exit code; killed (and the wait fails) if it has not exited ``within`` seconds."""
+    try:
+        return await asyncio.wait_for(t.wait(), within)
+    finally:
+        if t.returncode is None:
+            t.kill()
+            await t.wait()
+
+
 async def test_a_trainer_refused_for_good_after_connecting_exits_with_exit_refused(
         server: tuple[int, Path, asyncio.subprocess.Process], tmp_path: Path) -> None:
     """On Kubernetes no pod supervisor stops a trainer whose agent gave up: its own shard client must."""
@@ -180,11 +190,7 @@ async def test_a_trainer_refused_for_good_after_connecting_exits_with_exit_refus
     assert await asyncio.wait_for(t.stdout.readline(), 30) == b"connected\n"
     path.write_text(conf(port, monitor_of(path), "changed"))
     proc.send_signal(signal.SIGHUP)
-    try:
-        code = await asyncio.wait_for(t.wait(), 30)
-    finally:
-        if t.returncode is None:
-            t.kill()
+    code = await exit_code(t)
     assert code == EXIT_REFUSED, (tmp_path / "trainer.log").read_text()[-2000:]
 
 
@@ -193,10 +199,6 @@ async def test_a_trainer_refused_from_its_first_connect_exits_with_exit_refused(
     port, _, _ = server
     t = await trainer(f"nats://svc:wrong@127.0.0.1:{port}", tmp_path / "trainer.log")
     assert t.stdout is not None
-    try:
-        code = await asyncio.wait_for(t.wait(), 30)
-    finally:
-        if t.returncode is None:
-            t.kill()
+    code = await exit_code(t)
     assert code == EXIT_REFUSED, (tmp_path / "trainer.log").read_text()[-2000:]
     assert await t.stdout.read() == b""  # it never got a client

@@ -30,7 +30,8 @@ from pacer.contracts.jobs import JobRecord, JobState
 from pacer.errors import NotFound
 from s3_server import S3Server, s3  # noqa: F401  (the module-scoped S3 server fixture)
 
-pytestmark = pytest.mark.slow
+# a real stack and TensorFlow jobs: 60-180 s a test on a quiet machine; the timeout is a hang guard
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "jobs"
@@ -161,6 +162,12 @@ def script_of(example: Path) -> list[tuple[list[str], bool]]:
     return out
 
 
+# The stream producer's command, its imports done before it waits on stdin for its turn to publish:
+# ``python -c GATED examples/stream_producer.py <its arguments>``.
+GATED = ("import sys, runpy, msgpack, nats, pacer.data.formats, pacer.security; sys.stdin.readline(); "
+         "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
 def trainer_pid(job: str, node: str, timeout: float = 120.0) -> int:
     """The pid of a node's running TensorFlow worker process (found by its command line)."""
     deadline = time.monotonic() + timeout
@@ -211,6 +218,7 @@ def test_streaming_example_trains_every_sample_once_through_a_worker_kill(stack:
     job = "ads-online"
     env = {**os.environ, **aws_env(), "PACER_NATS_URL": stack.url}  # type: ignore[attr-defined]
     producers: list[subprocess.Popen[str]] = []
+    standby: list[subprocess.Popen[str]] = []  # at most one producer, started and waiting for its turn
     submit: subprocess.Popen[str] | None = None
     published: list[dict[str, int]] = []
     try:
@@ -231,16 +239,32 @@ def test_streaming_example_trains_every_sample_once_through_a_worker_kill(stack:
         assert submit is not None and len(producers) == 1
 
         def next_producer() -> None:
-            """Publish the next split of the traffic (new samples of the same click signal) in the background."""
+            """Publish the next split of the traffic (new samples of the same click signal) in the background:
+            release the standby producer, started earlier (keep_publishing starts the next).  A producer started
+            only once the previous one has ended may take longer than idle_close_s to start publishing on a
+            starved machine, and the stream would close mid-test; a standby has done its start-up already
+            and publishes no more than the producer it follows."""
+            if not standby:
+                start_standby()
+            proc = standby.pop()
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()  # (left open: communicate() closes it)
+            producers.append(proc)
+
+        def start_standby() -> None:
             argv = [*more]
             argv[argv.index("--split") + 1] = str(int(argv[argv.index("--split") + 1]) + len(producers))
-            producers.append(subprocess.Popen(argv, cwd=user_dir, env=env, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, text=True))
+            standby.append(subprocess.Popen([sys.executable, "-c", GATED, *argv[1:]], cwd=user_dir, env=env,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True))
 
         def keep_publishing() -> None:
             """The kill must fall mid-stream whatever the machine's pace: when the producer ends before the job
             trained two shards (TensorFlow starts slowly on a loaded machine), the next split of the traffic is
-            published by a new producer, before the stream has been quiet for idle_close_s."""
+            published by the standby producer, before the stream has been quiet for idle_close_s."""
+            if not standby:
+                start_standby()
             if producers[-1].poll() is None:
                 return
             out, err = producers[-1].communicate()
@@ -282,9 +306,10 @@ def test_streaming_example_trains_every_sample_once_through_a_worker_kill(stack:
         out, err = submit.communicate(timeout=900)
         assert submit.returncode == 0, f"{out}\n{err}"
     finally:
-        for p in [*producers, *([submit] if submit else [])]:
+        for p in [*producers, *standby, *([submit] if submit else [])]:
             if p.poll() is None:
                 p.kill()
+                p.communicate()
 
     total = sum(p["published"] for p in published)
     assert published[0]["first_seq"] == 1 and max(p["last_seq"] for p in published) == total
