@@ -8,7 +8,11 @@
 
 Every command takes ``--nats URL`` (default ``$PACER_NATS_URL`` or
 ``nats://127.0.0.1:4222``) and ``--json`` (machine-readable output on
-stdout instead of tables).
+stdout instead of tables).  With ``--api URL`` (default ``$PACER_API_URL``)
+the commands go to the HTTP API instead, with the token of
+``$PACER_API_TOKEN`` or ``$PACER_API_TOKEN_FILE`` (:mod:`.api_client`): a
+team's user needs no NATS credentials then.  ``history`` reads the brain
+over NATS only.
 
 Exit codes: 0 success (``submit --wait``: the job completed); 1 an error
 reply (not_found, conflict, unavailable, ...), NATS unreachable, or
@@ -32,7 +36,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import yaml
 from opentelemetry import trace
@@ -43,8 +47,10 @@ from pacer.contracts.executor import ExecutorStatus
 from pacer.contracts.jobs import JobProgress, JobRecord, JobState
 from pacer.contracts.monitor import JobStatistics
 from pacer.errors import PacerError
+from pacer.ids import DEFAULT_NAMESPACE
 from pacer.jobs.client import JobClient
 from pacer.jobs.spec import JobSpecError, inline_schema_file, load_spec_document, parse_job_spec
+from pacer_services.cli.api_client import API_URL_ENV, ApiClient
 from pacer_services.cli.progress import Progress, render_bar
 
 TERMINAL = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.STOPPED})
@@ -231,14 +237,24 @@ async def _connect(url: str) -> Bus:
         raise CliError(f"cannot reach NATS at {url} ({type(exc).__name__}); is `pacer up` running?") from None
 
 
-def _run(cmd: str, url: str, body: Callable[[JobClient], Awaitable[int]]) -> int:
-    """Connect, run ``body``, close; turn every expected failure into a message and an exit code."""
+Client: TypeAlias = JobClient | ApiClient
+
+
+def _run(cmd: str, url: str, body: Callable[[Client], Awaitable[int]], api: str = "") -> int:
+    """Connect (to the HTTP API at ``api`` when given, else to NATS at ``url``), run ``body``, close; turn
+    every expected failure into a message and an exit code."""
 
     # OTEL_TRACES_EXPORTER=otlp (or PACER_OTEL_EXPORTER): the command is the root span of what it causes
     telemetry.setup_otel("cli")
 
     async def go() -> int:
         with trace.get_tracer("pacer.cli").start_as_current_span(f"pacer {cmd}"):
+            if api:
+                client = ApiClient.from_env(api)
+                try:
+                    return await body(client)
+                finally:
+                    await client.close()
             bus = await _connect(url)
             try:
                 return await body(JobClient(bus))
@@ -266,9 +282,25 @@ def _fail(cmd: str, message: str, rc: int, code: str = "") -> int:
     return rc
 
 
-def _optional_client(c: JobClient) -> JobClient:
-    """For the parts of ``pacer job`` that may be missing: ask briefly, do not insist."""
-    return JobClient(c.bus, timeout=3.0, retry=RetryPolicy(attempts=2))
+async def _job_view(c: Client, job: str) -> tuple[JobRecord, ExecutorStatus | None, JobStatistics | None,
+                                                 list[str]]:
+    """``pacer job``'s parts: the record, the executor's nodes and the monitor's statistics (None when that
+    service did not answer: asked briefly, not insisted on), and a note for each missing part."""
+    if isinstance(c, ApiClient):  # the API joins the parts itself
+        rec, nodes, stats, missing = await c.view(job)
+        return rec, nodes, stats, [f"{what}: {why}" for what, why in missing.items()]
+    rec = await c.get(job)
+    opt = JobClient(c.bus, timeout=3.0, retry=RetryPolicy(attempts=2))
+    nodes_r, stats_r = await asyncio.gather(opt.nodes(job), opt.statistics(job), return_exceptions=True)
+    notes = []
+    for what, r in (("nodes", nodes_r), ("statistics", stats_r)):
+        if isinstance(r, PacerError):
+            service = "executor" if what == "nodes" else "monitor"
+            notes.append(f"{what}: the {service} did not answer ({r.code}: {r.message.splitlines()[0]})")
+        elif isinstance(r, BaseException):
+            raise r
+    return (rec, nodes_r if isinstance(nodes_r, ExecutorStatus) else None,
+            stats_r if isinstance(stats_r, JobStatistics) else None, notes)
 
 
 # ----------------------------------------------------------------- commands
@@ -309,8 +341,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     except CliError as exc:
         return _fail("submit", exc.message, exc.code)
 
-    async def body(c: JobClient) -> int:
-        rec = await c.submit(name, text)
+    async def body(c: Client) -> int:
+        # the API picks the token's only namespace when none is named; the job service takes "default"
+        rec = await (c.submit(name, text, args.namespace) if isinstance(c, ApiClient)
+                     else c.submit(name, text, args.namespace or DEFAULT_NAMESPACE))
         if not args.wait:
             print(_dump(to_dict(rec)) if args.json else f"{rec.job}  {rec.state.value}")
             return 0
@@ -327,10 +361,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
             return 3
         return 0 if rec.state is JobState.COMPLETED else 1
 
-    return _run("submit", args.nats, body)
+    return _run("submit", args.nats, body, args.api)
 
 
-async def _wait(c: JobClient, rec: JobRecord, timeout: float | None, interval: float) -> tuple[JobRecord, bool]:
+async def _wait(c: Client, rec: JobRecord, timeout: float | None, interval: float) -> tuple[JobRecord, bool]:
     """Poll the job until it is terminal (or ``timeout`` passed), drawing progress on stderr."""
     deadline = None if timeout is None else time.monotonic() + timeout
     with Progress(sys.stderr) as bar:
@@ -353,7 +387,7 @@ async def _wait(c: JobClient, rec: JobRecord, timeout: float | None, interval: f
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    async def body(c: JobClient) -> int:
+    async def body(c: Client) -> int:
         jl = await c.list(limit=args.limit, state=JobState(args.state) if args.state else None)
         if args.json:
             print(_dump([to_dict(r) for r in jl.jobs]))
@@ -363,7 +397,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             _show(jobs_table(jl.jobs, time.time()))
         return 0
 
-    return _run("jobs", args.nats, body)
+    return _run("jobs", args.nats, body, args.api)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
@@ -371,7 +405,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     from pacer import subjects
     from pacer.contracts.brain import HistoryList, HistoryQuery
 
-    async def body(c: JobClient) -> int:
+    async def body(c: Client) -> int:
+        if isinstance(c, ApiClient):
+            raise CliError("history reads the brain's config DB over NATS; the HTTP API has no route for it "
+                           "(leave out --api)", 2)
         hl = await c.bus.request(subjects.brain_rpc(subjects.ALL_JOBS, subjects.BrainOp.HISTORY),
                                  HistoryQuery(args.model or "", args.limit), HistoryList, timeout=c.timeout,
                                  retry=c.retry)
@@ -386,25 +423,12 @@ def cmd_history(args: argparse.Namespace) -> int:
                          for e in hl.jobs]))
         return 0
 
-    return _run("history", args.nats, body)
+    return _run("history", args.nats, body, args.api)
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    async def body(c: JobClient) -> int:
-        rec = await c.get(args.id)
-        opt = _optional_client(c)
-        nodes_r, stats_r = await asyncio.gather(opt.nodes(args.id), opt.statistics(args.id), return_exceptions=True)
-        nodes, stats, notes = None, None, []
-        for what, r in (("nodes", nodes_r), ("statistics", stats_r)):
-            if isinstance(r, PacerError):
-                service = "executor" if what == "nodes" else "monitor"
-                notes.append(f"{what}: the {service} did not answer ({r.code}: {r.message.splitlines()[0]})")
-            elif isinstance(r, BaseException):
-                raise r
-        if isinstance(nodes_r, ExecutorStatus):
-            nodes = nodes_r
-        if isinstance(stats_r, JobStatistics):
-            stats = stats_r
+    async def body(c: Client) -> int:
+        rec, nodes, stats, notes = await _job_view(c, args.id)
         if args.json:
             print(_dump({"job": to_dict(rec), "nodes": to_dict(nodes) if nodes else None,
                          "statistics": to_dict(stats) if stats else None, "notes": notes}))
@@ -422,11 +446,11 @@ def cmd_job(args: argparse.Namespace) -> int:
                 _show(f"note: {n}")
         return 0
 
-    return _run("job", args.nats, body)
+    return _run("job", args.nats, body, args.api)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    async def body(c: JobClient) -> int:
+    async def body(c: Client) -> int:
         reply = await c.logs(args.id, args.node, args.tail, args.container)
         lines = reply.text.splitlines()
         if args.json and not args.follow:
@@ -453,7 +477,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
             if terminal:
                 return 0
 
-    return _run("logs", args.nats, body)
+    return _run("logs", args.nats, body, args.api)
 
 
 def _emit(lines: list[str], as_json: bool, pod: str) -> None:
@@ -463,7 +487,7 @@ def _emit(lines: list[str], as_json: bool, pod: str) -> None:
     sys.stdout.flush()
 
 
-async def _is_terminal(c: JobClient, job: str) -> bool:
+async def _is_terminal(c: Client, job: str) -> bool:
     try:
         return (await c.get(job)).state in TERMINAL
     except PacerError as exc:
@@ -473,7 +497,7 @@ async def _is_terminal(c: JobClient, job: str) -> bool:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    async def body(c: JobClient) -> int:
+    async def body(c: Client) -> int:
         rec = await c.stop(args.id, args.reason)
         if args.json:
             print(_dump(to_dict(rec)))
@@ -481,7 +505,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
             _show(f"{rec.job}  {rec.state.value}" + (f"  ({rec.reason})" if rec.reason else ""))
         return 0
 
-    return _run("stop", args.nats, body)
+    return _run("stop", args.nats, body, args.api)
 
 
 # --------------------------------------------------------------------- wiring
@@ -501,6 +525,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nats", default=_default_url(), metavar="URL",
                    help="NATS of the Pacer stack (default: $PACER_NATS_URL, else pacer up's context "
                         "($PACER_CONTEXT), else nats://127.0.0.1:4222)")
+    p.add_argument("--api", default=os.environ.get(API_URL_ENV, ""), metavar="URL",
+                   help="the HTTP API instead of NATS (default: $PACER_API_URL), with the token of "
+                        "$PACER_API_TOKEN or of the file $PACER_API_TOKEN_FILE names")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON instead of tables")
 
 
@@ -509,6 +536,8 @@ def add_cli(subparsers: Any) -> None:
     sp = subparsers.add_parser("submit", help="submit a job spec (YAML or JSON)")
     sp.add_argument("file", metavar="FILE")
     sp.add_argument("--name", help="job name instead of the spec's name")
+    sp.add_argument("--namespace", default="", metavar="NS",
+                    help="the team's namespace (default: with --api, the token's only namespace; else default)")
     sp.add_argument("--wait", action="store_true",
                     help="follow the job until it ends; exit 0 if it completed, 1 if it failed or was stopped")
     sp.add_argument("--timeout", type=_positive(float), metavar="S",

@@ -112,13 +112,15 @@ class ServiceDouble:
             self.requests.append(("jobs", op, req))
             spec = parse_job_spec(req.spec)
             assert spec.name == job, "the subject's job token must equal the spec's name"
-            rec = JobRecord(job=job, spec=spec, state=JobState.SUBMITTED, submitted_at=T0, updated_at=T0)
+            rec = JobRecord(job=job, spec=spec, state=JobState.SUBMITTED, submitted_at=T0, updated_at=T0,
+                            namespace=req.namespace)
             self.jobs[job] = rec
             return rec
         if op == subjects.JobOp.LIST:
             lr = decode(ListRequest, data)
             self.requests.append(("jobs", op, lr))
-            return JobList([r for r in self.jobs.values() if not lr.state or r.state.value == lr.state][: lr.limit])
+            return JobList([r for r in self.jobs.values() if (not lr.state or r.state.value == lr.state)
+                            and (not lr.namespaces or r.namespace in lr.namespaces)][: lr.limit])
         if op == subjects.JobOp.STOP:
             sr = decode(StopRequest, data)
             self.requests.append(("jobs", op, sr))
