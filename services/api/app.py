@@ -16,6 +16,8 @@ that no cross-site form can stop a job):
   monitor parts are optional (null when that service does not answer)
 * ``POST /api/v1/jobs/{job}/stop``        JSON body ``{"reason": ...}`` (or empty) -> JobRecord
 * ``GET  /api/v1/jobs/{job}/logs?node=&tail=&container=``  executor ``logs`` -> LogsReply
+* ``GET  /api/v1/whoami``                ``{"name", "role", "namespaces"}``: who the token is (the
+  dashboard's sign-in page checks a token with it)
 * ``GET  /api/v1/events?job=<job>&replay=1`` Server-Sent Events: every ``pacer.events.*.<job>.*``
   event as ``id: <PACER_EVENTS sequence>`` / ``event: <domain>.<kind>`` / ``data: <message as
   JSON>``; on connect, first the job's recent history from ``PACER_EVENTS`` then ``event:
@@ -384,6 +386,7 @@ class ApiService:
         r.add_get(f"{API}/jobs/{{job}}", self.get_job)
         r.add_post(f"{API}/jobs/{{job}}/stop", self.stop_job)
         r.add_get(f"{API}/jobs/{{job}}/logs", self.logs)
+        r.add_get(f"{API}/whoami", self.whoami)
         r.add_get(f"{API}/events", self.events)
         r.add_get(f"{API}/openapi.json", self.openapi)
         r.add_get("/", self.index)
@@ -511,6 +514,11 @@ class ApiService:
         record = await self.jobs.submit(name, text, namespace)
         self.counters.inc("requests", op="submit")
         return web.json_response(to_json(record), status=201)
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        who = caller(request)
+        self.counters.inc("requests", op="whoami")
+        return web.json_response({"name": who.name, "role": who.role.label, "namespaces": sorted(who.namespaces)})
 
     async def get_job(self, request: web.Request) -> web.Response:
         job = _job(request)

@@ -68,6 +68,15 @@ def component_schemas() -> dict[str, Any]:
                             "description": "part (nodes, statistics) -> why its service did not answer"},
         },
     }
+    out["Caller"] = {
+        "type": "object",
+        "required": ["name", "role", "namespaces"],
+        "properties": {
+            "name": {"type": "string", "description": "the token's name (the tokens file's, or the OIDC subject)"},
+            "role": {"type": "string", "enum": ["viewer", "submitter", "admin"]},
+            "namespaces": {"type": "array", "items": {"type": "string"}, "description": '"*": every namespace'},
+        },
+    }
     out["SubmitBody"] = {
         "description": f"The job spec as a JSON object, or its YAML (or JSON) text under `spec`.  At most "
                        f"{MAX_SPEC_BYTES} bytes of spec, nested at most {MAX_SPEC_DEPTH} levels; YAML aliases "
@@ -173,6 +182,13 @@ def document(version: str = "1") -> dict[str, Any]:
                                "which container"),
                     ],
                     "responses": {"200": _json("executor.LogsReply", "the lines"), **_errors(400, 401, 404, 503)},
+                },
+            },
+            f"{API}/whoami": {
+                "get": {
+                    "operationId": "whoami", "summary": "Who the bearer token is: its name, role and namespaces "
+                                                        "(the dashboard's sign-in checks a token with it)",
+                    "responses": {"200": _json("Caller", "the caller"), **_errors(401)},
                 },
             },
             f"{API}/events": {

@@ -118,8 +118,8 @@ def main(args: argparse.Namespace) -> int:
     port = args.api_port or free_port()
     print(f"pacer demo: starting the embedded stack in {data_dir} ...", file=sys.stderr)
     with Stack(data_dir, env={"PACER_API_PORT": str(port)}) as stack:
-        print(f"pacer demo: dashboard at {stack.dashboard_url(port)}  (jobs, live throughput, nodes, shards)",
-              file=sys.stderr)
+        print(f"pacer demo: dashboard at {stack.dashboard_url(port)}  (jobs, live throughput, nodes, shards; "
+              f"sign in with the token in {stack.api_token_file})", file=sys.stderr)
         data = data_dir / "data" / "train.rec"
         data.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()

@@ -74,19 +74,24 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def up_banner(stack: Stack, api_port: str) -> list[str]:
-    """What ``pacer up`` prints: where things are, and ``export`` lines that hold no NATS password.
+    """What ``pacer up`` prints: where things are, and ``export`` lines that hold no credential.
 
     The operator's NATS credentials stay in the context file (mode 0600); the
-    CLI and ``Bus.connect`` read it through ``PACER_CONTEXT``.
+    CLI and ``Bus.connect`` read it through ``PACER_CONTEXT``.  The API token
+    stays in its file (mode 0600): the dashboard's sign-in page and the CLI's
+    ``PACER_API_TOKEN_FILE`` take it from there.
     """
     tls = f"TLS, CA {stack.ca_file.resolve()}" if stack.ca_file is not None else "no TLS (PACER_NATS_TLS=0)"
     ctx = stack.context_file.resolve()
     return [
         f"pacer up: NATS at {stack.bare_url} ({tls}); services: {', '.join(stack.procs)}; logs in {stack.data_dir}",
         f"pacer up: NATS credentials (user admin) in {ctx} (mode 0600)",
-        f"pacer up: dashboard at {stack.dashboard_url(api_port)}",
-        f"pacer up: HTTP API at http://127.0.0.1:{api_port}/api/ with 'Authorization: Bearer {stack.api_token}'",
+        f"pacer up: dashboard at {stack.dashboard_url(api_port)} (sign in with the API token in "
+        f"{stack.api_token_file.resolve()}, mode 0600)",
+        f"pacer up: HTTP API at http://127.0.0.1:{api_port}/api/ with 'Authorization: Bearer <that token>'",
         f"export PACER_CONTEXT={ctx} PACER_NATS_URL={stack.bare_url}   # Ctrl-C stops everything",
+        f"# or, for the job commands over the HTTP API instead of NATS: export "
+        f"PACER_API_URL=http://127.0.0.1:{api_port} PACER_API_TOKEN_FILE={stack.api_token_file.resolve()}",
     ]
 
 

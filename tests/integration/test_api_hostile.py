@@ -42,7 +42,7 @@ from pacer.embedded import EmbeddedNats
 from pacer_services.api import app as api_app
 from pacer_services.api.app import ApiService
 from pacer_services.job_service.app import JobService, JobServiceConfig
-from test_dashboard import Browser, node_event
+from test_dashboard import Browser, node_event, sign_in
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -344,7 +344,8 @@ async def test_the_dashboard_sends_the_token_in_a_header_and_resumes_its_stream(
         return f"document.querySelectorAll('#timeline li[data-kind=\"{kind}\"]').length"
 
     async with recording_proxy(f"http://127.0.0.1:{api_service.port}", rec) as root, Browser() as b:
-        await b.goto(f"{root}/#token={TOKEN}&/jobs/{job}")
+        await b.goto(f"{root}/#/jobs/{job}")
+        await sign_in(b)
         await b.wait_for(f"document.querySelector('#conn')?.dataset.state === 'live' && {count('node.created')} === 1")
         (url, headers), = rec.seen
         assert "access_token" not in url and TOKEN not in url, url

@@ -56,6 +56,11 @@ def test_pacer_up_prints_where_the_credentials_are_never_the_password(stack: Sta
     text = "\n".join(lines)
     for pw in stack.passwords.values():
         assert pw not in text
+    # Nor the API token: the dashboard's sign-in and the CLI's PACER_API_TOKEN_FILE read its private file.
+    assert stack.api_token and stack.api_token not in text
+    assert stack.api_token_file.read_text().strip() == stack.api_token
+    assert stack.api_token_file.stat().st_mode & 0o077 == 0
+    assert f"PACER_API_TOKEN_FILE={stack.api_token_file.resolve()}" in text
     exports = [line for line in lines if line.startswith("export ")]
     assert exports == [f"export PACER_CONTEXT={stack.context_file.resolve()} PACER_NATS_URL={stack.bare_url}"
                        "   # Ctrl-C stops everything"]

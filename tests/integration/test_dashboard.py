@@ -4,11 +4,11 @@ The job page keeps its event stream open (a streaming ``fetch``), and Chromium's
 --virtual-time-budget`` waits for every open request to end, i.e. forever.
 So pages are driven over the DevTools protocol instead (:class:`Browser`,
 with aiohttp's websocket client): navigate, wait until a JavaScript
-condition holds, read the DOM.  ``dump_dom`` (plain ``--dump-dom``) remains
-for pages without a stream, like the jobs list.
+condition holds, read the DOM.  Every page first asks for the API token
+(its sign-in view): :func:`sign_in` types it in, as a user does.
 
 Reusable helpers (the end-to-end test imports them): :func:`chromium_binary`,
-:class:`Browser` / :func:`render` (-> the DOM as HTML text), :func:`dump_dom`,
+:class:`Browser` / :func:`sign_in` / :func:`render` (-> the DOM as HTML text),
 :func:`parse_dom` / :class:`Element` (query the DOM text by id or attribute).
 Chromium is required: the test fails, never skips, when it is missing.
 """
@@ -190,24 +190,21 @@ class Browser:
         return html
 
 
+async def sign_in(b: Browser, token: str = TOKEN) -> None:
+    """Type ``token`` into the dashboard's sign-in page and send it, as a user does."""
+    await b.wait_for("document.querySelector('#login-form') !== null")
+    await b.eval(f"document.querySelector('#login-token').value = {json.dumps(token)};"
+                 " document.querySelector('#login-form').requestSubmit(); true")
+
+
 async def render(url: str, until: str = "document.readyState === 'complete'", timeout: float = 15.0) -> str:
-    """The DOM (HTML text) of ``url`` once the JavaScript condition ``until`` holds."""
+    """The DOM (HTML text) of ``url``, signed in on its sign-in page, once the JavaScript condition ``until``
+    holds."""
     async with Browser() as b:
         await b.goto(url)
+        await sign_in(b)
         await b.wait_for(until, timeout)
         return await b.dom()
-
-
-async def dump_dom(url: str, budget_ms: int = 3000) -> str:
-    """``chromium --dump-dom --virtual-time-budget``: for pages without an open stream only."""
-    with tempfile.TemporaryDirectory(prefix="pacer-chromium-") as profile:
-        proc = await asyncio.create_subprocess_exec(
-            chromium_binary(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom",
-            f"--virtual-time-budget={budget_ms}", url,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), 60)
-        return out.decode()
 
 
 # ------------------------------------------------------------------ reading DOM text
@@ -313,7 +310,8 @@ async def test_job_page_shows_a_running_job_live(base_url: str, bus: Bus, peers:
     await bus.publish_durable(subjects.event("shard", job, "progress"), progress(job, todo=6, doing=2, done=2))
 
     async with Browser() as b:
-        await b.goto(f"{base_url}/#token={TOKEN}&/jobs/{job}")  # the form `pacer up` prints
+        await b.goto(f"{base_url}/#/jobs/{job}")
+        await sign_in(b)  # then the page asked for
         await b.wait_for("document.querySelector('#conn')?.dataset.state === 'live'"
                          " && document.querySelector('#throughput')?.dataset.value === '1500'"
                          " && document.querySelectorAll('#nodes-body tr[data-node]').length === 3"
@@ -370,7 +368,7 @@ async def test_render_opened_mid_job_and_unknown_job(base_url: str, bus: Bus, pe
     for d in (idle, acted):
         await bus.publish_durable(subjects.controller_decision(job), d)
     await bus.publish_durable(subjects.brain_decision(job), brain)
-    html = await render(f"{base_url}/jobs/{job}#token={TOKEN}",  # the path form of the job page
+    html = await render(f"{base_url}/jobs/{job}",  # the path form of the job page
                         until="document.querySelector('#throughput')?.dataset.value === '42'"
                               " && document.querySelector('#timeline li[data-kind=\"brain.decision\"]') !== null")
     page = parse_dom(html)
@@ -383,7 +381,7 @@ async def test_render_opened_mid_job_and_unknown_job(base_url: str, bus: Bus, pe
     assert page.find(id="job-state").text == "running"
     assert page.find(tag="tr", data_node="worker-0").find(data_field="state").text == "running"
 
-    html = await render(f"{base_url}/#token={TOKEN}&/jobs/ghost",
+    html = await render(f"{base_url}/#/jobs/ghost",
                         until="document.querySelector('#job-error')?.hidden === false")
     assert "No job named ghost" in parse_dom(html).find(id="job-error").text
 
@@ -391,7 +389,7 @@ async def test_render_opened_mid_job_and_unknown_job(base_url: str, bus: Bus, pe
 async def test_jobs_list_page(base_url: str, peers: PeerDouble) -> None:
     peers.add_running("alpha")
     peers.add_running("beta", now=time.time() - 100)
-    html = await dump_dom(f"{base_url}/#token={TOKEN}", budget_ms=2000)
+    html = await render(f"{base_url}/", until="document.querySelectorAll('#jobs-body tr[data-job]').length === 2")
     page = parse_dom(html)
     rows = page.find(id="jobs-body").find_all(tag="tr")
     assert [r.attrs["data-job"] for r in rows] == ["alpha", "beta"]  # newest first, as listed
@@ -402,7 +400,38 @@ async def test_jobs_list_page(base_url: str, peers: PeerDouble) -> None:
     assert alpha.find(data_field="progress").text.strip() == "0%"
 
 
-# ------------------------------------------------------------------ behind a path prefix, with and without the token
+# ------------------------------------------------------------------ signing in
+
+
+async def test_sign_in_checks_the_token_keeps_it_out_of_the_url_and_sign_out_forgets_it(
+        base_url: str, peers: PeerDouble) -> None:
+    peers.add_running("alpha")
+    async with Browser() as b:
+        await b.goto(f"{base_url}/#/jobs/alpha")
+        await sign_in(b, "not-a-known-token-0123456789abcdef")
+        await b.wait_for("document.querySelector('#login-error')?.hidden === false")
+        assert "Not signed in" in await b.eval("document.querySelector('#login-error').textContent")
+        assert await b.eval("sessionStorage.getItem('pacer.token')") is None  # a refused token is not kept
+        await sign_in(b)
+        await b.wait_for("document.querySelector('#job-state')?.textContent === 'running'")  # the page asked for
+        assert await b.eval("document.querySelector('#who-name').textContent") == "api-token (admin; every namespace)"
+        assert TOKEN not in await b.eval("location.href")
+        # A reload keeps this tab's sign-in.
+        await b.goto(f"{base_url}/")
+        await b.wait_for("document.querySelectorAll('#jobs-body tr[data-job]').length === 1"
+                         " && document.querySelector('#who-name') !== null")
+        await b.eval("document.querySelector('#logout').click(); true")
+        await b.wait_for("document.querySelector('#login-form') !== null")
+        assert await b.eval("sessionStorage.getItem('pacer.token')") is None
+        # A token the API no longer takes (revoked, rotated): back to the sign-in page, saying why.
+        await b.eval("sessionStorage.setItem('pacer.token', 'revoked-token-0123456789abcdef'); true")
+        await b.goto(f"{base_url}/")
+        await b.wait_for("document.querySelector('#login-note')?.textContent.includes('refused the token')")
+        assert await b.eval("sessionStorage.getItem('pacer.token')") is None
+        assert all("401" in e for e in b.errors), b.errors
+
+
+# ------------------------------------------------------------------ behind a path prefix
 
 
 @contextlib.asynccontextmanager
@@ -450,13 +479,16 @@ async def test_dashboard_behind_a_path_prefix_submits_and_follows_a_job(
         base_url: str, bus: Bus, peers: PeerDouble) -> None:
     job = "pfx"
     async with prefix_proxy(base_url, "/pacer/") as root, Browser() as b:
-        # Without the token: the list says how to get in, rather than showing nothing.
+        # Without a token: the sign-in page, inside the prefix.
         await b.goto(root)
-        await b.wait_for("document.querySelector('#jobs-error')?.hidden === false")
-        assert "carries the token" in await b.eval("document.querySelector('#jobs-error').textContent")
-        # With it (as `pacer up` prints it): the token leaves the address bar; the form submits.
+        await b.wait_for("document.querySelector('#login-form') !== null")
+        # A token in the address (what older `pacer up` printed) leaves it and is not used.
         await b.goto(f"{root}#token={TOKEN}")
-        await b.wait_for("document.querySelector('#jobs-body') !== null && !location.hash.includes('token')")
+        await b.wait_for("!location.hash.includes('token')"
+                         " && document.querySelector('#login-note')?.textContent.includes('not used')")
+        assert await b.eval("sessionStorage.getItem('pacer.token')") is None
+        await sign_in(b)
+        await b.wait_for("document.querySelector('#jobs-body') !== null")
         await b.eval(f"document.querySelector('#submit-spec').value = {json.dumps(api_support.SPEC_YAML.format(name=job))};"
                      " document.querySelector('#submit-spec').form.requestSubmit(); true")
         await b.wait_for(f"location.hash === '#/jobs/{job}' && document.querySelector('#job-state')?.textContent"

@@ -28,9 +28,10 @@ from pacer.errors import ValidationError
 from pacer.jobs.client import JobClient
 from pacer.subjects import events_of
 from pacer_services.cli.stack import Stack
-from test_dashboard import Browser, parse_dom
+from test_dashboard import Browser, parse_dom, sign_in
 
-pytestmark = pytest.mark.slow
+# a real stack and TensorFlow jobs: up to 120 s a test on a quiet machine; the timeout is a hang guard
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 ROWS = 24_000  # 512-record global batches: 47 steps, ~0.1 s each with the injected sleep
 
@@ -197,7 +198,8 @@ async def test_dashboard_shows_the_running_job_and_stop_works(stack: Stack, clie
     await wait_for(client, "e2e-dash", lambda r: r.state is JobState.RUNNING and r.progress.shards_done > 0,
                    what="a running job")
     async with Browser() as b:
-        await b.goto(stack.dashboard_url(stack.env["PACER_API_PORT"], "/jobs/e2e-dash"))  # as `pacer up` prints it
+        await b.goto(stack.dashboard_url(stack.env["PACER_API_PORT"], "#/jobs/e2e-dash"))
+        await sign_in(b, stack.api_token_file.read_text().strip())  # the token of the file `pacer up` names
         await b.wait_for("document.querySelector('#job-state')?.dataset.state === 'running'"
                          " && document.querySelectorAll('#nodes-body tr[data-node]').length === 4"
                          " && Number(document.querySelector('#throughput')?.dataset.value) > 0"

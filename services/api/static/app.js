@@ -13,14 +13,14 @@
 // have stable ids or data attributes: #job-state, #throughput[data-value],
 // [data-node="worker-0"] [data-field="state"], #shards-done, #timeline li[data-kind].
 //
-// The API wants a bearer token.  `pacer up` prints the dashboard URL with it in
-// the fragment, #token=<token> (optionally followed by &<route>, e.g.
-// #token=abc&/jobs/demo): a fragment never reaches a server or its logs.  The
-// page keeps it in sessionStorage (this tab only), removes it from the address
-// bar, and sends it as `Authorization: Bearer` on every request, the event
-// stream's included: a token never goes into a URL, where logs and history keep
-// it (the API refuses ?access_token=).  EventSource cannot set that header, so
-// the stream is read with fetch() and parsed by EventStream below.
+// The API wants a bearer token.  The page asks for it on its sign-in view
+// (#/login, shown whenever the page has no token or the API refused it), checks
+// it with GET api/v1/whoami, keeps it in sessionStorage (this tab only) and sends
+// it as `Authorization: Bearer` on every request, the event stream's included.
+// A token never goes into a URL, where logs, proxies and history keep it: the API
+// refuses ?access_token=, and a #token= fragment (what older `pacer up` printed)
+// is wiped from the address bar and not used.  EventSource cannot set that header,
+// so the stream is read with fetch() and parsed by EventStream below.
 "use strict";
 
 const TERMINAL = new Set(["completed", "failed", "stopped"]);
@@ -44,17 +44,44 @@ const METRICS_FRESH_S = 30; // agent metrics older than this do not count in the
 
 const TOKEN_KEY = "pacer.token";
 let memToken = ""; // when sessionStorage is unavailable (privacy modes)
+let signInNote = ""; // why the sign-in view is shown (a refused token, a token in the URL)
 
-function takeToken() {
-  const m = location.hash.match(/^#token=([^&]*)(?:&(.*))?$/);
+// A token in the address (#token=...) is wiped, never used: history has it already.
+function scrubToken() {
+  const m = location.hash.match(/^#token=[^&]*(?:&(.*))?$/);
   if (!m) return;
-  memToken = decodeURIComponent(m[1]);
-  try { sessionStorage.setItem(TOKEN_KEY, memToken); } catch (e) { /* memToken serves */ }
-  history.replaceState(null, "", location.pathname + location.search + (m[2] ? "#" + m[2] : ""));
+  history.replaceState(null, "", location.pathname + location.search + (m[1] ? "#" + m[1] : ""));
+  signInNote = "A token in the address is not used (addresses end up in history and logs): sign in here.";
 }
 
 function token() {
   try { return sessionStorage.getItem(TOKEN_KEY) || memToken; } catch (e) { return memToken; }
+}
+
+function setToken(t) {
+  memToken = t;
+  try {
+    if (t) sessionStorage.setItem(TOKEN_KEY, t);
+    else sessionStorage.removeItem(TOKEN_KEY);
+  } catch (e) { /* memToken serves */ }
+}
+
+function setWho(who) {
+  const node = document.getElementById("who");
+  if (!node) return;
+  node.replaceChildren();
+  node.hidden = !who;
+  if (!who) return;
+  const ns = who.namespaces.includes("*") ? "every namespace" : who.namespaces.join(", ");
+  node.append(el("span", { id: "who-name", "data-role": who.role }, `${who.name} (${who.role}; ${ns})`), " ",
+    el("button", { id: "logout", type: "button", onclick: signOut }, "Sign out"));
+}
+
+function signOut() {
+  setToken("");
+  setWho(null);
+  signInNote = "Signed out.";
+  route();
 }
 
 // ------------------------------------------------------------------ helpers
@@ -140,11 +167,15 @@ async function api(method, path, body, type) {
   try { data = await resp.json(); } catch (e) { data = null; }
   if (!resp.ok) {
     const err = (data && data.error) || { code: "http_" + resp.status, message: resp.statusText };
-    const e = new Error(resp.status === 401
-      ? `${err.message} (open the dashboard with the URL \`pacer up\` printed: it carries the token)`
-      : err.message);
+    const e = new Error(err.message);
     e.code = err.code;
     e.status = resp.status;
+    if (resp.status === 401 && token() && !(current instanceof LoginView)) { // revoked or expired: sign in again
+      setToken("");
+      setWho(null);
+      signInNote = `The API refused the token (${err.message}): sign in again.`;
+      setTimeout(route, 0);
+    }
     throw e;
   }
   return data;
@@ -250,13 +281,59 @@ let current = null; // the view on screen: { stop() }
 function route() {
   if (current) current.stop();
   current = null;
-  const m = location.hash.match(/^#\/jobs\/([A-Za-z0-9_-]{1,64})/) ||
-    (!location.hash || location.hash === "#") && location.pathname.match(/\/jobs\/([A-Za-z0-9_-]{1,64})$/);
   app.replaceChildren();
+  if (!token()) {
+    current = new LoginView();
+    return;
+  }
+  if (location.hash === "#/login") history.replaceState(null, "", location.pathname + location.search + "#/");
+  const m = location.hash.match(/^#\/jobs\/([A-Za-z0-9_-]{1,64})/) ||
+    (!location.hash || location.hash === "#" || location.hash === "#/") && location.pathname.match(/\/jobs\/([A-Za-z0-9_-]{1,64})$/);
   current = m ? new JobView(m[1]) : new JobsView();
 }
 
-window.addEventListener("hashchange", () => { takeToken(); route(); });
+window.addEventListener("hashchange", () => { scrubToken(); route(); });
+
+// ------------------------------------------------------------------ sign in
+
+// The sign-in view: the token is typed (or pasted) into a password field, never
+// carried by a URL.  It is checked with GET api/v1/whoami before it is kept; the
+// page then shows the view that was asked for (the address is left as it was).
+class LoginView {
+  constructor() {
+    app.dataset.view = "login";
+    document.title = "Pacer: sign in";
+    setConn("idle", "");
+    const input = el("input", { id: "login-token", type: "password", name: "token", autocomplete: "off",
+      spellcheck: "false", required: true, placeholder: "API token" });
+    const error = el("p", { id: "login-error", class: "error", hidden: true });
+    const note = el("p", { id: "login-note", class: "note", hidden: !signInNote }, signInNote);
+    signInNote = "";
+    const submit = async (ev) => {
+      ev.preventDefault();
+      error.hidden = true;
+      setToken(input.value.trim());
+      try {
+        const who = await api("GET", "api/v1/whoami");
+        setWho(who);
+        route();
+      } catch (e) {
+        setToken("");
+        error.hidden = false;
+        error.textContent = e.status === 401 ? `Not signed in: ${e.message}` : `Cannot check the token: ${e.message}`;
+      }
+    };
+    app.append(el("h1", {}, "Sign in"),
+      el("p", {}, "Paste your Pacer API token: `pacer up` writes it to the file it names, your platform team hands out " +
+        "a team's. It stays in this tab only."),
+      note,
+      el("form", { id: "login-form", onsubmit: submit }, input, " ", el("button", { id: "login-btn", type: "submit" }, "Sign in")),
+      error);
+    input.focus();
+  }
+
+  stop() {}
+}
 
 // ------------------------------------------------------------------ jobs list
 
@@ -809,5 +886,6 @@ function nodeOrder(name) {
   return name.startsWith("ps-") ? 0 : name.startsWith("chief") ? 1 : 2;
 }
 
-takeToken();
+scrubToken();
+if (token()) api("GET", "api/v1/whoami").then(setWho, () => {}); // a reload keeps the tab's sign-in
 route();
