@@ -111,10 +111,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -131,7 +132,8 @@ from pacer.contracts.executor import ClusterStatus, MachineInfo
 from pacer.contracts.jobs import JobRecord, JobSpec, JobState, PlanSource, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
-from pacer.errors import PacerError
+from pacer.errors import PacerError, ValidationError
+from pacer.ids import DEFAULT_NAMESPACE, is_namespace
 from pacer.lease import Lease, LeaseLost
 from pacer.owned.queues import JobLocks
 from pacer.owned.router import Router
@@ -195,12 +197,16 @@ class BrainConfig:
     lease_ttl_s: float = DEFAULT_TTL_S  # a dead instance's jobs (and rounds) move about this long after
     instance: str | None = None  # None: PACER_INSTANCE, else brain-<random>
     inactive_s: float = 300.0  # the server deletes a gone instance's durable consumer after this long
+    # CPUs the autoscaled jobs of one namespace (a team) may hold together (PACER_BRAIN_NAMESPACE_CPU,
+    # "team-a=32,team-b=16"); a namespace not named has no quota of its own.  cpu_quota still bounds each job.
+    namespace_cpu: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls) -> BrainConfig:
         env = os.environ
         return cls(autoscale=env.get("PACER_BRAIN_AUTOSCALE", "1") not in ("0", "false", "no"),
                    cpu_quota=float(env.get("PACER_BRAIN_CPU_QUOTA", "64")),
+                   namespace_cpu=namespace_quotas(env.get("PACER_BRAIN_NAMESPACE_CPU", "")),
                    node_cpu=float(env.get("PACER_BRAIN_NODE_CPU", "16")),
                    adjust_interval_s=float(env.get("PACER_BRAIN_ADJUST_S", "180")),
                    settle_s=float(env.get("PACER_BRAIN_SETTLE_S", "30")),
@@ -213,14 +219,35 @@ class BrainConfig:
                        ps_pause_s=float(env.get("PACER_BRAIN_PS_PAUSE_S", "120")))))
 
     def autoscaler(self, spec: JobSpec, first: ResourcePlan, warm: bool,
-                   prior: Coefficients | None = None, prior_calibration: Calibration | None = None) -> JobAutoscaler:
+                   prior: Coefficients | None = None, prior_calibration: Calibration | None = None,
+                   namespace: str = DEFAULT_NAMESPACE) -> JobAutoscaler:
         stages = replace(self.autoscale_config.stages, c_total=self.cpu_quota, c_max=self.node_cpu,
                          ps_cpu_target=min(self.autoscale_config.stages.ps_cpu_target, self.node_cpu))
         cfg = replace(self.autoscale_config, stages=stages, adjust_interval_s=self.adjust_interval_s,
                       settle_s=self.settle_s)
         # m of DLRover-RM Eq. 1 is per worker; the spec's batch is global (launch divides it).
         m = max(1, spec.batch_size // max(1, first.workers))
-        return JobAutoscaler(spec, m, cfg, first=first, warm=warm, prior=prior, prior_calibration=prior_calibration)
+        return JobAutoscaler(spec, m, cfg, first=first, warm=warm, prior=prior, prior_calibration=prior_calibration,
+                             namespace=namespace)
+
+
+def namespace_quotas(text: str) -> dict[str, float]:
+    """``"team-a=32, team-b=16"`` -> ``{"team-a": 32.0, "team-b": 16.0}``; ValidationError naming the bad entry."""
+    out: dict[str, float] = {}
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        ns, sep, amount = item.partition("=")
+        ns = ns.strip()
+        try:
+            cpu = float(amount) if sep else math.nan
+        except ValueError:
+            cpu = math.nan
+        if not is_namespace(ns) or not math.isfinite(cpu) or cpu < 0:
+            raise ValidationError(f"PACER_BRAIN_NAMESPACE_CPU: {item!r}: expected <namespace>=<CPUs >= 0>, "
+                                  "e.g. team-a=32,team-b=16")
+        out[ns] = cpu
+    return out
 
 
 def _amount(text: str | None) -> float | None:
@@ -393,7 +420,7 @@ class BrainService:
         if st.auto is not None:
             seed = st.auto
             auto = self.config.autoscaler(seed.spec, seed.first, warm=seed.warm, prior=seed.prior,
-                                          prior_calibration=seed.prior_calibration)
+                                          prior_calibration=seed.prior_calibration, namespace=seed.namespace)
             try:
                 await asyncio.to_thread(load_autoscaler_state, auto, seed.state)
                 self.adopt(job, auto)
@@ -540,7 +567,8 @@ class BrainService:
         plan = self.in_force(job)
         if rec is None or not ours or plan is None or rt.autoscaler is not None:
             return rt.autoscaler
-        auto = self.config.autoscaler(rec.spec, plan, warm=True)  # measured afresh, in the adjust stage
+        auto = self.config.autoscaler(rec.spec, plan, warm=True,  # measured afresh, in the adjust stage
+                                      namespace=rec.namespace)
         auto.applied(plan, 0.0)
         rt.autoscaler = auto
         self.counters.inc("autoscalers_resumed")
@@ -681,10 +709,23 @@ class BrainService:
         """What the autoscaled jobs' plans in force hold together."""
         return sum((plan_resources(a.plan) for a in self.autoscalers.values()), Resources())
 
+    def namespace_free(self) -> dict[str, Resources]:
+        """Per namespace with a CPU quota (``namespace_cpu``), what it has left after what its autoscaled
+        jobs' plans in force hold (memory is not bounded per team)."""
+        held: dict[str, float] = {}
+        for a in self.autoscalers.values():
+            held[a.namespace] = held.get(a.namespace, 0.0) + plan_resources(a.plan).cpu
+        return {ns: Resources(cpu - held.get(ns, 0.0), math.inf) for ns, cpu in self.config.namespace_cpu.items()}
+
     def capacity(self) -> Resources | None:
-        """S of DLRover-RM Eq. 13 for the autoscaled jobs together; None: unknown (plan each job alone)."""
-        return cluster_capacity(self._fresh_cluster(), self._held(), cpu=self.config.cluster_cpu,
-                                memory_mb=self.config.cluster_memory_mb)
+        """S of DLRover-RM Eq. 13 for the autoscaled jobs together; None: unknown (plan each job alone).
+        Unknown with teams' quotas (``namespace_cpu``): unbounded, so that the jobs are planned together, in
+        cluster rounds that keep each team within its quota."""
+        s = cluster_capacity(self._fresh_cluster(), self._held(), cpu=self.config.cluster_cpu,
+                             memory_mb=self.config.cluster_memory_mb)
+        if s is None and self.config.namespace_cpu:
+            return Resources(math.inf, math.inf)
+        return s
 
     async def placed(self, plan: ResourcePlan) -> ResourcePlan:
         """``plan`` with a Dike placement over the known machines (none with fewer than two, or stale ones)."""
@@ -735,7 +776,7 @@ class BrainService:
             before = {job: auto.plan for job, (auto, _) in ready.items() if auto.plan is not None}
             outcome = await asyncio.to_thread(
                 cluster_round, [ReadyJob(auto, stats) for auto, stats in ready.values()],
-                capacity - self._held(), now, prices=cfg.prices, rho=cfg.rho)
+                capacity - self._held(), now, prices=cfg.prices, rho=cfg.rho, namespace_free=self.namespace_free())
         out: dict[str, ResourcePlan] = {}
         for job, d in outcome.decisions.items():
             if job in before and not same_resources(d.plan, before[job]):

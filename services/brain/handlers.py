@@ -61,7 +61,7 @@ def rpc(svc: BrainService) -> dict[str, Handler]:
         first = replace(ws.plan, job=job)
         if svc.config.autoscale and req.spec.resources is None and svc.own.owns(job):
             svc.adopt(job, svc.config.autoscaler(req.spec, first, warm=not ws.cold, prior=ws.coefficients,
-                                                 prior_calibration=ws.calibration))
+                                                 prior_calibration=ws.calibration, namespace=req.namespace))
             await svc.save(job)  # a new owner goes on from here (refused: the new owner resumes from the record)
         await svc.bus.respond(msg, await svc.placed(first))
 

@@ -36,6 +36,7 @@ from pacer.codec import from_dict, to_dict
 from pacer.contracts.brain import BrainDecision
 from pacer.contracts.jobs import JobSpec, ResourcePlan
 from pacer.errors import PacerError
+from pacer.ids import DEFAULT_NAMESPACE
 
 from .core.autoscaler import JobAutoscaler, autoscaler_state
 from .core.calibration import Calibration
@@ -63,6 +64,7 @@ class AutoscalerSeed:
     prior: Coefficients | None
     state: dict[str, Any]
     prior_calibration: Calibration | None = None
+    namespace: str = DEFAULT_NAMESPACE  # the job's team (its quota)
 
 
 @dataclass(slots=True)
@@ -99,7 +101,7 @@ class JobInMemory:
 
 def seed_of(auto: JobAutoscaler) -> AutoscalerSeed:
     return AutoscalerSeed(auto.spec, auto.first_plan(), auto.warm, auto.prior, autoscaler_state(auto),
-                          auto.prior_calibration)
+                          auto.prior_calibration, auto.namespace)
 
 
 def _out(o: Outgoing) -> dict[str, Any]:
@@ -113,7 +115,8 @@ def encode_state(st: OwnedJob) -> bytes:
         a = st.auto
         auto = {"spec": to_dict(a.spec), "first": to_dict(a.first), "warm": a.warm,
                 "prior": a.prior.to_dict() if a.prior is not None else None, "state": a.state,
-                "prior_calibration": a.prior_calibration.to_dict() if a.prior_calibration is not None else None}
+                "prior_calibration": a.prior_calibration.to_dict() if a.prior_calibration is not None else None,
+                "namespace": a.namespace}
     return json.dumps({
         "seq": st.seq, "oom_plan": to_dict(st.oom_plan) if st.oom_plan is not None else None,
         "oom_at": st.oom_at, "published": st.published, "outbox": [_out(o) for o in st.outbox], "auto": auto,
@@ -131,7 +134,9 @@ def decode_state(data: bytes) -> OwnedJob:
                                   Coefficients.from_dict(a["prior"]) if a["prior"] is not None else None,
                                   dict(a["state"]),
                                   # absent in a state saved before the calibration prior existed
-                                  Calibration.from_dict(a["prior_calibration"]) if a.get("prior_calibration") else None)
+                                  Calibration.from_dict(a["prior_calibration"]) if a.get("prior_calibration") else None,
+                                  # absent in a state saved before namespaces had quotas
+                                  str(a.get("namespace") or DEFAULT_NAMESPACE))
         outbox = [Outgoing(str(o["msg_id"]),
                            from_dict(ResourcePlan, o["plan"]) if o["plan"] is not None else None,
                            from_dict(BrainDecision, o["decision"]) if o["decision"] is not None else None)

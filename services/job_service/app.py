@@ -452,7 +452,7 @@ class JobService:
                 data_path, eval_path, records, columns = await asyncio.to_thread(self.datasets.check_files, spec)
             if spec.export is not None:
                 spec = replace(spec, export=replace(spec.export, path=self.datasets.export_location(spec.export.path)))
-            plan = await self._first_plan(spec, records)
+            plan = await self._first_plan(spec, records, req.namespace)
             per_worker = max(1, spec.batch_size // plan.workers)
             dataset = DatasetSpec(
                 job=job, dataset=spec.dataset.name, records=records, batch_size=per_worker,
@@ -510,13 +510,13 @@ class JobService:
                 return
         raise Conflict(f"name: a job named {job!r} exists ({rec.state.value}); choose another name")
 
-    async def _first_plan(self, spec: JobSpec, records: int) -> ResourcePlan:
+    async def _first_plan(self, spec: JobSpec, records: int, namespace: str) -> ResourcePlan:
         """The brain's plan when the job's optimizer is ``brain`` (and it answers), else the default plan."""
         if spec.policies.optimizer != subjects.BRAIN_SERVICE:
             return default_plan(spec)
         try:
             plan = await self.bus.request(subjects.brain_rpc(spec.name, BrainOp.PLAN),
-                                          PlanRequest(spec.name, spec, records), ResourcePlan,
+                                          PlanRequest(spec.name, spec, records, namespace), ResourcePlan,
                                           timeout=self.cfg.brain_timeout_s, retry=NO_RETRY)
         except PacerError as exc:
             self.counters.inc("brain_unavailable")

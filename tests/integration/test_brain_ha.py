@@ -370,6 +370,23 @@ def test_a_warm_jobs_priors_are_handed_over_with_its_state() -> None:
     assert isinstance(seed, AutoscalerSeed) and seed.prior == prior and seed.prior_calibration is None
 
 
+def test_a_jobs_team_is_handed_over_with_its_state() -> None:
+    """The namespace (the team whose quota the job counts against) survives a handover; a state saved before
+    teams had quotas loads in the default namespace."""
+    from pacer_services.brain.state import seed_of
+
+    cfg = BrainConfig(**CFG)  # type: ignore[arg-type]
+    first = ResourcePlan("ns", 2, 1, 2.0, 2048, 2.0, 2048, PlanSource.BRAIN)
+    auto = cfg.autoscaler(spec("ns"), first, warm=False, namespace="team-a")
+    back = decode_state(encode_state(OwnedJob(seq=1, auto=seed_of(auto))))
+    assert back.auto is not None and back.auto.namespace == "team-a"
+    assert cfg.autoscaler(back.auto.spec, back.auto.first, warm=False, namespace=back.auto.namespace).namespace == "team-a"
+    old = json.loads(encode_state(OwnedJob(seq=1, auto=seed_of(auto))))
+    del old["auto"]["namespace"]
+    seed = decode_state(json.dumps(old).encode()).auto
+    assert seed is not None and seed.namespace == "default"
+
+
 async def test_cluster_rounds_run_at_the_cluster_lease_holder_which_takes_the_autoscaled_jobs(
         url: str, bus: Bus) -> None:
     """While the cluster's capacity is unknown, whoever hears of a job first plans it alone.  Once the

@@ -30,6 +30,7 @@ class Job:
 
     def __init__(self, now: ResourcePlan, throughput: float, candidates: list[Candidate], declines: bool = False):
         self.plan, self.throughput, self.candidates, self.declines = now, throughput, candidates, declines
+        self.namespace = "default"
         self.pauses: list[object] = []
         self.withdrawn: list[Decision] = []
 
@@ -116,3 +117,17 @@ def test_config_reads_the_cluster_capacity_from_the_environment(monkeypatch: pyt
     monkeypatch.setenv("PACER_BRAIN_CLUSTER_MEMORY_MB", "")
     cfg = BrainConfig.from_env()
     assert (cfg.cluster_cpu, cfg.cluster_memory_mb) == (96.0, None)
+
+
+def test_config_reads_the_teams_quotas_and_names_a_bad_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pacer.errors import ValidationError
+    from pacer_services.brain.app import namespace_quotas
+
+    monkeypatch.delenv("PACER_BRAIN_NAMESPACE_CPU", raising=False)
+    assert BrainConfig.from_env().namespace_cpu == {}
+    monkeypatch.setenv("PACER_BRAIN_NAMESPACE_CPU", " team-a=32, team-b=16.5 ,")
+    assert BrainConfig.from_env().namespace_cpu == {"team-a": 32.0, "team-b": 16.5}
+    for bad in ("team-a", "team-a=lots", "Team_A=4", "team-a=-1", "team-a=inf"):
+        with pytest.raises(ValidationError, match="PACER_BRAIN_NAMESPACE_CPU") as err:
+            namespace_quotas(f"ok=1,{bad}")
+        assert repr(bad) in err.value.message

@@ -180,3 +180,16 @@ def test_current_plans_beyond_the_total_are_refused() -> None:
         select([JobRequest("a", [], 1.0, _plan("a", 4))], Resources(cpu=2.0, memory_mb=BIG_MEM))
     with pytest.raises(ValueError, match="duplicate"):
         select([JobRequest("a", [], 1.0), JobRequest("a", [], 1.0)], Resources())
+
+
+def test_a_groups_room_bounds_its_jobs_together_and_no_one_else() -> None:
+    """Team x (jobs a and c) may add 2 CPUs: a (2 CPUs, scored first) takes them, so c (1 CPU) no longer
+    fits; b, of a team without a quota, is bound by the total only."""
+    reqs = _three_jobs()
+    d = select(reqs, Resources(cpu=10.0, memory_mb=BIG_MEM), prices=CPU_ONLY, overhead=NO_PAUSE,
+               group_of={"a": "x", "c": "x", "b": "y"}, group_room={"x": Resources(2.0, BIG_MEM)})
+    chosen = {c.job for c in d.choices if c.changed}
+    assert chosen == {"a", "b"}
+    assert d.left.cpu == pytest.approx(6.0)
+    assert {c.job for c in select(reqs, Resources(cpu=10.0, memory_mb=BIG_MEM), prices=CPU_ONLY,
+                                  overhead=NO_PAUSE).choices if c.changed} == {"a", "b", "c"}

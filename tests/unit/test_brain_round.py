@@ -22,8 +22,9 @@ class Job:
     """What cluster_round asks of a JobAutoscaler, with a fixed proposal: a stand-in for the round's orchestration."""
 
     def __init__(self, now: ResourcePlan, *, rule: ResourcePlan | None = None,
-                 candidates: list[Candidate] | None = None) -> None:
+                 candidates: list[Candidate] | None = None, namespace: str = "default") -> None:
         self.plan = now
+        self.namespace = namespace
         self.rule, self.candidates = rule, candidates or []
         self.pauses: list[object] = []
         self.withdrawn: list[Decision] = []
@@ -142,3 +143,46 @@ def test_a_round_never_exceeds_its_total_over_a_run_with_arrivals() -> None:
                 running.append(n)
                 admitted.append(n)
     assert admitted and admitted == ["c", "d", "e"][:len(admitted)]  # first come, first served
+
+
+# ------------------------------------------------------------------ teams' quotas (issue 26)
+
+
+def test_a_teams_jobs_grow_within_its_quota_while_another_team_takes_the_rest() -> None:
+    """Team A holds 6 of its 8 CPUs: its job's +3 does not fit, its job's +2 elsewhere in the round does; team B
+    has no quota of its own and takes what the round has.  Without quotas every growth fits."""
+    a1 = Job(plan("a1", 3), candidates=[Candidate(plan("a1", 6), 8.0, 200.0)], namespace="team-a")  # +3
+    a2 = Job(plan("a2", 3), candidates=[Candidate(plan("a2", 5), 6.0, 180.0)], namespace="team-a")  # +2
+    b = Job(plan("b", 3), candidates=[Candidate(plan("b", 6), 8.0, 200.0)], namespace="team-b")  # +3
+    free = Resources(20.0, math.inf)
+    out = cluster_round(ready(a1, a2, b), free, 0.0, namespace_free={"team-a": Resources(2.0, math.inf)})
+    assert {job: d.plan for job, d in out.model.items()} == {"a2": plan("a2", 5), "b": plan("b", 6)}
+    assert out.left == Resources(15.0, math.inf)
+    free_for_all = cluster_round(ready(*(Job(j.plan, candidates=j.candidates, namespace=j.namespace)
+                                         for j in (a1, a2, b))), free, 0.0)
+    assert sorted(free_for_all.model) == ["a1", "a2", "b"]
+
+
+def test_a_rule_and_an_admission_are_fitted_to_the_teams_room_too() -> None:
+    oom = Job(plan("a", 3), rule=plan("a", 5), namespace="team-a")  # +2 CPUs, team A has 1 left
+    out = cluster_round(ready(oom), Resources(10.0, math.inf), 0.0, namespace_free={"team-a": Resources(1.0, math.inf)})
+    assert out.rules == {} and [d.plan for d in oom.withdrawn] == [plan("a", 5)]
+    w = waiting("new", max_cpu=8.0)
+    w.namespace = "team-a"
+    need = plan_resources(w.first_plan())
+    tight = {"team-a": Resources(need.cpu - 0.5, math.inf)}
+    assert cluster_round([], Resources(100.0, math.inf), 0.0, waiting=[w], namespace_free=tight).admitted == {}
+    roomy = {"team-a": Resources(need.cpu, math.inf), "team-b": Resources(0.0, math.inf)}
+    assert list(cluster_round([], Resources(100.0, math.inf), 0.0, waiting=[w], namespace_free=roomy).admitted) == ["new"]
+
+
+def test_a_team_over_its_quota_may_shrink_but_not_grow() -> None:
+    grow = Job(plan("a", 4), candidates=[Candidate(plan("a", 6), 8.0, 200.0)], namespace="team-a")
+    out = cluster_round(ready(grow), Resources(50.0, math.inf), 0.0,
+                        namespace_free={"team-a": Resources(-2.0, math.inf)})  # the quota was lowered under it
+    assert out.model == {}
+    shrink = Job(plan("a", 4), candidates=[Candidate(plan("a", 2), 1.0, 150.0)], namespace="team-a")
+    out = cluster_round(ready(shrink), Resources(50.0, math.inf), 0.0,
+                        namespace_free={"team-a": Resources(-2.0, math.inf)})
+    assert [d.plan for d in out.model.values()] == [plan("a", 2)]
+

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from pacer.codec import doc, message
 from pacer.contracts.jobs import JobSpec, ResourcePlan
+from pacer.ids import DEFAULT_NAMESPACE
 
 
 class BrainStage(str, enum.Enum):
@@ -66,6 +67,7 @@ class PlanRequest:
     job: str
     spec: JobSpec
     records: int = field(default=0, metadata=doc("training records (0: unknown)"))
+    namespace: str = field(default=DEFAULT_NAMESPACE, metadata=doc("the job's team: its jobs share the team's quota"))
 
 
 @message("brain.HistoryQuery")

@@ -97,6 +97,7 @@ from pacer.contracts.brain import BrainRule as Rule
 from pacer.contracts.brain import BrainStage as Stage
 from pacer.contracts.jobs import JobSpec, ResourceLimits, ResourcePlan
 from pacer.contracts.monitor import JobStatistics, Liveness
+from pacer.ids import DEFAULT_NAMESPACE
 from pacer.jobs.spec import JobSpecError
 
 from .calibration import Calibration, CalibrationConfig, Observation, calibrate, skew
@@ -280,8 +281,10 @@ class JobAutoscaler:
 
     def __init__(self, spec: JobSpec, batch_size: int, config: AutoscaleConfig | None = None,
                  *, first: ResourcePlan | None = None, warm: bool = False,
-                 prior: Coefficients | None = None, prior_calibration: Calibration | None = None) -> None:
+                 prior: Coefficients | None = None, prior_calibration: Calibration | None = None,
+                 namespace: str = DEFAULT_NAMESPACE) -> None:
         self.spec = spec
+        self.namespace = namespace  # the job's team: a cluster round keeps it within the team's quota
         self.batch_size = max(1, batch_size)
         self.config = config or AutoscaleConfig()
         self.stage = Stage.ADJUST if warm and first is not None else Stage.SAMPLE

@@ -34,7 +34,10 @@ Definitions, as the paper writes them:
 
 S is what the jobs being planned may hold together: the free resources
 plus what their current plans hold (the caller decides, e.g. a cluster's
-capacity minus everything else).  The pause t_o comes from
+capacity minus everything else).  Teams share S under quotas of their own:
+``group_room`` gives, per group (a namespace), what its jobs may still add
+together, and a candidate is taken only if it fits there too (Eq. 13 once
+more per group: ``sum_{j in g} A^j <= room_g``).  The pause t_o comes from
 :class:`OverheadModel`, the median of past pauses of the same kind (Eq. 8:
 "estimated through statistical analysis ... of historical jobs").
 
@@ -46,7 +49,7 @@ from __future__ import annotations
 import enum
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pacer.contracts.jobs import ResourcePlan
@@ -286,11 +289,16 @@ def select(
     overhead: OverheadModel | None = None,
     rho: float = DEFAULT_RHO,
     epsilon: float = DEFAULT_EPSILON,
+    group_of: Mapping[str, str] | None = None,
+    group_room: Mapping[str, Resources] | None = None,
 ) -> ClusterDecision:
     """Weighted greedy selection (DLRover-RM Eq. 12-14) of one plan per job within ``total`` (Eq. 13).
 
-    Raises ValueError if the jobs' current plans alone exceed ``total``
-    or if two requests name the same job.
+    ``group_of`` maps a job to its group (namespace) and ``group_room`` a
+    group to what its jobs may add together beyond their current plans
+    (a team's quota less what the team holds; a group without an entry is
+    bound by ``total`` only).  Raises ValueError if the jobs' current plans
+    alone exceed ``total`` or if two requests name the same job.
     """
     prices = prices or Prices()
     overhead = overhead or OverheadModel()
@@ -314,6 +322,8 @@ def select(
     # (sorted() is stable), so the outcome does not depend on hash order.
     scored.sort(key=lambda s: (-s.score, -s.gain, s.cost))
 
+    group_of = group_of or {}
+    room = dict(group_room or {})
     chosen: dict[str, Scored] = {}
     for s in scored:
         if s.job in chosen:
@@ -321,6 +331,11 @@ def select(
         after = left - s.extra
         if after.cpu < -1e-9 or after.memory_mb < -1e-9:  # Eq. 13: sum_j A^j <= S
             continue
+        group = group_of.get(s.job)
+        if group in room:  # and within the job's group: sum_{j in g} A^j <= room_g
+            if not s.extra.fits_in(room[group]):
+                continue
+            room[group] = room[group] - s.extra
         chosen[s.job] = s
         left = after
 

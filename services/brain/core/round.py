@@ -13,7 +13,13 @@ Inputs
     it may be negative when the jobs hold more than S (S shrank, an OOM
     relaunch doubled memory); ``waiting``: autoscalers of jobs that wait to
     start, in the order they came (first come, first served); ``now``: the
-    caller's clock, the time the windows were taken.
+    caller's clock, the time the windows were taken; ``namespace_free``:
+    per namespace (a team) with a quota, what the quota has left after
+    everything the namespace's jobs hold now (may be negative, like
+    ``free``).  Every step below keeps a job's growth within its
+    namespace's room as well as within the round's (issue 26: the brain's
+    quota is per team); a namespace without an entry is bound by the
+    round's total only.
 
 The round, in this order (each step within what the previous ones left):
 
@@ -70,7 +76,7 @@ its window), so call it from one thread at a time per set of autoscalers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pacer.contracts.jobs import ResourcePlan
@@ -126,7 +132,7 @@ def round_total(held: Resources, free: Resources) -> Resources:
 
 def cluster_round(ready: Sequence[ReadyJob], free: Resources, now: float, *,
                   waiting: Sequence[JobAutoscaler] = (), prices: Prices | None = None,
-                  rho: float = DEFAULT_RHO) -> RoundOutcome:
+                  rho: float = DEFAULT_RHO, namespace_free: Mapping[str, Resources] | None = None) -> RoundOutcome:
     """One DLRover-RM §4.3 round: rules, then admission, then the weighted greedy choice (module docstring).
 
     Each ready job's window is fed to its autoscaler (``propose``), so every
@@ -139,6 +145,19 @@ def cluster_round(ready: Sequence[ReadyJob], free: Resources, now: float, *,
         held = held + plan_resources(r.auto.plan)
     total = round_total(held, free)
     left = total - held
+    # what each namespace with a quota may still add; below zero it may trade and shrink, not grow
+    ns_left = {ns: Resources(max(f.cpu, 0.0), max(f.memory_mb, 0.0)) for ns, f in (namespace_free or {}).items()}
+
+    def room(a: JobAutoscaler) -> Resources:
+        """What ``a``'s job may add: the round's room, and its namespace's when it has a quota."""
+        own = ns_left.get(a.namespace)
+        return left if own is None else Resources(min(left.cpu, own.cpu), min(left.memory_mb, own.memory_mb))
+
+    def take(a: JobAutoscaler, extra: Resources) -> None:
+        nonlocal left
+        left = left - extra
+        if a.namespace in ns_left:
+            ns_left[a.namespace] = ns_left[a.namespace] - extra
 
     # 1. rules, fitted to what each job may hold now (its plan plus what is left)
     rules: dict[str, Decision] = {}
@@ -149,10 +168,10 @@ def cluster_round(ready: Sequence[ReadyJob], free: Resources, now: float, *,
         if prop is None or a.plan is None:
             continue
         if prop.decision is not None:
-            d = a.fit_decision(prop.decision, left + plan_resources(a.plan))
+            d = a.fit_decision(prop.decision, room(a) + plan_resources(a.plan))
             if d is not None:
                 rules[a.plan.job] = d
-                left = left - (plan_resources(d.plan) - plan_resources(a.plan))
+                take(a, plan_resources(d.plan) - plan_resources(a.plan))
         elif prop.request is not None:
             requests.append((a, prop.request))
 
@@ -163,10 +182,10 @@ def cluster_round(ready: Sequence[ReadyJob], free: Resources, now: float, *,
             continue
         first = w.first_plan()
         need = plan_resources(first)
-        if not need.fits_in(left):
+        if not need.fits_in(room(w)):
             break  # the ones behind it wait too
         admitted[first.job] = first
-        left = left - need
+        take(w, need)
 
     # 3. the model's candidates: Eq. 11-14 over what is left plus what these jobs hold
     model: dict[str, Decision] = {}
@@ -175,7 +194,8 @@ def cluster_round(ready: Sequence[ReadyJob], free: Resources, now: float, *,
         for _, req in requests:
             pool = pool + plan_resources(req.current)
         choice = select([req for _, req in requests], pool, prices=prices, rho=rho,
-                        overhead=OverheadModel.from_history([p for a, _ in requests for p in a.pauses]))
+                        overhead=OverheadModel.from_history([p for a, _ in requests for p in a.pauses]),
+                        group_of={req.job: a.namespace for a, req in requests}, group_room=ns_left)
         accepted: list[tuple[JobAutoscaler, Decision]] = []
         for (a, _), c in zip(requests, choice.choices, strict=True):
             d = a.accept(c, now)
@@ -186,9 +206,9 @@ def cluster_round(ready: Sequence[ReadyJob], free: Resources, now: float, *,
         accepted.sort(key=lambda ad: (plan_resources(ad[1].plan) - plan_resources(ad[0].plan)).cpu)
         for a, d in accepted:
             extra = plan_resources(d.plan) - plan_resources(a.plan)
-            if extra.fits_in(left):
+            if extra.fits_in(room(a)):
                 model[d.plan.job] = d
-                left = left - extra
+                take(a, extra)
             else:
                 a.withdraw(d)
     return RoundOutcome(rules=rules, admitted=admitted, model=model, total=total, left=left)
