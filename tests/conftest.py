@@ -24,7 +24,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 from pacer.bus import Bus
-from pacer.embedded import EmbeddedCluster, EmbeddedNats
+from pacer.embedded import LISTEN_PORTS_ENV, EmbeddedCluster, EmbeddedNats, listen_range
 from pacer.errors import Unavailable
 from pacer.runtime import RuntimeConfig, run_service
 from pacer_services.shard_service.app import ShardService, ShardServiceConfig
@@ -32,6 +32,23 @@ from pacer_services.shard_service.effects import ShardLogStore
 
 S = TypeVar("S")
 T = TypeVar("T")
+
+
+def _split_listen_ports(environ: dict[str, str] = os.environ) -> None:  # type: ignore[assignment]
+    """Each xdist worker (and every process it starts: stacks, executors, nats-servers) picks the ports
+    of its servers from its own slice of the listen range.  A port is picked free and bound seconds
+    later; two workers picking from one range once picked the same port in that gap, and a TensorFlow
+    worker failed with "Could not start gRPC server" (a fresh-clone run beside a CPU burner)."""
+    worker, count = environ.get("PYTEST_XDIST_WORKER", ""), environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not worker.startswith("gw") or not count.isdigit() or int(count) < 2 or LISTEN_PORTS_ENV in environ:
+        return
+    low, high = listen_range(environ)
+    step = (high - low) // int(count)
+    i = int(worker[2:])
+    environ[LISTEN_PORTS_ENV] = f"{low + i * step}-{low + (i + 1) * step}"
+
+
+_split_listen_ports()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

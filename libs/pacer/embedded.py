@@ -42,6 +42,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,25 @@ def find_binary() -> str:
 # one, minutes after) found it taken by some client's connection ("Could not start gRPC server",
 # seen beside a loaded test run).  Below the range only another bind can take it.
 LISTEN_PORTS_FROM = 20000
+# ``LOW-HIGH`` (HIGH excluded): the ports to pick from instead, e.g. a range a firewall opens, or one
+# range per process tree so that two that pick at once never pick the same port (the test workers).
+LISTEN_PORTS_ENV = "PACER_LISTEN_PORTS"
+
+
+def listen_range(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
+    """The ports :func:`free_port` picks from: ``$PACER_LISTEN_PORTS``, else :data:`LISTEN_PORTS_FROM` up to
+    the kernel's ephemeral range.  A malformed setting is an error naming it (not a silent default)."""
+    text = environ.get(LISTEN_PORTS_ENV, "").strip()
+    if not text:
+        return LISTEN_PORTS_FROM, _ephemeral_low()
+    low_s, _, high_s = text.partition("-")
+    try:
+        low, high = int(low_s), int(high_s)
+    except ValueError:
+        low = high = 0
+    if not 1024 <= low < high <= 65536:
+        raise ValueError(f"{LISTEN_PORTS_ENV}={text!r}: expected LOW-HIGH with 1024 <= LOW < HIGH <= 65536")
+    return low, high
 
 
 def _ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
@@ -92,13 +112,13 @@ def _bindable(port: int) -> bool:
 
 
 def free_port() -> int:
-    """A TCP port free now, for a server that binds it later: a random one below the ephemeral range
-    (:data:`LISTEN_PORTS_FROM` up), else (no room there) one from the kernel."""
-    high = _ephemeral_low()
+    """A TCP port free now, for a server that binds it later: a random one of :func:`listen_range` (below
+    the ephemeral range), else (no room there) one from the kernel."""
+    low, high = listen_range()
     rng = random.SystemRandom()
-    if high - LISTEN_PORTS_FROM >= 1000:
+    if high - low >= 1000:
         for _ in range(100):
-            port = rng.randrange(LISTEN_PORTS_FROM, high)
+            port = rng.randrange(low, high)
             if _bindable(port):
                 return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

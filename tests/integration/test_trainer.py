@@ -309,7 +309,7 @@ def test_a_stragglers_shard_is_stolen_by_the_fast_worker_and_every_record_is_tra
     step).  The other worker asks when nothing is TODO and gets the end of that shard (work
     stealing), and again once it is done with that; the straggler learns its shorter lease and
     stops there.  (With a 30 s lease a holder reports every 7.5 s, and keeps a margin for that.)  Every record is trained, and the ones trained twice (a holder past the new end before
-    it learnt of it) are exactly those counted as duplicated.
+    it learnt of it) are at most those counted as duplicated.
 
     The straggler takes 0.6 s a step, 75 s for the shard: it learns of a steal at its next report,
     up to 7.5 s later, so the other worker must ask before its last 7.5 s.  At 0.2 s a step (25 s)
@@ -332,4 +332,8 @@ def test_a_stragglers_shard_is_stolen_by_the_fast_worker_and_every_record_is_tra
     assert sorted(results) == [0, 1]
     assert results[1]["samples"] > 0, "the fast worker never got a part of the straggler's shard"
     assert results[0]["records_stolen"] > 0 and results[0]["samples"] < SMALL_ROWS, "the straggler read it all"
-    assert sum(r["samples"] for r in results.values()) == SMALL_ROWS + st.records_duplicated
+    # Every record trained, none lost; trained twice at most what the service counted as duplicated (an
+    # upper bound: it is exact unless the hold taken above lapsed before the straggler's TensorFlow was
+    # up, as beside a CPU burner, when the whole shard's re-grant counts as duplicated though the test's
+    # hold trained nothing).
+    assert SMALL_ROWS <= sum(r["samples"] for r in results.values()) <= SMALL_ROWS + st.records_duplicated

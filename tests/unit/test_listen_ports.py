@@ -9,11 +9,19 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pacer.embedded import LISTEN_PORTS_FROM, _ephemeral_low, free_port
+import pytest
+from pacer.embedded import (
+    LISTEN_PORTS_ENV,
+    LISTEN_PORTS_FROM,
+    _ephemeral_low,
+    free_port,
+    listen_range,
+)
 from pacer.trainer.cluster import ClusterDesc
 
 
-def test_a_free_port_is_below_the_ephemeral_range_and_bindable() -> None:
+def test_a_free_port_is_below_the_ephemeral_range_and_bindable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(LISTEN_PORTS_ENV, raising=False)
     high = _ephemeral_low()
     for _ in range(50):
         port = free_port()
@@ -47,3 +55,26 @@ def test_the_ephemeral_range_is_read_from_the_kernel(tmp_path: Path) -> None:
     f.write_text("40000\t60999\n")
     assert _ephemeral_low(f) == 40000
     assert _ephemeral_low(tmp_path / "missing") == 32768
+
+
+def test_a_listen_range_of_the_environment_is_used_and_a_bad_one_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(LISTEN_PORTS_ENV, "23000-24500")
+    assert listen_range() == (23000, 24500)
+    assert all(23000 <= free_port() < 24500 for _ in range(50))
+    for bad in ("23000", "24500-23000", "80-2000", "a-b", "23000-70000"):
+        monkeypatch.setenv(LISTEN_PORTS_ENV, bad)
+        with pytest.raises(ValueError, match=LISTEN_PORTS_ENV):
+            listen_range()
+
+
+def test_two_test_workers_pick_from_disjoint_slices() -> None:
+    from conftest import _split_listen_ports
+
+    envs = [{"PYTEST_XDIST_WORKER": f"gw{i}", "PYTEST_XDIST_WORKER_COUNT": "2"} for i in range(2)]
+    for env in envs:
+        _split_listen_ports(env)
+    (a_low, a_high), (b_low, b_high) = (listen_range(env) for env in envs)
+    assert LISTEN_PORTS_FROM == a_low < a_high == b_low < b_high == _ephemeral_low()
+    alone = {"PYTEST_XDIST_WORKER": "gw0", "PYTEST_XDIST_WORKER_COUNT": "1"}
+    _split_listen_ports(alone)
+    assert LISTEN_PORTS_ENV not in alone  # one worker: the whole range
