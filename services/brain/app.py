@@ -112,11 +112,10 @@ import contextlib
 import json
 import logging
 import math
-import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import nats.errors
@@ -129,37 +128,33 @@ from pacer.bus import Bus
 from pacer.consumer import DurableConsumer
 from pacer.contracts.brain import BrainDecision, RunningJob
 from pacer.contracts.executor import ClusterStatus, MachineInfo
-from pacer.contracts.jobs import JobRecord, JobSpec, JobState, PlanSource, ResourcePlan
+from pacer.contracts.jobs import JobRecord, JobState, PlanSource, ResourcePlan
 from pacer.contracts.monitor import JobStatistics
 from pacer.contracts.nodes import NodeEvent
-from pacer.errors import PacerError, ValidationError
-from pacer.ids import DEFAULT_NAMESPACE, is_namespace
+from pacer.errors import PacerError
 from pacer.lease import Lease, LeaseLost
 from pacer.owned.queues import JobLocks
 from pacer.owned.router import Router
-from pacer.ownership import DEFAULT_TTL_S, Ownership
+from pacer.ownership import Ownership
 from pacer.runtime import RuntimeConfig, guard
 from pacer.subjects import NodeEventKind
 from pacer.telemetry import Counters
 from pacer_services.brain import handlers
+from pacer_services.brain.config import BrainConfig, namespace_quotas
 from pacer_services.brain.core.autoscaler import (
-    AutoscaleConfig,
     Decision,
     JobAutoscaler,
     Stage,
     load_autoscaler_state,
     same_resources,
 )
-from pacer_services.brain.core.calibration import Calibration
 from pacer_services.brain.core.capacity import cluster_capacity
 from pacer_services.brain.core.cluster import (
-    OverheadModel,
     Resources,
     ScalingKind,
     ScalingRecord,
     plan_resources,
 )
-from pacer_services.brain.core.fitting import Coefficients
 from pacer_services.brain.core.history import JobHistory
 from pacer_services.brain.core.oom import DEFAULT_OOM, MemoryWatch, OomConfig, prevention_plan
 from pacer_services.brain.core.placement import after_placement, machines_for, place_plan
@@ -176,83 +171,7 @@ from pacer_services.brain.state import (
 
 log = logging.getLogger("pacer.brain")
 
-__all__ = ["BrainConfig", "BrainService", "create"]
-
-
-@dataclass(frozen=True, slots=True)
-class BrainConfig:
-    """What the brain re-plans running jobs with (env: ``PACER_BRAIN_*``)."""
-
-    autoscale: bool = True  # re-plan zero-config jobs while they run
-    cpu_quota: float = 64.0  # C_total of a job; limits.max_cpu, when smaller, wins (DLRover 2023 §4.2)
-    node_cpu: float = 16.0  # C_max: CPUs of one node
-    adjust_interval_s: float = 180.0  # DLRover-RM §6: every 3 min
-    settle_s: float = 30.0  # a plan counts as measured after its nodes ran this long
-    autoscale_config: AutoscaleConfig = field(default_factory=AutoscaleConfig)
-    # What the autoscaled jobs share (DLRover-RM Eq. 13's S); None: from the executor's ClusterStatus.
-    cluster_cpu: float | None = None
-    cluster_memory_mb: float | None = None
-    cluster_status_ttl_s: float = 60.0  # an older ClusterStatus (the executor is gone?) is not used
-    round_delay_s: float = 0.5  # a cluster round waits this long for the rest of the monitor's burst
-    lease_ttl_s: float = DEFAULT_TTL_S  # a dead instance's jobs (and rounds) move about this long after
-    instance: str | None = None  # None: PACER_INSTANCE, else brain-<random>
-    inactive_s: float = 300.0  # the server deletes a gone instance's durable consumer after this long
-    # CPUs the autoscaled jobs of one namespace (a team) may hold together (PACER_BRAIN_NAMESPACE_CPU,
-    # "team-a=32,team-b=16"); a namespace not named has no quota of its own.  cpu_quota still bounds each job.
-    namespace_cpu: Mapping[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def from_env(cls) -> BrainConfig:
-        env = os.environ
-        return cls(autoscale=env.get("PACER_BRAIN_AUTOSCALE", "1") not in ("0", "false", "no"),
-                   cpu_quota=float(env.get("PACER_BRAIN_CPU_QUOTA", "64")),
-                   namespace_cpu=namespace_quotas(env.get("PACER_BRAIN_NAMESPACE_CPU", "")),
-                   node_cpu=float(env.get("PACER_BRAIN_NODE_CPU", "16")),
-                   adjust_interval_s=float(env.get("PACER_BRAIN_ADJUST_S", "180")),
-                   settle_s=float(env.get("PACER_BRAIN_SETTLE_S", "30")),
-                   cluster_cpu=_amount(env.get("PACER_BRAIN_CLUSTER_CPU")),
-                   cluster_memory_mb=_amount(env.get("PACER_BRAIN_CLUSTER_MEMORY_MB")),
-                   lease_ttl_s=float(env.get("PACER_LEASE_TTL_S", DEFAULT_TTL_S)),
-                   # Eq. 8's pauses until the executor has reported real ones: a pod's start where Pacer runs
-                   autoscale_config=AutoscaleConfig(overhead=OverheadModel(
-                       worker_pause_s=float(env.get("PACER_BRAIN_WORKER_PAUSE_S", "30")),
-                       ps_pause_s=float(env.get("PACER_BRAIN_PS_PAUSE_S", "120")))))
-
-    def autoscaler(self, spec: JobSpec, first: ResourcePlan, warm: bool,
-                   prior: Coefficients | None = None, prior_calibration: Calibration | None = None,
-                   namespace: str = DEFAULT_NAMESPACE) -> JobAutoscaler:
-        stages = replace(self.autoscale_config.stages, c_total=self.cpu_quota, c_max=self.node_cpu,
-                         ps_cpu_target=min(self.autoscale_config.stages.ps_cpu_target, self.node_cpu))
-        cfg = replace(self.autoscale_config, stages=stages, adjust_interval_s=self.adjust_interval_s,
-                      settle_s=self.settle_s)
-        # m of DLRover-RM Eq. 1 is per worker; the spec's batch is global (launch divides it).
-        m = max(1, spec.batch_size // max(1, first.workers))
-        return JobAutoscaler(spec, m, cfg, first=first, warm=warm, prior=prior, prior_calibration=prior_calibration,
-                             namespace=namespace)
-
-
-def namespace_quotas(text: str) -> dict[str, float]:
-    """``"team-a=32, team-b=16"`` -> ``{"team-a": 32.0, "team-b": 16.0}``; ValidationError naming the bad entry."""
-    out: dict[str, float] = {}
-    for item in (t.strip() for t in text.split(",")):
-        if not item:
-            continue
-        ns, sep, amount = item.partition("=")
-        ns = ns.strip()
-        try:
-            cpu = float(amount) if sep else math.nan
-        except ValueError:
-            cpu = math.nan
-        if not is_namespace(ns) or not math.isfinite(cpu) or cpu < 0:
-            raise ValidationError(f"PACER_BRAIN_NAMESPACE_CPU: {item!r}: expected <namespace>=<CPUs >= 0>, "
-                                  "e.g. team-a=32,team-b=16")
-        out[ns] = cpu
-    return out
-
-
-def _amount(text: str | None) -> float | None:
-    """An optional amount from the environment: unset or empty is None."""
-    return float(text) if text not in (None, "") else None
+__all__ = ["BrainConfig", "BrainService", "create", "namespace_quotas"]
 
 
 CLUSTER = "_cluster"  # the lease brain._cluster: its holder runs the cluster rounds
