@@ -26,7 +26,11 @@ from pacer.errors import ValidationError
 from pacer.jobs.spec import DEFAULT_PLAN, parse_job_spec
 from pacer_services.brain.app import BrainService
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(180)
+
+# How long a test waits for the brain to act: a bound for a hung test only (the brain's fits run in a
+# thread, slow on a loaded machine); every wait ends as soon as its condition holds.
+WAIT_S = 60.0
 
 
 T = TypeVar("T")
@@ -70,12 +74,12 @@ async def history(bus: Bus, model: str = "") -> HistoryList:
 
 
 async def wait_history(bus: Bus, n: int) -> HistoryList:
-    for _ in range(100):
+    async def enough() -> HistoryList | None:
         h = await history(bus)
-        if len(h.jobs) >= n:
-            return h
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"config DB has {len(h.jobs)} jobs, not {n}")
+        return h if len(h.jobs) >= n else None
+
+    got: HistoryList = await eventually(enough, WAIT_S, f"fewer than {n} jobs in the brain's history")
+    return got
 
 
 async def test_cold_start_then_warm_start_from_finished_jobs(brain: InProcess[BrainService], bus: Bus) -> None:
@@ -160,7 +164,7 @@ async def applied(bus: Bus, svc: BrainService | None, plan: ResourcePlan) -> Non
     await bus.publish(subjects.executor_event(plan.job, "applied"),
                       ExecutorEvent(plan.job, ExecutorEventKind.APPLIED, time.time(), plan=plan, overhead_s=30.0))
     assert svc is not None
-    await eventually(lambda: svc.in_force(plan.job) == plan, 10.0, f"the brain did not learn {plan.job}'s plan")
+    await eventually(lambda: svc.in_force(plan.job) == plan, WAIT_S, f"the brain did not learn {plan.job}'s plan")
 
 
 async def running_job(bus: Bus, name: str, svc: BrainService | None) -> None:
@@ -188,10 +192,7 @@ async def test_a_ps_whose_memory_grows_gets_more_before_it_would_oom(
                                                                                  200_000 + 20_000 * i))
         await bus.publish(subjects.monitor_statistics("flat"), stats_window("flat", t0 + 10 * i, 600.0,
                                                                               200_000 + 20_000 * i))
-    for _ in range(100):
-        if got:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: got, WAIT_S, "no plan")
     assert [p.job for p in got] == ["growing"]  # the flat job needs nothing
     plan = got[0]
     assert plan.source is PlanSource.BRAIN and "OOM prevention" in plan.reason and "ps-0" in plan.reason
@@ -224,17 +225,14 @@ async def test_a_zero_config_job_is_re_planned_while_it_runs(nats_server: Embedd
         assert "auto" in svc.autoscalers and "fixed" not in svc.autoscalers  # user resources: not re-planned
         await bus.publish(subjects.executor_event("auto", "applied"),
                           ExecutorEvent("auto", ExecutorEventKind.APPLIED, time.time(), plan=first, overhead_s=15.0))
-        await eventually(lambda: svc.autoscalers["auto"].plan == first, 10.0, "the applied event was not folded in")
+        await eventually(lambda: svc.autoscalers["auto"].plan == first, WAIT_S, "the applied event was not folded in")
         await bus.nc.publish(subjects.monitor_statistics("auto"), b"\x00not msgpack")
         t0 = time.time()
         # 2 workers using 0.9 cores each, 2 PS using 0.3 cores together, 2,000 samples/s
         for i in range(4):
             w = stats_window("auto", t0 + 30 * i, 600.0, 100_000 * i, ps_cpu_percent=15.0)
             await bus.publish(subjects.monitor_statistics("auto"), w)
-        for _ in range(100):
-            if plans and decisions:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: plans and decisions, WAIT_S, "no plan and decision")
         assert len(plans) == 1 and len(decisions) == 1, (plans, decisions)
         d = decisions[0]
         assert d.rule == "optimize" and d.stage == "adjust" and d.previous is not None
@@ -249,10 +247,7 @@ async def test_a_zero_config_job_is_re_planned_while_it_runs(nats_server: Embedd
         await bus.publish(subjects.executor_event("auto", "applied"),
                           ExecutorEvent("auto", ExecutorEventKind.APPLIED, time.time(), plan=plans[0],
                                         overhead_s=42.0))
-        for _ in range(100):
-            if svc.autoscalers["auto"].plan == plans[0]:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: svc.autoscalers["auto"].plan == plans[0], WAIT_S, "the new plan was not folded in")
         auto = svc.autoscalers["auto"]
         assert [(r.kind, r.pause_s) for r in auto.pauses] == [(ScalingKind.WORKERS if plans[0].ps == first.ps
                                                                else ScalingKind.PS, 42.0)]
@@ -263,7 +258,7 @@ async def test_a_zero_config_job_is_re_planned_while_it_runs(nats_server: Embedd
         learnt = auto.learnt_calibration()
         assert learnt is not None
         await finish(bus, "auto", plans[0].workers, plans[0].ps, plans[0].worker_cpu)
-        await eventually(lambda: "auto" in svc.history, 10.0, "the job end was not recorded")
+        await eventually(lambda: "auto" in svc.history, WAIT_S, "the job end was not recorded")
         assert svc.history["auto"].calibration == learnt and svc.history["auto"].coefficients == auto.learnt()
         assert "warm start" in (await plan_for(bus, "auto-2")).reason
         assert svc.autoscalers["auto-2"].warm and svc.autoscalers["auto-2"].prior_calibration == learnt
@@ -298,10 +293,7 @@ async def test_a_worker_whose_memory_grows_gets_more_worker_memory_before_it_wou
                           with_rss(stats_window("wgrow", t0 + 10 * i, 600.0, done), "worker-1", rss))
         await bus.publish(subjects.monitor_statistics("wflat"),
                           with_rss(stats_window("wflat", t0 + 10 * i, 600.0, done), "worker-1", 1500.0))
-    for _ in range(100):
-        if got:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: got, WAIT_S, "no plan")
     await asyncio.sleep(0.3)  # a plan for the flat job would have come by now too
     assert [p.job for p in got] == ["wgrow"]
     plan = got[0]
@@ -356,11 +348,8 @@ async def test_plans_carry_a_dike_placement_over_the_executors_machines(
     async def report(machines: list[Any]) -> None:
         """The executor's ClusterStatus, and wait until the brain has it."""
         await bus.publish(subjects.cluster_status(), cluster_status(machines))
-        for _ in range(100):
-            if svc.cluster is not None and svc.machines == machines:
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError("the brain did not take the ClusterStatus")
+        await eventually(lambda: svc.cluster is not None and svc.machines == machines, WAIT_S,
+                         "the brain did not take the ClusterStatus")
 
     got = await collect(bus, subjects.job_event("growing", subjects.JobEventKind.PLAN), ResourcePlan)
     assert not (await plan_for(bus, "before")).placement  # no machines known yet: anywhere
@@ -371,10 +360,8 @@ async def test_plans_carry_a_dike_placement_over_the_executors_machines(
     await bus.nc.publish(subjects.cluster_status(), b"\x01 not msgpack")
     await bus.publish(subjects.cluster_status(), cluster_status([machine("x", float("nan"), 1024),
                                                                  machine("y", 1.0, 1024)]))
-    for _ in range(100):
-        if sum(v for k, v in svc.counters.snapshot().items() if k.startswith("bad_events")) >= 2:
-            break
-        await asyncio.sleep(0.02)
+    await eventually(lambda: sum(v for k, v in svc.counters.snapshot().items() if k.startswith("bad_events")) >= 2,
+                     WAIT_S, "the bad events were not counted")
     assert sum(v for k, v in svc.counters.snapshot().items() if k.startswith("bad_events")) == 2
     assert svc.machines == machines  # the last good one is still in use
 
@@ -388,10 +375,7 @@ async def test_plans_carry_a_dike_placement_over_the_executors_machines(
     for i in range(8):
         await bus.publish(subjects.monitor_statistics("growing"),
                           stats_window("growing", t0 + 10 * i, 600 + 30 * i, 200_000 + 20_000 * i))
-    for _ in range(100):
-        if got:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: got, WAIT_S, "no plan")
     assert len(got) == 1 and "OOM prevention" in got[0].reason
     oom = got[0]
     assert oom.ps_memory_mb > 2048  # so a PS and a worker no longer share m0 or m2
@@ -483,10 +467,9 @@ async def run_two_jobs(nats_server: EmbeddedNats, bus: Bus, names: tuple[str, st
             await bus.publish(subjects.cluster_status(), cluster_status(
                 [], backend="kubernetes" if reserves else "local", reserves=reserves, total_cpu=32.0,
                 free_cpu=32.0 - 8.0 - used if reserves else 32.0))
-            for _ in range(100):
-                if svc.cluster is not None and svc.cluster.free_cpu == (32.0 - 8.0 - used if reserves else 32.0):
-                    break
-                await asyncio.sleep(0.01)
+            free = 32.0 - 8.0 - used if reserves else 32.0
+            await eventually(lambda free=free: svc.cluster is not None and svc.cluster.free_cpu == free, WAIT_S,
+                             "the brain did not take the ClusterStatus")
             seen, fed, windows = len(published), count(svc, "cluster_round_jobs"), count(svc, "statistics")
             for name, beta in zip(names, (0.05, 2.0), strict=True):
                 await bus.publish(subjects.monitor_statistics(name), truth_window(name, plans[name], t0 + 60 * tick,
@@ -496,16 +479,15 @@ async def run_two_jobs(nats_server: EmbeddedNats, bus: Bus, names: tuple[str, st
                 return count(svc, "statistics") == windows + 2 and (
                     not reserves or count(svc, "cluster_round_jobs") == fed + 2)
 
-            await eventually(handled, 10.0)
-            await eventually(lambda: len(published) == count(svc, "replans"), 10.0)
+            await eventually(handled, WAIT_S)
+            await eventually(lambda: len(published) == count(svc, "replans"), WAIT_S)
             for p in published[seen:]:
                 plans[p.job] = p
                 await bus.publish(subjects.executor_event(p.job, "applied"),
                                   ExecutorEvent(p.job, ExecutorEventKind.APPLIED, time.time(), plan=p, overhead_s=30.0))
-            for _ in range(100):
-                if all(same_resources(svc.autoscalers[n].plan, plans[n]) for n in names if n in svc.autoscalers):
-                    break
-                await asyncio.sleep(0.01)
+            await eventually(lambda plans=plans: all(same_resources(svc.autoscalers[n].plan, plans[n])
+                                                     for n in names if n in svc.autoscalers),
+                             WAIT_S, "the plans were not applied")
             held.append(sum(p.workers * p.worker_cpu + p.ps * p.ps_cpu for p in plans.values()))
         return held, decisions
     finally:
@@ -601,11 +583,11 @@ async def test_a_restarted_brain_misses_nothing_the_executor_ran_and_records_it_
     again = InProcess(nats_server.url, BrainService)
     svc = await again.start()
     try:
-        await eventually(lambda: svc.in_force(name) == grown, 10.0, "the applied event sent while down")
+        await eventually(lambda: svc.in_force(name) == grown, WAIT_S, "the applied event sent while down")
         await eventually(lambda: any(n.node == "ps-1" and n.memory_mb == 2048 for n in svc.running[name].nodes),
-                         10.0, "the relaunch sent while down")
+                         WAIT_S, "the relaunch sent while down")
         await bus.publish(subjects.monitor_statistics(name), stats_window(name, time.time(), 600.0, 1000))
-        await eventually(lambda: name in svc.autoscalers, 10.0, "the running zero-config job was not resumed")
+        await eventually(lambda: name in svc.autoscalers, WAIT_S, "the running zero-config job was not resumed")
         assert svc.autoscalers[name].plan == grown and count(svc, "autoscalers_resumed") == 1
         with pytest.raises(nats.js.errors.BucketNotFoundError):
             await bus.js.key_value(subjects.EXECUTOR_BUCKET)  # nobody created it: the brain never read it
@@ -619,10 +601,10 @@ async def test_a_restarted_brain_misses_nothing_the_executor_ran_and_records_it_
         assert [(e.job, e.workers, e.ps) for e in h.jobs] == [(name, 3, 2)]
         final = svc.history[name].final_plan
         assert final is not None and (final.ps_memory_mb, final.worker_memory_mb) == (2048, 2048)  # as run
-        await eventually(lambda: name not in svc.running, 10.0)
+        await eventually(lambda: name not in svc.running, WAIT_S)
         assert name not in await svc.store.running()  # its record is gone from the brain's KV too
         await bus.publish_durable(subjects.job_event(name, "completed"), replace(ended, ts=ended.ts + 1))
-        await eventually(lambda: count(svc, "recorded") == 2, 10.0, "the second job end was not recorded")
+        await eventually(lambda: count(svc, "recorded") == 2, WAIT_S, "the second job end was not recorded")
         assert count(svc, "internal_errors") == 0 and count(svc, "bad_events") == 0
         assert svc.history[name].finished_at == ended.ts + 1  # updated at its revision
     finally:
