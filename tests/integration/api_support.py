@@ -19,10 +19,12 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from conftest import InProcess
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -48,6 +50,7 @@ from pacer.errors import Conflict, NotFound, ValidationError
 from pacer.jobs.spec import default_plan, parse_job_spec
 from pacer.runtime import dispatch_rpc
 from pacer.telemetry import Counters
+from pacer_services.api import identity
 from pacer_services.api.app import ApiConfig, ApiService
 
 SPEC_YAML = """\
@@ -203,6 +206,26 @@ JSON = {"Content-Type": "application/json"}
 def api_config() -> ApiConfig:
     return ApiConfig(host="127.0.0.1", port=0, keepalive_s=0.5, poll_s=0.1, rpc_timeout_s=5.0, part_timeout_s=5.0,
                      token=TOKEN)
+
+
+# Three callers of a tokens file: a viewer and a submitter of team-a, a submitter of team-b.
+VIEWER_A = "viewer-a-token-0123456789abcdef"
+SUBMIT_A = "submitter-a-token-0123456789abcdef"
+SUBMIT_B = "submitter-b-token-0123456789abcdef"
+
+
+def teams_config(tmp_path: Path) -> ApiConfig:
+    """:func:`api_config` with a tokens file (in ``tmp_path``) of the three team callers above."""
+    path = tmp_path / "tokens.yaml"
+    path.write_text(yaml.safe_dump({"tokens": [
+        identity.entry("vera", "viewer", ["team-a"], VIEWER_A),
+        identity.entry("sam", "submitter", ["team-a"], SUBMIT_A),
+        identity.entry("bo", "submitter", ["team-b"], SUBMIT_B),
+    ]}))
+    assert VIEWER_A not in path.read_text()  # the file holds hashes, not tokens
+    cfg = api_config()
+    cfg.tokens_file = str(path)
+    return cfg
 
 
 @pytest.fixture

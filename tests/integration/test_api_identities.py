@@ -21,12 +21,15 @@ from api_support import (
     AUTH,
     JSON,
     SPEC_YAML,
+    SUBMIT_A,
+    SUBMIT_B,
     TOKEN,
+    VIEWER_A,
     Client,
     PeerDouble,
-    api_config,
     executor_status,
     read_sse,
+    teams_config,
 )
 from conftest import InProcess
 from nats.aio.msg import Msg
@@ -42,26 +45,13 @@ peers = api_support.peers
 
 pytestmark = pytest.mark.timeout(60)
 
-VIEWER_A = "viewer-a-token-0123456789abcdef"
-SUBMIT_A = "submitter-a-token-0123456789abcdef"
-SUBMIT_B = "submitter-b-token-0123456789abcdef"
-
-
 def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
 @pytest.fixture
 async def api(nats_server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[ApiService]:
-    path = tmp_path / "tokens.yaml"
-    path.write_text(yaml.safe_dump({"tokens": [
-        identity.entry("vera", "viewer", ["team-a"], VIEWER_A),
-        identity.entry("sam", "submitter", ["team-a"], SUBMIT_A),
-        identity.entry("bo", "submitter", ["team-b"], SUBMIT_B),
-    ]}))
-    assert VIEWER_A not in path.read_text()  # the file holds hashes, not tokens
-    cfg = api_config()
-    cfg.tokens_file = str(path)
+    cfg = teams_config(tmp_path)
     runner = InProcess(nats_server.url, lambda b: ApiService(b, cfg))
     yield await runner.start()
     await runner.stop()

@@ -16,43 +16,25 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import yaml
-from api_support import api_config
+import test_job_cli
+from api_support import SUBMIT_A, SUBMIT_B, VIEWER_A, teams_config
 from conftest import InProcess
-from pacer.bus import Bus
 from pacer.contracts.jobs import JobState, StopRequest, SubmitRequest
 from pacer.embedded import EmbeddedNats
-from pacer_services.api import identity
 from pacer_services.api.app import ApiService
 from pacer_services.cli.main import main
 from test_job_cli import EXAMPLES, Script, ServiceDouble
 
+double = test_job_cli.double  # the fixture: the job service, executor and monitor behind the API
+
 pytestmark = pytest.mark.timeout(60)
 
-VIEWER_A = "viewer-a-token-0123456789abcdef"
-SUBMIT_A = "submitter-a-token-0123456789abcdef"
-SUBMIT_B = "submitter-b-token-0123456789abcdef"
 NO_NATS = "nats://127.0.0.1:1"  # nothing listens there
 
 
 @pytest.fixture
-async def double(bus: Bus) -> AsyncIterator[ServiceDouble]:
-    d = ServiceDouble(bus)
-    await d.start()
-    yield d
-    await d.stop()
-
-
-@pytest.fixture
 async def api_url(nats_server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[str]:
-    path = tmp_path / "tokens.yaml"
-    path.write_text(yaml.safe_dump({"tokens": [
-        identity.entry("vera", "viewer", ["team-a"], VIEWER_A),
-        identity.entry("sam", "submitter", ["team-a"], SUBMIT_A),
-        identity.entry("bo", "submitter", ["team-b"], SUBMIT_B),
-    ]}))
-    cfg = api_config()
-    cfg.tokens_file = str(path)
+    cfg = teams_config(tmp_path)
     runner = InProcess(nats_server.url, lambda b: ApiService(b, cfg))
     svc = await runner.start()
     yield f"http://127.0.0.1:{svc.port}"
