@@ -379,7 +379,10 @@ class Chaos:
     async def _outcome(self, bus: Bus, client: JobClient, rec: JobRecord, kills: list[Kill]) -> JobOutcome:
         job = rec.job
         try:
-            st = await _retry(lambda: ShardAdmin(bus).status(job, DATASET), 40, within_s=120.0)
+            # bounded as a whole: one attempt may itself retry for long, and a hung owner must end here, with
+            # its last words below, not in the test's hang guard (a fresh-clone run beside a burner, e400d41)
+            st = await asyncio.wait_for(_retry(lambda: ShardAdmin(bus).status(job, DATASET), 40, within_s=120.0),
+                                        180.0)
         except Exception as exc:  # say why: the shard instances' last words (a silent hang left none, once)
             tails = "\n".join(f"--- {n}\n{self.stack.log_tail(n, 40)}" for n in ("shard-0", "shard-1"))
             raise RuntimeError(f"the shard service never answered the status of {job}: {exc}\n{tails}") from exc
